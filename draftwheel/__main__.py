@@ -1,0 +1,5 @@
+import sys
+
+from draftwheel.cli import main
+
+sys.exit(main())
