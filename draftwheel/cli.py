@@ -14,7 +14,7 @@ from draftwheel.config import ConfigError
 from draftwheel.home import apply_offline_defaults
 
 # Order here is the order of the commands in `draftwheel --help`.
-COMMAND_MODULES = ["serving.cli", "mining.cli", "training.cli", "draftwheel.registry_cli", "flows.cli"]
+COMMAND_MODULES = ["serving.cli", "serving.server_cli", "mining.cli", "training.cli", "draftwheel.registry_cli", "flows.cli"]
 
 
 def build_parser() -> argparse.ArgumentParser:
