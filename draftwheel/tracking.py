@@ -11,7 +11,10 @@ below the trackers. Nothing else in the project imports `mlflow`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -108,3 +111,272 @@ def setup_mlflow(tracking_uri: str | None = None) -> str:
 def get_tracker(enabled: bool = True, tracking_uri: str | None = None) -> NullTracker:
     """An MLflow tracker when enabled, else a do-nothing one."""
     return MlflowTracker(tracking_uri) if enabled else NullTracker()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Model registry
+# ---------------------------------------------------------------------------------------------------
+
+DRAFT_MODEL = "draftwheel-draft"
+ALIASES = ("champion", "challenger", "previous")
+FILES_TAG = "files_sha256"  # {file name: sha256} of every file registered, checked on every resolve
+WEIGHTS_TAG = "weights_sha256"
+# Files a draft model dir may carry into the registry. Weights must be safetensors; everything else is
+# JSON/text config and tokenizer files. Pickle-based formats are never stored nor loaded.
+ALLOWED_SUFFIXES = (".safetensors", ".json", ".txt", ".jinja")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".npy", ".joblib")
+_URI_PREFIX = "models:/"
+
+
+class RegistryError(RuntimeError):
+    """The registry is unreachable, or a model, version or alias does not exist."""
+
+
+class ArtifactError(RegistryError):
+    """A version's files are missing, corrupt, or not safetensors; nothing from it may be loaded."""
+
+
+@contextlib.contextmanager
+def _registry_call(what: str) -> Iterator[None]:
+    """Turn MLflow/transport failures into `RegistryError` naming what was being done."""
+    import requests
+    from mlflow.exceptions import MlflowException
+
+    try:
+        yield
+    except RegistryError:
+        raise
+    except (MlflowException, OSError, requests.RequestException) as exc:
+        raise RegistryError(f"registry: {what} failed: {str(exc)[:500]}") from exc
+
+
+def _client(tracking_uri: str | None):
+    from mlflow import MlflowClient
+
+    uri = tracking_uri or home.tracking_uri()
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    with _registry_call(f"connecting to {uri}"):
+        return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _weights_digest(hashes: dict[str, str]) -> str:
+    """One digest for all safetensors shards (sorted by name), for display and comparison."""
+    joined = "".join(f"{name}:{digest}\n" for name, digest in sorted(hashes.items()) if name.endswith(".safetensors"))
+    return hashlib.sha256(joined.encode()).hexdigest()
+
+
+def _model_files(model_dir: Path) -> list[Path]:
+    """The registrable files of a model dir; refuses a dir with no safetensors weights."""
+    if not model_dir.is_dir():
+        raise ArtifactError(f"{model_dir}: not a directory")
+    files = sorted(p for p in model_dir.iterdir() if p.is_file() and p.suffix in ALLOWED_SUFFIXES)
+    if not any(p.suffix == ".safetensors" for p in files):
+        found = ", ".join(sorted(p.name for p in model_dir.iterdir())) or "nothing"
+        raise ArtifactError(f"{model_dir}: no .safetensors weights (found: {found}); pickle weights are refused")
+    return files
+
+
+def _tag_value(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+
+
+def register_draft(model_dir: str | Path, tags: dict[str, Any] | None = None, name: str = DRAFT_MODEL,
+                   tracking_uri: str | None = None) -> str:
+    """Log a safetensors model dir as run artifacts and create a registry version from it; return it.
+
+    Only safetensors and JSON/text files are copied (pickles in the dir are left behind). Tags (dicts
+    become JSON strings) go on the version together with the sha256 of every file.
+    """
+    files = _model_files(Path(model_dir))
+    hashes = {p.name: file_sha256(p) for p in files}
+    version_tags = {k: _tag_value(v) for k, v in (tags or {}).items()}
+    version_tags.update({FILES_TAG: json.dumps(hashes, sort_keys=True), WEIGHTS_TAG: _weights_digest(hashes)})
+    client = _client(tracking_uri)
+    with _registry_call(f"registering {model_dir} as {name}"), tempfile.TemporaryDirectory() as staging:
+        for path in files:
+            shutil.copy2(path, Path(staging) / path.name)
+        run = client.create_run(_experiment_id(client), run_name=f"register-{name}",
+                                tags={"draftwheel.source_dir": str(model_dir)})
+        client.log_artifacts(run.info.run_id, staging, "model")
+        client.set_terminated(run.info.run_id)
+        _ensure_registered_model(client, name)
+        version = client.create_model_version(name, f"{run.info.artifact_uri}/model", run_id=run.info.run_id,
+                                              tags=version_tags)
+    return str(version.version)
+
+
+def _experiment_id(client: Any) -> str:
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    if experiment is not None:
+        return experiment.experiment_id
+    return client.create_experiment(EXPERIMENT, artifact_location=_artifact_location())
+
+
+def _ensure_registered_model(client: Any, name: str) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_registered_model(name)
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        client.create_registered_model(name)
+
+
+def aliases(name: str = DRAFT_MODEL, tracking_uri: str | None = None) -> dict[str, str]:
+    """{alias: version} of a registered model."""
+    client = _client(tracking_uri)
+    with _registry_call(f"reading aliases of {name}"):
+        model = client.get_registered_model(name)
+    return {alias: str(version) for alias, version in model.aliases.items()}
+
+
+def get_alias_version(alias: str, name: str = DRAFT_MODEL, tracking_uri: str | None = None) -> str | None:
+    """The version an alias points to, or None if the alias is not set."""
+    return aliases(name, tracking_uri).get(alias)
+
+
+def set_alias(version: str | int, alias: str, name: str = DRAFT_MODEL, tracking_uri: str | None = None) -> None:
+    client = _client(tracking_uri)
+    with _registry_call(f"setting {name}@{alias} -> {version}"):
+        client.get_model_version(name, str(version))  # a clear error for a version that does not exist
+        client.set_registered_model_alias(name, alias, str(version))
+
+
+def get_version_tags(version: str | int, name: str = DRAFT_MODEL, tracking_uri: str | None = None) -> dict[str, str]:
+    client = _client(tracking_uri)
+    with _registry_call(f"reading {name} version {version}"):
+        return dict(client.get_model_version(name, str(version)).tags)
+
+
+def set_version_tags(version: str | int, tags: dict[str, Any], name: str = DRAFT_MODEL,
+                     tracking_uri: str | None = None) -> None:
+    client = _client(tracking_uri)
+    with _registry_call(f"tagging {name} version {version}"):
+        for key, value in tags.items():
+            client.set_model_version_tag(name, str(version), key, _tag_value(value))
+
+
+def promote(version: str | int, name: str = DRAFT_MODEL, tracking_uri: str | None = None) -> dict[str, str]:
+    """`version` becomes champion; the old champion becomes previous. Returns the new aliases."""
+    version = str(version)
+    current = get_alias_version("champion", name, tracking_uri)
+    if current != version:
+        set_alias(version, "champion", name, tracking_uri)  # first: it validates the version exists
+        if current is not None:
+            set_alias(current, "previous", name, tracking_uri)
+    return aliases(name, tracking_uri)
+
+
+def rollback(name: str = DRAFT_MODEL, tracking_uri: str | None = None) -> dict[str, str]:
+    """Swap champion and previous (so a second rollback undoes the first). Returns the new aliases."""
+    current = aliases(name, tracking_uri)
+    if "previous" not in current:
+        raise RegistryError(f"{name}: no 'previous' version to roll back to")
+    set_alias(current["previous"], "champion", name, tracking_uri)
+    if "champion" in current:
+        set_alias(current["champion"], "previous", name, tracking_uri)
+    return aliases(name, tracking_uri)
+
+
+def list_versions(name: str = DRAFT_MODEL, tracking_uri: str | None = None) -> list[dict[str, Any]]:
+    """Every version, oldest first: version, aliases, tags, creation time, run id, source."""
+    client = _client(tracking_uri)
+    with _registry_call(f"listing versions of {name}"):
+        versions = list(client.search_model_versions(f"name='{name}'"))
+    if not versions:  # includes "no such registered model": an empty registry is not an error here
+        return []
+    by_version: dict[str, list[str]] = {}
+    for alias, version in aliases(name, tracking_uri).items():
+        by_version.setdefault(version, []).append(alias)
+    rows = [{"version": str(v.version), "aliases": sorted(by_version.get(str(v.version), [])), "tags": dict(v.tags),
+             "created": v.creation_timestamp / 1000.0, "run_id": v.run_id, "source": v.source} for v in versions]
+    return sorted(rows, key=lambda row: int(row["version"]))
+
+
+def parse_model_uri(uri: str) -> tuple[str, str | None, str | None]:
+    """`models:/NAME@ALIAS` -> (NAME, None, ALIAS); `models:/NAME/VERSION` -> (NAME, VERSION, None)."""
+    if not uri.startswith(_URI_PREFIX):
+        raise RegistryError(f"{uri!r} is not a registry URI (models:/NAME@ALIAS or models:/NAME/VERSION)")
+    rest = uri[len(_URI_PREFIX):].strip("/")
+    if "@" in rest:
+        name, alias = rest.split("@", 1)
+        if name and alias:
+            return name, None, alias
+    elif rest.count("/") == 1 and rest.split("/")[1].isdigit():
+        name, version = rest.split("/")
+        return name, version, None
+    raise RegistryError(f"{uri!r}: expected models:/NAME@ALIAS or models:/NAME/VERSION")
+
+
+def verify_model_dir(model_dir: Path, tags: dict[str, str], label: str) -> None:
+    """Check a downloaded version against its `files_sha256` tag; raise `ArtifactError` on any defect."""
+    if FILES_TAG not in tags:
+        raise ArtifactError(f"{label}: no {FILES_TAG} tag (not registered by draftwheel); refusing to load it")
+    expected: dict[str, str] = json.loads(tags[FILES_TAG])
+    present = {p.name for p in model_dir.iterdir()} if model_dir.is_dir() else set()
+    unsafe = sorted(n for n in present if n.endswith(PICKLE_SUFFIXES) or n not in expected)
+    if unsafe:
+        raise ArtifactError(f"{label}: unexpected or pickle files {unsafe}; only safetensors weights are loaded")
+    if not any(n.endswith(".safetensors") for n in expected):
+        raise ArtifactError(f"{label}: registered without safetensors weights; refusing to load it")
+    missing = sorted(set(expected) - present)
+    if missing:
+        raise ArtifactError(f"{label}: artifacts missing: {missing}")
+    corrupt = sorted(n for n, digest in expected.items() if file_sha256(model_dir / n) != digest)
+    if corrupt:
+        raise ArtifactError(f"{label}: artifacts corrupt (sha256 mismatch): {corrupt}")
+
+
+def resolve_model_uri(uri: str, tracking_uri: str | None = None,
+                      cache_dir: str | Path | None = None) -> tuple[Path, str, dict[str, str]]:
+    """Download a registry version to a verified local dir: -> (local_dir, version, tags).
+
+    The cache lives under the state dir (`models/registry/NAME/VERSION`); a cached copy is re-verified
+    on every call and replaced if it fails. Raises `RegistryError` (registry/alias/version problems) or
+    `ArtifactError` (missing, corrupt or non-safetensors files).
+    """
+    import mlflow
+
+    name, version, alias = parse_model_uri(uri)
+    client = _client(tracking_uri)
+    with _registry_call(f"resolving {uri}"):
+        if alias is not None:
+            version = get_alias_version(alias, name, tracking_uri)
+            if version is None:
+                raise RegistryError(f"{uri}: alias {alias!r} is not set on {name}")
+        info = client.get_model_version(name, version)
+        tags = dict(info.tags)
+        source = client.get_model_version_download_uri(name, version)
+    label = f"{name} version {version}"
+    target = Path(cache_dir or home.models_dir() / "registry") / name / str(version)
+    if target.is_dir():
+        try:
+            verify_model_dir(target, tags, label)
+            return target, str(version), tags
+        except ArtifactError:
+            shutil.rmtree(target)  # a damaged cache: fetch it again
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as staging:
+        try:
+            with _registry_call(f"downloading {label}"):
+                local = Path(mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=staging,
+                                                                  tracking_uri=client.tracking_uri))
+        except RegistryError as exc:  # the version exists, so a failed download means lost artifacts
+            raise ArtifactError(f"{label}: artifacts missing or unreadable at {source}: {exc}") from exc
+        verify_model_dir(local, tags, label)
+        try:
+            local.rename(target)  # atomic within one filesystem: readers never see a partial dir
+        except OSError:
+            if not target.is_dir():  # else a concurrent resolve of the same version got there first
+                raise
+    return target, str(version), tags

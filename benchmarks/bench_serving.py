@@ -1,0 +1,120 @@
+"""Serving benchmark on two pairs, each measured in one run with `serving.bench.run_bench`.
+
+pair a: a constructed pair with acceptance exactly 1 (serving.toy.zero_extended_target): a 1-layer
+        SmolLM2-width draft (hidden 576, SmolLM2 tokenizer/vocab) and a 12-layer target whose extra 11
+        layers have zeroed output projections. Reports both speedups, the measured draft/target cost
+        ratio c, the theoretical speedup E/(1 + k*c) with E = k + 1, and our speedup's ratio to it.
+pair b: the reference target (SmolLM2-135M-Instruct) with a draft made of its first layers (same
+        tokenizer); reports greedy identity against HF generate and the speeds.
+
+Run it under the heavy lock so measurements do not overlap other heavy jobs:
+    flock /tmp/draftwheel-heavy.lock .venv/bin/python benchmarks/bench_serving.py --pair a
+Writes results/bench_pair_a.json / results/bench_pair_b.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from draftwheel.home import apply_offline_defaults, models_dir
+from serving.adaptive import speedup
+from serving.bench import run_bench
+from serving.engine import Engine
+from serving.kv import CachedLM
+from serving.models import from_objects, load_model
+from serving.reference import ensure_reference_target
+from serving.toy import tiny_llama, zero_extended_target
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+PROMPTS = [
+    "Write a Python function that reverses a linked list.",
+    "Explain why the sky is blue in two sentences.",
+    "List three uses of a hash map.",
+    "What is the capital of France and what is it known for?",
+    "Summarise the plot of Romeo and Juliet.",
+    "def fibonacci(n):",
+    "Give me a haiku about autumn rain.",
+    "How do I sort a dictionary by value in Python?",
+]
+
+
+def forward_seconds(model: torch.nn.Module, n_tokens: int, context: int = 64, repeats: int = 30) -> float:
+    """Median wall time of one cached forward over `n_tokens` new tokens after `context` tokens."""
+    times = []
+    for _ in range(repeats):
+        lm = CachedLM(model)
+        lm.forward(torch.arange(context) % 1000 + 100, keep=1)
+        lm.forward(torch.arange(n_tokens) + 200)
+        times.append(lm.last_forward_s)
+    return sorted(times)[len(times) // 2]
+
+
+def pair_a(args: argparse.Namespace) -> dict:
+    tokenizer = load_model(ensure_reference_target(models_dir())).tokenizer
+    draft = tiny_llama(tokenizer, n_layers=1, hidden=576, heads=9, seed=0, tie_embeddings=True)
+    target = zero_extended_target(draft, 12)
+    engine = Engine(from_objects(target, tokenizer, "zero-extended-12L"), from_objects(draft, tokenizer, "draft-1L"))
+    draft_s, target_s = forward_seconds(draft, 1), forward_seconds(target, 1)
+    verify_s = forward_seconds(target, args.k + 1)
+    c = draft_s / target_s
+    result = run_bench(engine, PROMPTS, args.max_new_tokens, k=args.k, chat=True)
+    theory = speedup(1.0, args.k, c)  # E = k + 1 at acceptance 1
+    result.update({
+        "measured_c": c, "draft_forward_s": draft_s, "target_forward_s": target_s,
+        "target_verify_forward_s": verify_s, "verify_cost_vs_one_token": verify_s / target_s,
+        "theoretical_speedup": theory, "ratio_to_theory": result["speedup_vs_plain"] / theory,
+        "goal_ratio_to_theory_ge_0.8": result["speedup_vs_plain"] / theory >= 0.8,
+        "goal_speedup_vs_hf_assisted_gt_1.2": result["speedup_vs_hf_assisted"] > 1.2,
+    })
+    return result
+
+
+def first_layers_draft(target: torch.nn.Module, n_layers: int) -> torch.nn.Module:
+    """The target's embeddings, first `n_layers` layers, final norm and head: same vocab, cheaper."""
+    draft = copy.deepcopy(target)
+    draft.model.layers = draft.model.layers[:n_layers]
+    draft.config.num_hidden_layers = n_layers
+    if getattr(draft.config, "layer_types", None):
+        draft.config.layer_types = draft.config.layer_types[:n_layers]
+    return draft
+
+
+def pair_b(args: argparse.Namespace) -> dict:
+    target = load_model(ensure_reference_target(models_dir()))
+    draft = first_layers_draft(target.model, args.draft_layers)
+    engine = Engine(target, from_objects(draft, target.tokenizer, f"smollm2-first-{args.draft_layers}-layers"))
+    result = run_bench(engine, PROMPTS, args.max_new_tokens, k=args.k, chat=True)
+    result.update({"target": str(target.path), "target_sha256": target.model_id.sha256,
+                   "draft": f"first {args.draft_layers} of {target.model.config.num_hidden_layers} target layers"})
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pair", choices=["a", "b"], required=True)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--draft-layers", type=int, default=4, help="pair b: target layers kept in the draft")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    args = parser.parse_args()
+    apply_offline_defaults()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    start = time.time()
+    result = pair_a(args) if args.pair == "a" else pair_b(args)
+    result.update({"pair": args.pair, "torch_threads": torch.get_num_threads(), "wall_s": time.time() - start})
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"bench_pair_{args.pair}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""`draftwheel flywheel | monitor | demo`: the Prefect flows from the command line.
+
+Without `--schedule` a command runs its flow once (against Prefect's temporary local server unless
+PREFECT_API_URL points at a real one). With `--schedule CRON` it serves a Prefect deployment that a
+running `prefect server start` triggers on that schedule. Prefect, torch and MLflow are imported inside
+the command functions so `draftwheel --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def _add_config_args(parser: argparse.ArgumentParser, default_file: str) -> None:
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help=f"YAML config (e.g. {default_file}); default: the built-in defaults, which it mirrors")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. trainer=dpo")
+
+
+def register(subparsers: Any) -> None:
+    flywheel = subparsers.add_parser("flywheel", help="one turn of mine -> train -> shadow -> promote (Prefect flow)")
+    _add_config_args(flywheel, "configs/flywheel.yaml")
+    flywheel.add_argument("--schedule", metavar="CRON", help="serve a deployment on this cron schedule "
+                                                              "(needs `prefect server start` and PREFECT_API_URL)")
+    flywheel.set_defaults(func=_flywheel)
+
+    monitor = subparsers.add_parser("monitor", help="check recent acceptance; run the flywheel if it fell")
+    _add_config_args(monitor, "configs/monitor.yaml")
+    monitor.add_argument("--schedule", metavar="CRON", help="serve a deployment on this cron schedule "
+                                                             "(needs `prefect server start` and PREFECT_API_URL)")
+    monitor.set_defaults(func=_monitor)
+
+    demo = subparsers.add_parser("demo", help="the whole loop end to end on embedded defaults, "
+                                              "with a before/after table")
+    _add_config_args(demo, "configs/demo.yaml")
+    demo.set_defaults(func=_demo)
+
+
+def _check_config(args: argparse.Namespace, cls: type) -> bool:
+    """Validate the config before any Prefect server starts, so a typo fails in a second, not a minute."""
+    from draftwheel.config import load_config
+
+    try:
+        load_config(cls, args.config, list(args.overrides))
+    except ValueError as exc:  # ConfigError included
+        print(f"draftwheel {args.command}: config error: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
+def _serve(flow_obj: Any, args: argparse.Namespace) -> int:
+    """Serve `flow_obj` as a deployment on `args.schedule` (blocks until interrupted)."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.types.entrypoint import EntrypointType
+
+    if not PREFECT_API_URL.value():
+        print(f"draftwheel {args.command} --schedule: no Prefect server configured. Start one and point at it:\n"
+              f"  prefect server start            # in another terminal\n"
+              f"  export PREFECT_API_URL=http://127.0.0.1:4200/api\n"
+              f"(Prefect's temporary server only lives as long as one command, so it cannot run schedules.)",
+              file=sys.stderr)
+        return 2
+    flow_obj.serve(name=f"draftwheel-{args.command}", cron=args.schedule,
+                   parameters={"config_path": args.config, "overrides": list(args.overrides)},
+                   entrypoint_type=EntrypointType.MODULE_PATH)
+    return 0
+
+
+def _flywheel(args: argparse.Namespace) -> int:
+    from flows.flywheel import FlywheelConfig, StageError, flywheel
+
+    if not _check_config(args, FlywheelConfig):
+        return 2
+    if args.schedule:
+        return _serve(flywheel, args)
+    try:
+        result = flywheel(args.config, list(args.overrides))
+    except StageError as exc:
+        print(f"draftwheel flywheel: {exc}. The champion is unchanged.", file=sys.stderr)
+        return 1
+    print(json.dumps({k: result[k] for k in ("champion_before", "challenger_version", "promoted", "report_path")},
+                     indent=2))
+    return 0
+
+
+def _monitor(args: argparse.Namespace) -> int:
+    from flows.flywheel import StageError
+    from flows.monitor import MonitorConfig, monitor
+
+    if not _check_config(args, MonitorConfig):
+        return 2
+    if args.schedule:
+        return _serve(monitor, args)
+    try:
+        result = monitor(args.config, list(args.overrides))
+    except StageError as exc:
+        print(f"draftwheel monitor: the triggered flywheel failed: {exc}. The champion is unchanged.", file=sys.stderr)
+        return 1
+    print(json.dumps(result["decision"], indent=2))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from flows.demo import DemoConfig, demo
+
+    if not _check_config(args, DemoConfig):
+        return 2
+    demo(args.config, list(args.overrides))
+    return 0

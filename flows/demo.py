@@ -1,0 +1,210 @@
+"""`draftwheel demo`: the whole loop on the embedded defaults, ending in a before/after table.
+
+bootstrap (if there is no champion) -> measure the champion on held-out chat and code prompts -> serve
+`chat` traffic -> the monitor sees nothing wrong -> traffic shifts to `code` -> the monitor sees
+acceptance fall and runs the flywheel (mine -> train -> shadow -> promote) -> the new champion serves
+code traffic -> measure again. The table (acceptance rate, mean accepted length, tokens/s, speedup vs
+plain decoding, per slice) is printed and saved (JSON, markdown, PNG) and logged to MLflow.
+
+The evaluation prompts are built with a different seed from the served traffic and any prompt that
+was also served is dropped, so the "after" figures are on prompts the flywheel never trained on. The
+plain-decoding baseline is measured once (it does not depend on the draft). Everything runs on CPU,
+Prefect's temporary server and MLflow sqlite in the state dir; sizes come from `DemoConfig`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from draftwheel import home
+from draftwheel.config import load_config, to_dict
+from flows import report
+from flows.flywheel import override
+
+SLICES = ("chat", "code")
+
+
+@dataclass
+class DemoConfig:
+    """Sizes and thresholds of the demo (configs/demo.yaml mirrors these defaults)."""
+
+    chat_requests: int = 24
+    """Chat requests served before the shift."""
+    code_requests: int = 40
+    """Code requests served after the shift (the flywheel's training material)."""
+    after_requests: int = 8
+    """Code requests served by the new champion at the end (0 = skip)."""
+    eval_requests: int = 8
+    """Held-out prompts per slice for the before/after table (never served to the logs)."""
+    max_new_tokens: int = 48
+    k: int = 4
+    """Draft tokens per verification step."""
+    seed: int = 0
+    trigger_ratio: float = 0.85
+    """The monitor's threshold: this fraction of the acceptance the champion had on chat traffic."""
+    mining_overrides: list[str] = field(default_factory=lambda: ["holdout_fraction=0.2"])
+    train_overrides: list[str] = field(default_factory=lambda: ["epochs=2", "batch_size=4", "learning_rate=3e-4"])
+    shadow_overrides: list[str] = field(default_factory=lambda: ["max_new_tokens=32", "include_canary=false",
+                                                                 "min_requests=6"])
+    trainer: str = "distill"
+    tracking: bool = True
+    out_dir: str = ""
+    """Logs and results of this run go to <out_dir>/<UTC time>/ ("" = <state dir>/demo)."""
+
+    def __post_init__(self) -> None:
+        for name in ("chat_requests", "code_requests", "eval_requests", "max_new_tokens", "k"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.after_requests < 0:
+            raise ValueError(f"after_requests must be >= 0, got {self.after_requests}")
+        if not 0.0 < self.trigger_ratio <= 1.0:
+            raise ValueError(f"trigger_ratio must be in (0, 1], got {self.trigger_ratio}")
+
+
+def banner(step: int, total: int, text: str, started: float) -> None:
+    print(f"\n[{step}/{total}] {text}   (t+{time.perf_counter() - started:.0f}s)", flush=True)
+
+
+def workloads(config: DemoConfig) -> dict[str, list[dict[str, str]]]:
+    """Served traffic per phase and held-out eval prompts per slice, disjoint from everything served."""
+    from mining.workloads import build_workload
+
+    served = {"chat": build_workload("chat", config.chat_requests, config.seed),
+              "code": build_workload("code", config.code_requests, config.seed),
+              "after": build_workload("code", config.after_requests, config.seed + 1) if config.after_requests else []}
+    seen = {row["prompt"] for rows in served.values() for row in rows}
+    evals = {}
+    for name in SLICES:
+        candidates = build_workload(name, config.eval_requests * 3, config.seed + 1000)
+        evals[name] = [row for row in candidates if row["prompt"] not in seen][:config.eval_requests]
+    return {**served, **{f"eval_{name}": rows for name, rows in evals.items()}}
+
+
+def measure(engine: Any, rows: list[dict[str, str]], params: Any, mode: str, label: str) -> list[Any]:
+    """Per-request stats of `rows` through `engine` in `mode` (no logs written), with a progress bar."""
+    from tqdm import tqdm
+
+    return [engine.generate([row["prompt"]], params, slice=row["slice"], chat=True, mode=mode)[0].stats
+            for row in tqdm(rows, desc=label, unit="req", leave=False)]
+
+
+def serve(engine: Any, rows: list[dict[str, str]], logs_dir: Path, params: Any) -> None:
+    from mining.traffic import run_traffic
+
+    run_traffic(engine, rows, logs_dir, params)
+
+
+def monitor_overrides(config: DemoConfig, logs_dir: Path, threshold: float, run_flywheel: bool) -> list[str]:
+    """The demo's monitor: this run's logs, a window of the latest code traffic, the demo's flywheel settings."""
+    window = max(4, min(config.code_requests, 32))
+    flywheel = [override("trainer", config.trainer), override("mining_overrides", config.mining_overrides),
+                override("train_overrides", config.train_overrides),
+                override("shadow_overrides", config.shadow_overrides), override("tracking", config.tracking)]
+    return [f"logs_dir={logs_dir}", f"window_requests={window}", f"min_requests={max(2, window // 4)}",
+            f"min_acceptance={threshold:.4f}", f"run_flywheel={str(run_flywheel).lower()}",
+            override("flywheel_overrides", flywheel)]
+
+
+def _log_results(config: DemoConfig, results: dict[str, Any], paths: dict[str, Path]) -> str | None:
+    from draftwheel.tracking import get_tracker
+
+    tracker = get_tracker(config.tracking)
+    with tracker.run("demo", tags={"champion_before": str(results["meta"]["champion_before"]),
+                                   "champion_after": str(results["meta"]["champion_after"])}) as run_id:
+        tracker.log_params({f"demo.{k}": v for k, v in to_dict(config).items()})
+        for phase in report.PHASES:
+            for slice_name, figs in results[phase].items():
+                tracker.log_metrics({f"{phase}.{slice_name}.{k}": v for k, v in figs.items()})
+        for path in paths.values():
+            tracker.log_artifact(path)
+    return run_id
+
+
+@flow(name="demo", log_prints=True)
+def demo(config_path: str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The main job: see the module docstring."""
+    config = load_config(DemoConfig, config_path, overrides)
+    return run_demo(config)
+
+
+def run_demo(config: DemoConfig) -> dict[str, Any]:
+    from flows import tasks
+    from flows.bootstrap_flow import bootstrap_flow
+    from flows.monitor import monitor
+    from serving.engine import Engine
+    from serving.models import load_model
+    from serving.params import SamplingParams
+
+    started, total = time.perf_counter(), 8
+    run_dir = (Path(config.out_dir) if config.out_dir else home.state_dir() / "demo") / time.strftime(
+        "%Y%m%dT%H%M%SZ", time.gmtime())
+    logs_dir = run_dir / "logs"
+    banner(1, total, "bootstrap: reference target + v0 draft (skipped when a champion exists)", started)
+    bootstrap_flow()
+    target_dir = tasks.resolve_target("")["dir"]
+    uri = "models:/draftwheel-draft@champion"
+    target, champion = load_model(target_dir), load_model(uri)
+    print(f"target {target_dir}\nchampion: {uri} = v{champion.model_id.version}", flush=True)
+    rows = workloads(config)
+    params = SamplingParams(max_new_tokens=config.max_new_tokens, k=config.k, seed=config.seed)
+    evaluator = Engine(target, champion)  # no sink: evaluation never reaches the logs the flywheel mines
+    measure(evaluator, rows["eval_chat"][:1], params, "draft", "warm-up")
+
+    banner(2, total, f"measure the champion (before): {config.eval_requests} held-out prompts per slice", started)
+    plain = {s: measure(evaluator, rows[f"eval_{s}"], params, "autoregressive", f"plain {s}") for s in SLICES}
+    before = {s: report.figures(measure(evaluator, rows[f"eval_{s}"], params, "draft", f"spec {s}"), plain[s])
+              for s in SLICES}
+
+    from serving.sink import JsonlSink
+
+    with JsonlSink(logs_dir) as sink:
+        server = Engine(target, champion, sink=sink)
+        banner(3, total, f"serve {config.chat_requests} chat requests with the champion", started)
+        serve(server, rows["chat"], logs_dir, params)
+        sink.flush()
+        banner(4, total, "monitor: is the champion keeping up?", started)
+        from flows.monitor import MonitorConfig, acceptance_by_slice, read_records, window
+
+        chat_rate = acceptance_by_slice(window(read_records(logs_dir), MonitorConfig(
+            window_requests=config.chat_requests, min_requests=1)))["overall"].acceptance_rate
+        threshold = config.trigger_ratio * chat_rate
+        print(f"chat acceptance {chat_rate:.3f}; alert threshold = {config.trigger_ratio} x that = {threshold:.3f}")
+        monitor(None, monitor_overrides(config, logs_dir, threshold, run_flywheel=False))
+
+        banner(5, total, f"traffic shifts: serve {config.code_requests} code requests", started)
+        serve(server, rows["code"], logs_dir, params)
+        sink.flush()
+        banner(6, total, "monitor: acceptance on code -> flywheel (mine -> train -> shadow -> promote)", started)
+        outcome = monitor(None, monitor_overrides(config, logs_dir, threshold, run_flywheel=True))
+        new_champion = load_model(uri)
+        server.swap_draft(new_champion)
+        if config.after_requests:
+            banner(7, total, f"the champion (v{new_champion.model_id.version}) serves "
+                             f"{config.after_requests} code requests", started)
+            serve(server, rows["after"], logs_dir, params)
+            sink.flush()
+            monitor(None, monitor_overrides(config, logs_dir, threshold, run_flywheel=False))
+
+    banner(8, total, f"measure the champion (after): v{new_champion.model_id.version}", started)
+    evaluator.swap_draft(new_champion)
+    after = {s: report.figures(measure(evaluator, rows[f"eval_{s}"], params, "draft", f"spec {s}"), plain[s])
+             for s in SLICES}
+    flywheel_result = outcome.get("flywheel") or {}
+    results = {"before": before, "after": after, "meta": {
+        "champion_before": champion.model_id.version, "champion_after": new_champion.model_id.version,
+        "monitor": outcome["decision"], "promoted": flywheel_result.get("promoted", False),
+        "shadow_report": flywheel_result.get("report_path"), "k": config.k, "max_new_tokens": config.max_new_tokens,
+        "eval_requests_per_slice": config.eval_requests, "wall_time_s": round(time.perf_counter() - started, 1),
+        "logs_dir": str(logs_dir)}}
+    paths = report.save(results, run_dir)
+    run_id = _log_results(config, results, paths)
+    print()
+    report.print_table(results)
+    print(f"\nwall time {results['meta']['wall_time_s']:.0f}s; results: {paths['markdown']} (+ .json, .png)")
+    print(f"MLflow (run {run_id}): mlflow ui --backend-store-uri {home.tracking_uri()}")
+    return results

@@ -1,0 +1,206 @@
+"""The `flywheel` flow: mine -> train -> shadow -> register -> promote (through the gate).
+
+One MLflow parent run per flow run, one nested run per stage, with the manifest and the shadow report
+attached. A candidate reaches `champion` only when the shadow gate says so and `promote` is on; any
+stage failure stops the flow before the registry is touched, marks the stage's and the parent's MLflow
+runs FAILED (tags `failed_stage`, `failure_reason`) and fails the Prefect flow run. This module wires
+stages; what each stage does lives in mining/, training/, serving/ and draftwheel/tracking.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from prefect import flow
+
+from draftwheel import home
+from draftwheel.config import load_config, to_dict
+from flows import tasks
+
+BUILTIN_TRAINERS = tuple(tasks.TRAINERS)
+DRAFT_MODEL, MEDUSA_MODEL = "draftwheel-draft", "draftwheel-medusa"
+MEDUSA_NOTE = ("medusa: shadow replay compares draft models, so Medusa heads are registered as challenger of "
+               f"{MEDUSA_MODEL} and not promoted by the flywheel; promote them explicitly")
+
+
+@dataclass
+class FlywheelConfig:
+    """One turn of the flywheel: which trainer, each stage's config, where things are."""
+
+    trainer: str = "distill"
+    """distill | dpo | medusa, or "package.module:function" for your own trainer (see flows.tasks)."""
+    logs_dir: str = ""
+    """Serving logs to mine ("" = the state dir's logs/)."""
+    target: str = ""
+    """Target model dir ("" = the reference target in the state dir)."""
+    champion_uri: str = "models:/draftwheel-draft@champion"
+    mining_config: str = ""
+    """MiningConfig YAML ("" = MiningConfig defaults); `mining_overrides` are key=value on top."""
+    mining_overrides: list[str] = field(default_factory=list)
+    train_config: str = ""
+    """The trainer's config YAML ("" = its defaults). Data, start point, target and output are set by the flow."""
+    train_overrides: list[str] = field(default_factory=list)
+    launcher: str = ""
+    """Run a built-in trainer as `<launcher> -m training.<trainer> ...`, e.g. "accelerate launch" ("" = in-process)."""
+    shadow_config: str = ""
+    """ShadowConfig YAML (gate thresholds: min_gain, slice tolerance) ("" = defaults)."""
+    shadow_overrides: list[str] = field(default_factory=list)
+    promote: bool = True
+    """Promote a candidate that passes the gate (False = register it as challenger only)."""
+    tracking: bool = True
+    """Log runs to MLflow (the registry is used either way)."""
+    work_dir: str = ""
+    """Per-run datasets and reports go under here ("" = <state dir>/flywheel)."""
+
+    def __post_init__(self) -> None:
+        if self.trainer not in BUILTIN_TRAINERS and ":" not in self.trainer:
+            raise ValueError(f"trainer must be one of {', '.join(BUILTIN_TRAINERS)} or 'package.module:function', "
+                             f"got {self.trainer!r}")
+        if not self.champion_uri.startswith("models:/"):
+            raise ValueError(f"champion_uri must be a registry URI models:/NAME@ALIAS, got {self.champion_uri!r}")
+        for name in ("mining_config", "train_config", "shadow_config"):
+            path = getattr(self, name)
+            if path and not Path(path).is_file():
+                raise ValueError(f"{name}: no such file {path!r}")
+
+
+def override(key: str, value: Any) -> str:
+    """A `key=value` config override whose value survives the YAML parsing of overrides (lists, dicts)."""
+    return f"{key}={json.dumps(value)}"
+
+
+class StageError(RuntimeError):
+    """A flywheel stage failed; `stage` names it and `reason` says why."""
+
+    def __init__(self, stage: str, reason: str):
+        super().__init__(f"flywheel stage {stage!r} failed: {reason}")
+        self.stage = stage
+        self.reason = reason
+
+
+@contextlib.contextmanager
+def stage(tracker: Any, name: str) -> Iterator[None]:
+    """A nested MLflow run around one stage, with a visible banner; failures become `StageError`."""
+    print(f"\n=== flywheel: {name} ===", flush=True)
+    with tracker.run(name, nested=True):
+        try:
+            yield
+        except StageError:
+            raise
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"[:1000]
+            tracker.set_tags({"failure_reason": reason})
+            raise StageError(name, reason) from exc
+
+
+def run_dir(config: FlywheelConfig) -> Path:
+    root = Path(config.work_dir) if config.work_dir else home.state_dir() / "flywheel"
+    path = root / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    suffix = 0
+    while path.exists():  # two runs in one second (tests) must not share a directory
+        suffix += 1
+        path = path.with_name(f"{path.name.split('.')[0]}.{suffix}")
+    path.mkdir(parents=True)
+    return path
+
+
+def _log_report(tracker: Any, report: dict[str, Any], report_path: str) -> None:
+    """The shadow report and its plot on the stage run, and the headline figures as metrics."""
+    overall = report["overall"]
+    tracker.log_metrics({"champion_mean_accepted_length": overall["champion"]["mean"],
+                         "challenger_mean_accepted_length": overall["challenger"]["mean"],
+                         "gain_ci_low": overall["difference"]["ci_low"],
+                         "promote": float(report["decision"]["promote"])})
+    for path in (Path(report_path), Path(report_path).with_suffix(".png")):
+        if path.is_file():
+            tracker.log_artifact(path)
+
+
+def _train(config: FlywheelConfig, tracker: Any, work: Path, mined: dict, champion: dict,
+           target: dict) -> dict[str, Any]:
+    key = tasks.train_cache_key(config.trainer, mined["sha256"], config.train_config,
+                                config.train_overrides, champion["sha256"], target["sha256"])
+    out_dir = home.models_dir() / "candidates" / key[:16]
+    # A cached result whose model dir was deleted is useless: retrain instead of returning it.
+    train = tasks.train_candidate.with_options(refresh_cache=not (out_dir / "config.json").is_file())
+    trained = train(config.trainer, config.train_config, config.train_overrides, str(work / "datasets"),
+                    champion["dir"], target["dir"], str(out_dir), key, config.launcher, tracker=tracker)
+    tracker.set_tags({"candidate_dir": trained["dir"], "cache_key": key})
+    return trained
+
+
+def _shadow(config: FlywheelConfig, tracker: Any, work: Path, champion: dict, trained: dict,
+            target: dict) -> dict[str, Any]:
+    if config.trainer == "medusa":
+        print(MEDUSA_NOTE, flush=True)
+        return {"decision": {"promote": False, "reasons": [MEDUSA_NOTE]}}
+    report_path = str(work / "shadow" / "report.json")
+    report = tasks.shadow_compare(champion["dir"], trained["dir"], target["dir"], str(work / "datasets" / "holdout"),
+                                  config.shadow_config, config.shadow_overrides, report_path, tracker=tracker)
+    _log_report(tracker, report, report_path)
+    return report
+
+
+def _turn(config: FlywheelConfig, tracker: Any, work: Path) -> dict[str, Any]:
+    """The stages in order; returns the flow's result. Raises StageError when one fails."""
+    with stage(tracker, "resolve"):
+        target = tasks.resolve_target(config.target)
+        champion = tasks.resolve_champion(config.champion_uri)
+        tracker.log_params({"target": target["dir"], "champion_version": champion["version"]})
+    with stage(tracker, "mine"):
+        mined = tasks.mine_datasets(config.logs_dir or str(home.logs_dir()), str(work / "datasets"),
+                                    config.mining_config, config.mining_overrides, target["dir"])
+        tracker.log_params(mined["config"])
+        tracker.log_artifact(mined["path"])
+    with stage(tracker, "train"):
+        trained = _train(config, tracker, work, mined, champion, target)
+    with stage(tracker, "shadow"):
+        decision = _shadow(config, tracker, work, champion, trained, target)["decision"]
+    report_path = str(work / "shadow" / "report.json")
+    with stage(tracker, "register"):
+        version = tasks.register_candidate(trained["dir"], {
+            tasks.TARGET_SHA_TAG: target["sha256"], "manifest_sha256": mined["sha256"],
+            "trainer": config.trainer, "training_config": trained["config"],
+            "shadow_decision": decision, "shadow_report": report_path, "parent_version": champion["version"],
+        }, name=MEDUSA_MODEL if config.trainer == "medusa" else DRAFT_MODEL)
+        tracker.set_tags({"challenger_version": version})
+    promoted = bool(decision["promote"]) and config.promote
+    with stage(tracker, "promote"):
+        aliases = tasks.promote_version(version) if promoted else None
+        tracker.set_tags({"promoted": str(promoted), "decision_reasons": "; ".join(decision["reasons"])[:5000]})
+    return {"champion_before": champion["version"], "challenger_version": version, "promoted": promoted,
+            "decision": decision, "aliases": aliases, "candidate_dir": trained["dir"],
+            "manifest_path": mined["path"], "report_path": report_path, "work_dir": str(work)}
+
+
+def run_flywheel(config: FlywheelConfig) -> dict[str, Any]:
+    """One turn under a parent MLflow run (the flow's body; callable without Prefect only inside a flow)."""
+    from draftwheel.tracking import get_tracker
+
+    tracker = get_tracker(config.tracking)
+    work = run_dir(config)
+    (work / "config.json").write_text(json.dumps(to_dict(config), indent=2))
+    with tracker.run("flywheel", tags={"trainer": config.trainer}) as run_id:
+        tracker.log_params({f"flywheel.{k}": v for k, v in to_dict(config).items()})
+        try:
+            result = _turn(config, tracker, work)
+        except StageError as exc:
+            tracker.set_tags({"failed_stage": exc.stage, "failure_reason": exc.reason})
+            raise
+        tracker.log_dict(result, "flywheel_result.json")
+    result["mlflow_run_id"] = run_id
+    print(f"flywheel: challenger v{result['challenger_version']} "
+          f"{'PROMOTED to champion' if result['promoted'] else 'not promoted'}: "
+          f"{'; '.join(result['decision']['reasons'])}", flush=True)
+    return result
+
+
+@flow(name="flywheel", log_prints=True)
+def flywheel(config_path: str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """mine -> train -> shadow -> register -> promote, tracked in MLflow."""
+    return run_flywheel(load_config(FlywheelConfig, config_path, overrides))

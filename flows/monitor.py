@@ -1,0 +1,179 @@
+"""The `monitor` flow: watch served acceptance and start the flywheel when the champion falls behind.
+
+It reads the most recent acceptance records from the serving logs and triggers `flywheel` when
+(a) the acceptance rate over a window of recent requests, overall or on one slice, is below its
+threshold, or (b) the target's weights sha256 no longer matches the one the champion was trained for.
+The decision logic is plain functions (`window`, `acceptance_by_slice`, `decide`) tested without
+Prefect; the flow only gathers inputs, decides and calls the flywheel. It never trains or promotes by
+itself.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from prefect import flow
+
+from draftwheel import home
+from draftwheel.config import load_config
+from flows import tasks
+from flows.flywheel import flywheel
+from serving.records import AcceptanceRecord, RecordError, parse_record
+from serving.sink import iter_lines
+
+# Records without drafting (plain decoding) say nothing about the draft.
+_DRAFTING_MODES = ("draft", "medusa")
+
+
+@dataclass
+class MonitorConfig:
+    """When the monitor triggers the flywheel."""
+
+    logs_dir: str = ""
+    """Serving log dir to read ("" = the state dir's logs/)."""
+    window_requests: int = 64
+    """Look at (at most) this many most recent drafted requests."""
+    window_seconds: float = 0.0
+    """Also ignore records older than this many seconds (0 = no age limit)."""
+    min_requests: int = 16
+    """Fewer records than this in the window (overall, or in a slice) is too little evidence to act on."""
+    min_acceptance: float = 0.5
+    """Trigger when the window's acceptance rate (accepted / drafted tokens) is below this."""
+    slice_min_acceptance: dict = field(default_factory=dict)
+    """Per-slice thresholds overriding `min_acceptance`, e.g. {code: 0.4}."""
+    per_slice: bool = True
+    """Also check each slice on its own (a shift on one slice can hide in the overall rate)."""
+    champion_only: bool = True
+    """Only count records whose draft weights sha256 is the current champion's (older ones are history)."""
+    check_target_sha: bool = True
+    """Trigger when the target's weights sha256 differs from the champion's `target_sha256` tag."""
+    target: str = ""
+    """Target model dir whose weights are checked ("" = the reference target in the state dir)."""
+    champion_uri: str = "models:/draftwheel-draft@champion"
+    run_flywheel: bool = True
+    """Start the flywheel when triggered (False = only report)."""
+    flywheel_config: str = ""
+    """Flywheel config file for the triggered run ("" = defaults)."""
+    flywheel_overrides: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.window_requests < 1:
+            raise ValueError(f"window_requests must be >= 1, got {self.window_requests}")
+        if self.window_seconds < 0:
+            raise ValueError(f"window_seconds must be >= 0, got {self.window_seconds}")
+        if not 1 <= self.min_requests <= self.window_requests:
+            raise ValueError(f"min_requests must be in 1..window_requests, got {self.min_requests}")
+        for name, value in [("min_acceptance", self.min_acceptance), *self.slice_min_acceptance.items()]:
+            if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                label = name if name == "min_acceptance" else f"slice_min_acceptance.{name}"
+                raise ValueError(f"{label} must be a number in [0, 1], got {value!r}")
+
+
+@dataclass
+class SliceStats:
+    requests: int
+    drafted: int
+    accepted: int
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@dataclass
+class MonitorDecision:
+    trigger: bool
+    reasons: list[str]
+    stats: dict[str, SliceStats]
+    """Keyed by slice, plus "overall"."""
+
+    def summary(self) -> dict:
+        return {
+            "trigger": self.trigger, "reasons": self.reasons,
+            "acceptance": {k: round(s.acceptance_rate, 4) for k, s in self.stats.items()},
+            "requests": {k: s.requests for k, s in self.stats.items()},
+        }
+
+
+def window(records: Iterable[AcceptanceRecord], config: MonitorConfig, now: float | None = None,
+           champion_sha: str | None = None) -> list[AcceptanceRecord]:
+    """The most recent drafted records (oldest first), bounded by count and age; memory stays O(window)."""
+    now = time.time() if now is None else now
+
+    def keep(record: AcceptanceRecord) -> bool:
+        if record.mode not in _DRAFTING_MODES or record.drafted_tokens <= 0:
+            return False
+        draft_sha = record.draft_id.sha256 if record.draft_id else None
+        if config.champion_only and champion_sha and draft_sha != champion_sha:
+            return False
+        return config.window_seconds <= 0 or now - record.ts <= config.window_seconds
+
+    newest = heapq.nlargest(config.window_requests, filter(keep, records), key=lambda r: r.ts)
+    return newest[::-1]
+
+
+def acceptance_by_slice(records: Iterable[AcceptanceRecord]) -> dict[str, SliceStats]:
+    """Token-weighted acceptance per slice and "overall" (a long request counts for its tokens)."""
+    stats: dict[str, SliceStats] = {"overall": SliceStats(0, 0, 0)}
+    for record in records:
+        for key in ("overall", record.slice):
+            entry = stats.setdefault(key, SliceStats(0, 0, 0))
+            entry.requests += 1
+            entry.drafted += record.drafted_tokens
+            entry.accepted += record.accepted_tokens
+    return stats
+
+
+def decide(records: list[AcceptanceRecord], config: MonitorConfig,
+           target_sha: str | None = None, champion_target_sha: str | None = None) -> MonitorDecision:
+    """Trigger on low acceptance (overall / per slice, with enough evidence) or a changed target."""
+    stats = acceptance_by_slice(records)
+    reasons = []
+    if config.check_target_sha and target_sha and champion_target_sha and target_sha != champion_target_sha:
+        reasons.append(f"target weights changed: sha256 {target_sha[:12]} != champion's {champion_target_sha[:12]}")
+    for name, entry in stats.items():
+        if name != "overall" and not config.per_slice:
+            continue
+        threshold = config.slice_min_acceptance.get(name, config.min_acceptance)
+        if entry.requests >= config.min_requests and entry.acceptance_rate < threshold:
+            reasons.append(f"acceptance {entry.acceptance_rate:.3f} < {threshold} on {name} "
+                           f"over the last {entry.requests} requests")
+    return MonitorDecision(trigger=bool(reasons), reasons=reasons, stats=stats)
+
+
+def read_records(logs_dir: str | Path) -> Iterator[AcceptanceRecord]:
+    """Valid records under `logs_dir`, in write order. Bad lines are skipped here: quarantining them is
+    mining's job, the monitor only reads."""
+    for _path, _number, line in iter_lines(logs_dir):
+        try:
+            yield parse_record(line)
+        except RecordError:
+            continue
+
+
+@flow(name="monitor", log_prints=True)
+def monitor(config_path: str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Check recent acceptance and the target's hash; run the flywheel when either says so."""
+    return run_monitor(load_config(MonitorConfig, config_path, overrides))
+
+
+def run_monitor(config: MonitorConfig) -> dict[str, Any]:
+    """The monitor flow's body: gather inputs, decide, maybe run the flywheel (as a subflow)."""
+    champion = tasks.resolve_champion(config.champion_uri)
+    target_sha = tasks.resolve_target(config.target)["sha256"] if config.check_target_sha else None
+    logs_dir = config.logs_dir or str(home.logs_dir())
+    records = window(read_records(logs_dir), config, champion_sha=champion["sha256"])
+    decision = decide(records, config, target_sha, champion["tags"].get(tasks.TARGET_SHA_TAG))
+    rates = ", ".join(f"{k} {s.acceptance_rate:.3f} (n={s.requests})" for k, s in decision.stats.items())
+    print(f"monitor: champion v{champion['version']}, acceptance {rates}", flush=True)
+    print(f"monitor: {'TRIGGER: ' + '; '.join(decision.reasons) if decision.trigger else 'no trigger'}", flush=True)
+    result: dict[str, Any] = {"decision": decision.summary(), "champion_version": champion["version"], "flywheel": None}
+    if decision.trigger and config.run_flywheel:
+        # The flywheel mines the logs the monitor watched, unless its own overrides say otherwise.
+        overrides = ([f"logs_dir={config.logs_dir}"] if config.logs_dir else []) + list(config.flywheel_overrides)
+        result["flywheel"] = flywheel(config.flywheel_config or None, overrides)
+    return result

@@ -1,0 +1,182 @@
+"""Prefect tasks: thin wrappers around the stage functions, passing paths, URIs and small dicts.
+
+Registry I/O gets retries (a sqlite lock or a remote MLflow hiccup is transient); training is cached
+on its inputs (trainer, dataset manifest sha256, config, starting draft, target), so re-running a flow
+on unchanged data does not retrain. Each stage opens its MLflow run in the flow (see `flows.flywheel`);
+the tasks themselves hold no state and never move tensors between them. Stage packages are imported
+inside the tasks, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import json
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NONE
+
+from draftwheel import home
+from draftwheel.config import load_config, to_dict
+
+# Built-in trainers: name -> (module, config class, train function). Anything else must be
+# "package.module:function" (see `train_candidate`).
+TRAINERS = {
+    "distill": ("training.distill", "DistillConfig", "train_distill"),
+    "dpo": ("training.dpo", "DpoConfig", "train_dpo"),
+    "medusa": ("training.medusa_train", "MedusaConfig", "train_medusa"),
+}
+TARGET_SHA_TAG = "target_sha256"
+
+
+def is_transient(exc: BaseException | None) -> bool:
+    """Registry failures worth retrying: the database or the transport failed. A missing model, version
+    or alias, and corrupt artifacts, fail the same way on every try."""
+    from draftwheel.tracking import ArtifactError, RegistryError
+
+    if not isinstance(exc, RegistryError) or isinstance(exc, ArtifactError) or exc.__cause__ is None:
+        return False
+    return getattr(exc.__cause__, "error_code", "") != "RESOURCE_DOES_NOT_EXIST"
+
+
+def _retry_registry(_task: Any, _task_run: Any, state: Any) -> bool:
+    return is_transient(state.data if isinstance(state.data, BaseException) else None)
+
+
+REGISTRY_RETRIES = dict(retries=3, retry_delay_seconds=2, retry_condition_fn=_retry_registry)
+
+
+def file_sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@task(name="resolve-target", cache_policy=NONE)
+def resolve_target(spec: str) -> dict[str, str]:
+    """The target model dir ("" = the reference target, converted once) and its weights sha256."""
+    from serving.models import weights_sha256
+    from serving.reference import ensure_reference_target
+
+    path = Path(spec) if spec else ensure_reference_target(home.models_dir())
+    return {"dir": str(path), "sha256": weights_sha256(path)}
+
+
+@task(name="resolve-champion", cache_policy=NONE, **REGISTRY_RETRIES)
+def resolve_champion(uri: str) -> dict[str, Any]:
+    """Download (or find cached) the champion: its local dir, version, tags and weights sha256."""
+    from draftwheel.tracking import resolve_model_uri
+    from serving.models import weights_sha256
+
+    local_dir, version, tags = resolve_model_uri(uri)
+    return {"uri": uri, "dir": str(local_dir), "version": version, "tags": tags,
+            "sha256": weights_sha256(local_dir)}
+
+
+@task(name="mine", cache_policy=NONE)
+def mine_datasets(logs_dir: str, out_dir: str, config_path: str, overrides: list[str],
+                  target_dir: str) -> dict[str, Any]:
+    """Mine the serving logs into distill/preference/holdout datasets; return the manifest (+ its path)."""
+    from mining.config import MiningConfig
+    from mining.pipeline import mine
+
+    config = load_config(MiningConfig, config_path or None, overrides)
+    if config.tokenizer is None:  # the target's tokenizer decodes preference tokens, unless one is configured
+        config = dataclasses.replace(config, tokenizer=target_dir)
+    manifest = mine(Path(logs_dir), Path(out_dir), config)
+    manifest_path = Path(out_dir) / "manifest.json"
+    return {"manifest": manifest, "path": str(manifest_path), "sha256": file_sha256(manifest_path),
+            "config": to_dict(config)}
+
+
+def train_cache_key(trainer: str, manifest_sha: str, config_path: str, overrides: list[str],
+                    init_sha: str, target_sha: str) -> str:
+    """Training's cache key: everything that determines the candidate (the config by content, not path)."""
+    config_text = Path(config_path).read_text() if config_path else ""
+    payload = json.dumps([trainer, manifest_sha, config_text, list(overrides), init_sha, target_sha])
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _resolve_trainer(trainer: str):
+    if trainer in TRAINERS:
+        module, config_cls, fn = TRAINERS[trainer]
+        mod = importlib.import_module(module)
+        return getattr(mod, config_cls), getattr(mod, fn)
+    if ":" not in trainer:
+        raise ValueError(f"trainer: {trainer!r} is not one of {', '.join(TRAINERS)} nor 'package.module:function'")
+    module, fn = trainer.split(":", 1)
+    return None, getattr(importlib.import_module(module), fn)
+
+
+def stage_overrides(trainer: str, dataset_dir: str, init_dir: str, target_dir: str, out_dir: str) -> list[str]:
+    """The overrides the flow supplies to a built-in trainer's config: data, start point, target, output."""
+    data = Path(dataset_dir)
+    common = [f"target={target_dir}", f"output_dir={out_dir}", f"holdout={data / 'holdout'}"]
+    if trainer == "distill":
+        return common + [f"dataset={data / 'distill'}", f"student={init_dir}"]
+    if trainer == "dpo":
+        return common + [f"dataset={data / 'preference'}", f"student={init_dir}"]
+    return common + [f"dataset={data / 'distill'}"]  # medusa: heads on the frozen target, no draft
+
+
+def launch_command(launcher: str, trainer: str, config_path: str, overrides: list[str]) -> list[str]:
+    """`<launcher> -m training.<trainer> [--config F] k=v ...`, e.g. launcher "accelerate launch --num_processes 4"."""
+    module = TRAINERS[trainer][0]
+    return [*shlex.split(launcher), "-m", module, *(["--config", config_path] if config_path else []), *overrides]
+
+
+@task(name="train", cache_key_fn=lambda _ctx, params: params["cache_key"], persist_result=True)
+def train_candidate(trainer: str, config_path: str, overrides: list[str], dataset_dir: str, init_dir: str,
+                    target_dir: str, out_dir: str, cache_key: str, launcher: str = "",
+                    tracker: Any = None) -> dict[str, Any]:
+    """Train a candidate from the mined datasets, starting from the champion; return its dir and config.
+
+    A built-in trainer gets its config from `config_path` + `overrides` + the flow's data/model paths and
+    runs in-process, or under `launcher` as a subprocess (multi-GPU: `accelerate launch ...`). A custom
+    trainer "package.module:function" is called as
+    `function(config_path=, overrides=, dataset_dir=, init_dir=, target_dir=, out_dir=, tracker=) -> dir`.
+    """
+    config_cls, train_fn = _resolve_trainer(trainer)
+    if config_cls is None:
+        candidate = train_fn(config_path=config_path, overrides=list(overrides), dataset_dir=dataset_dir,
+                             init_dir=init_dir, target_dir=target_dir, out_dir=out_dir, tracker=tracker)
+        return {"dir": str(candidate), "config": {"trainer": trainer, "overrides": list(overrides)}}
+    all_overrides = list(overrides) + stage_overrides(trainer, dataset_dir, init_dir, target_dir, out_dir)
+    config = load_config(config_cls, config_path or None, all_overrides)
+    if launcher:
+        subprocess.run(launch_command(launcher, trainer, config_path, all_overrides), check=True)
+        candidate = Path(out_dir)
+    else:
+        candidate = train_fn(config, tracker=tracker)
+    return {"dir": str(candidate), "config": to_dict(config)}
+
+
+@task(name="shadow", cache_policy=NONE)
+def shadow_compare(champion_dir: str, challenger_dir: str, target_dir: str, holdout_dir: str,
+                   config_path: str, overrides: list[str], report_path: str, tracker: Any = None) -> dict[str, Any]:
+    """Replay the hold-out (+ canaries) through champion and challenger; the report carries the gate's decision."""
+    from serving.shadow import ShadowConfig, run_shadow
+
+    config = load_config(ShadowConfig, config_path or None, overrides)
+    return run_shadow(champion_dir, challenger_dir, target_dir, holdout_dir, config, tracker=tracker, out=report_path)
+
+
+@task(name="register", cache_policy=NONE, **REGISTRY_RETRIES)
+def register_candidate(model_dir: str, tags: dict[str, Any], name: str = "draftwheel-draft") -> str:
+    """Register the candidate as a new version of `name` and point `challenger` at it."""
+    from draftwheel.tracking import register_draft, set_alias
+
+    version = register_draft(model_dir, tags, name=name)
+    set_alias(version, "challenger", name=name)
+    return version
+
+
+@task(name="promote", cache_policy=NONE, **REGISTRY_RETRIES)
+def promote_version(version: str) -> dict[str, str]:
+    """Make `version` the champion (the old one becomes `previous`); return the aliases."""
+    from draftwheel.tracking import promote
+
+    return promote(version)

@@ -1,0 +1,106 @@
+"""`MiningConfig`: the typed settings of the mining stage (`configs/mining.yaml`).
+
+Loaded with `draftwheel.config.load_config(MiningConfig, path, overrides)`; unknown keys are rejected
+there, and `__post_init__` here rejects bad values with a `ValueError` naming the field. This module
+holds settings only; the stage itself is `mining.pipeline.mine`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+
+def parse_time(value: str | None) -> float | None:
+    """`None`, unix seconds (`"1764000000.5"`) or ISO 8601 (`"2026-11-30T09:00:00Z"`, UTC if naive) -> unix seconds."""
+    if value is None or value == "":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    stamp = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=dt.timezone.utc)
+    return stamp.timestamp()
+
+
+@dataclass
+class MiningConfig:
+    since: str | None = None
+    """Keep requests with ts >= since (unix seconds or ISO 8601; None = no lower bound)."""
+    until: str | None = None
+    """Keep requests with ts < until (unix seconds or ISO 8601; None = no upper bound)."""
+    slices: list[str] = field(default_factory=list)
+    """Keep only these slices (empty = all)."""
+    holdout_fraction: float = 0.1
+    """The latest fraction of the kept requests (by ts) is held out; none of them is used for training."""
+    holdout_max: int = 2000
+    """At most this many hold-out requests are written (a uniform sample of the held-out window)."""
+    hard_quantile: float = 0.25
+    """Per slice, the requests at the bottom `hard_quantile` of acceptance rate are hard (if hard_threshold is None)."""
+    hard_threshold: float | None = None
+    """Absolute alternative: requests with acceptance rate <= this are hard (overrides hard_quantile)."""
+    max_hard_per_slice: int = 2000
+    """Cap on hard (low-acceptance) samples per slice, lowest acceptance first."""
+    max_rollback_per_slice: int = 500
+    """Cap per slice on extra samples chosen for the deepest rollback (beyond the hard ones)."""
+    min_rollback_depth: int = 2
+    """A request qualifies as a deep-rollback sample when some step rejected at least this many drafts."""
+    uniform_ratio: float = 0.5
+    """Per slice, uniform samples of the remaining requests per selected hard/rollback sample (anti-forgetting)."""
+    hard_weight: float = 1.0
+    """`weight` column of hard and rollback samples in distill/."""
+    uniform_weight: float = 1.0
+    """`weight` column of uniform samples in distill/."""
+    max_pairs_per_request: int = 8
+    """Preference pairs per request: the first N rejections (each gives prefix, target token, draft token)."""
+    near_dup_threshold: float = 0.8
+    """Estimated Jaccard similarity (word n-gram MinHash) at or above which two prompts are near-duplicates."""
+    minhash_perm: int = 64
+    """MinHash permutations (more = more exact, slower)."""
+    shingle_words: int = 3
+    """Word n-gram size of the MinHash shingles."""
+    scrub_pii: bool = True
+    """Replace e-mails, phones, card numbers, IPs and secrets with typed placeholders before writing."""
+    tokenizer: str | None = None
+    """Local tokenizer/model dir of the target: decodes preference tokens, re-tokenises scrubbed text.
+    Without it preference/ is empty and scrubbed requests are left out (their token ids would be stale)."""
+    quarantine_max_chars: int = 2000
+    """Bad lines are stored in quarantine.jsonl cut to this many characters (after scrubbing)."""
+    plot: bool = True
+    """Write acceptance_by_slice.png (matplotlib, Agg)."""
+    seed: int = 0
+    """Seed of the uniform samples (hold-out cap and anti-forgetting mix)."""
+
+    def __post_init__(self) -> None:
+        for name in ("since", "until"):
+            try:
+                parse_time(getattr(self, name))
+            except ValueError as exc:
+                raise ValueError(f"{name}: not unix seconds or ISO 8601: {getattr(self, name)!r}") from exc
+        if not 0.0 <= self.holdout_fraction < 1.0:
+            raise ValueError(f"holdout_fraction: must be in [0, 1), got {self.holdout_fraction}")
+        if not 0.0 < self.hard_quantile <= 1.0:
+            raise ValueError(f"hard_quantile: must be in (0, 1], got {self.hard_quantile}")
+        if self.hard_threshold is not None and not 0.0 <= self.hard_threshold <= 1.0:
+            raise ValueError(f"hard_threshold: must be in [0, 1] or null, got {self.hard_threshold}")
+        if not 0.0 < self.near_dup_threshold <= 1.0:
+            raise ValueError(f"near_dup_threshold: must be in (0, 1], got {self.near_dup_threshold}")
+        for name in ("holdout_max", "max_hard_per_slice", "max_rollback_per_slice", "max_pairs_per_request"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        for name in ("min_rollback_depth", "minhash_perm", "shingle_words", "quarantine_max_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("uniform_ratio", "hard_weight", "uniform_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+
+    @property
+    def since_ts(self) -> float | None:
+        return parse_time(self.since)
+
+    @property
+    def until_ts(self) -> float | None:
+        return parse_time(self.until)

@@ -1,0 +1,201 @@
+"""The mining stage: serving logs in, training/hold-out datasets and a manifest out.
+
+`mine(logs_dir, out_dir, config)` runs: scan (validate every line, quarantine bad ones, filter by time
+and slice, per-request stats into a compact on-disk index) -> select (hold-out by time, hard and
+deep-rollback samples per slice with caps, uniform mix) -> curate (PII, exact and near dedupe, hold-out
+isolation) -> write `distill/`, `preference/`, `holdout/`, `quarantine.jsonl`, the plot and
+`manifest.json`. Memory is bounded by the caps in the config, not by the size of the logs: lines are
+streamed, and only selected requests are read again. No training, no network, no Prefect.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import math
+import os
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from draftwheel.config import to_dict
+from mining.config import MiningConfig
+from mining.curate import Curated, curate, iter_records
+from mining.dedupe import exact_key
+from mining.index import IndexFile
+from mining.outputs import DISTILL, HOLDOUT, PREFERENCE, DatasetWriter, TextPrep, distill_row, holdout_row, \
+    path_sha256, preference_rows
+from mining.pii import Scrubber
+from mining.scan import Quarantine, decode_line, list_log_files, scan_lines
+from mining.select import Selection, select
+from mining.stats import SliceStats, request_stats
+from serving.records import RecordError
+
+MANIFEST_SCHEMA = "draftwheel.mining.manifest/v1"
+
+
+@dataclass
+class ScanResult:
+    counts: Counter[str] = field(default_factory=Counter)
+    stats: dict[str, SliceStats] = field(default_factory=dict)
+    slice_ids: dict[str, int] = field(default_factory=dict)
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    ts_range: tuple[float, float] = (math.inf, -math.inf)
+
+
+def _rand_key(request_id: str, seed: int) -> int:
+    digest = hashlib.blake2b(request_id.encode("utf-8", "surrogatepass"), digest_size=8,
+                             key=seed.to_bytes(8, "little"))
+    return int.from_bytes(digest.digest(), "little")
+
+
+def scan_logs(files: list[Path], index: IndexFile, quarantine: Quarantine, config: MiningConfig) -> ScanResult:
+    """Pass over every line once: validate, quarantine, filter, accumulate stats and index rows."""
+    result = ScanResult()
+    counts = result.counts
+    since, until, wanted = config.since_ts, config.until_ts, set(config.slices)
+    lo, hi = math.inf, -math.inf
+    for file_index, path in enumerate(files):
+        lines = 0
+        for number, offset, line in scan_lines(path, quarantine):
+            lines += 1
+            if line.isspace():
+                counts["blank"] += 1
+                continue
+            try:
+                record = decode_line(line)
+            except RecordError as exc:
+                reason = str(exc) if line.endswith(b"\n") else f"truncated (no newline at end of file): {exc}"
+                quarantine.add(path, number, offset, reason, line)
+                continue
+            if (since is not None and record.ts < since) or (until is not None and record.ts >= until):
+                counts["filtered_time"] += 1
+                continue
+            if wanted and record.slice not in wanted:
+                counts["filtered_slice"] += 1
+                continue
+            rate, _, depth, pairs = request_stats(record)
+            slice_id = result.slice_ids.setdefault(record.slice, len(result.slice_ids))
+            if slice_id == 0xFFFF:
+                raise ValueError("more than 65535 distinct slices; filter with `slices`")
+            stats = result.stats.get(record.slice) or result.stats.setdefault(record.slice, SliceStats())
+            stats.add(record, rate, depth, pairs)
+            index.append((counts["kept"], file_index, number, offset, record.ts, slice_id, rate, depth,
+                          exact_key(record.prompt), _rand_key(record.request_id, config.seed)))
+            counts["kept"] += 1
+            lo, hi = min(lo, record.ts), max(hi, record.ts)
+        counts["lines"] += lines
+        result.inputs.append({"path": str(path), "bytes": path.stat().st_size, "lines": lines})
+    counts["quarantined"] = quarantine.count
+    result.ts_range = (lo, hi)
+    index.close()
+    return result
+
+
+def _load_tokenizer(path: str | None) -> Any:
+    if path is None:
+        return None
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"tokenizer: {path} is not a local tokenizer/model directory")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def write_outputs(files: list[Path], selection: Selection, curated: Curated, config: MiningConfig,
+                  tokenizer: Any, out: Path, scratch: Path) -> dict[str, Any]:
+    """Write the three datasets; returns rows and redaction counts per dataset."""
+    preps = {name: TextPrep(Scrubber() if config.scrub_pii else None, tokenizer)
+             for name in ("distill", "preference", "holdout")}
+    writers = {"distill": DatasetWriter(DISTILL, scratch / "distill.arrow"),
+               "preference": DatasetWriter(PREFERENCE, scratch / "preference.arrow"),
+               "holdout": DatasetWriter(HOLDOUT, scratch / "holdout.arrow")}
+    holdout_rows = selection.holdout[np.isin(selection.holdout["row"], curated.holdout)]
+    for _, record in iter_records(files, holdout_rows):
+        writers["holdout"].add(holdout_row(record, preps["holdout"]))
+    candidates = np.concatenate([rows for cat in selection.candidates.values() for rows in cat.values()]
+                                + [selection.holdout[:0]])
+    train_rows = candidates[np.isin(candidates["row"], list(curated.train))]
+    weights = {"hard": config.hard_weight, "rollback": config.hard_weight, "uniform": config.uniform_weight}
+    for row_id, record in iter_records(files, train_rows):
+        writers["distill"].add(distill_row(record, preps["distill"], weights[curated.train[row_id]]))
+        for pair in preference_rows(record, preps["preference"], config.max_pairs_per_request):
+            writers["preference"].add(pair)
+    written = {}
+    for name, writer in writers.items():
+        rows = writer.save(out / name)
+        written[name] = {"rows": rows, "redactions": dict(preps[name].scrubber.counts) if config.scrub_pii else {}}
+    return written
+
+
+def _slices_section(scan: ScanResult, selection: Selection, curated: Curated) -> dict[str, Any]:
+    section = {}
+    for name, slice_id in sorted(scan.slice_ids.items()):
+        entry = scan.stats[name].to_dict()
+        entry["train_pool"] = selection.train_counts.get(slice_id, 0)
+        entry["quotas"] = selection.quotas.get(slice_id, {})
+        entry["selected"] = dict(curated.kept.get(slice_id, {}))
+        section[name] = entry
+    return section
+
+
+def mine(logs_dir: str | Path, out_dir: str | Path, config: MiningConfig | None = None) -> dict[str, Any]:
+    """Run the mining stage; returns the manifest (also written to `out_dir/manifest.json`)."""
+    config = config or MiningConfig()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = list_log_files(logs_dir)
+    tokenizer = _load_tokenizer(config.tokenizer)
+    with tempfile.TemporaryDirectory(dir=out, prefix=".scratch-") as tmp:
+        scratch = Path(tmp)
+        index = IndexFile(scratch / "index.bin")
+        with Quarantine(out / "quarantine.jsonl", Scrubber() if config.scrub_pii else None,
+                        config.quarantine_max_chars) as quarantine:
+            scan = scan_logs(files, index, quarantine, config)
+        selection = select(index, scan.counts["kept"], scan.ts_range, config)
+        curated = curate(files, selection, config, tokenizer is not None)
+        written = write_outputs(files, selection, curated, config, tokenizer, out, scratch)
+    outputs = {name: {"path": name, "rows": info["rows"], "sha256": path_sha256(out / name)}
+               for name, info in written.items()}
+    outputs["quarantine"] = {"path": "quarantine.jsonl", "rows": quarantine.count,
+                             "sha256": path_sha256(out / "quarantine.jsonl")}
+    if config.plot:
+        from mining.plots import plot_acceptance
+
+        plot_acceptance(scan.stats, out / "acceptance_by_slice.png")
+        outputs["plot"] = {"path": "acceptance_by_slice.png", "sha256": path_sha256(out / "acceptance_by_slice.png")}
+    redactions = {name: info["redactions"] for name, info in written.items()}
+    redactions["quarantine"] = dict(quarantine.scrubber.counts) if quarantine.scrubber else {}
+    total: Counter[str] = Counter()
+    for counts in redactions.values():
+        total.update(counts)
+    manifest = {
+        "schema": MANIFEST_SCHEMA,
+        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "logs": str(logs_dir),
+        "config": to_dict(config),
+        "inputs": scan.inputs,
+        "counts": {**dict(scan.counts), "holdout_window": selection.holdout_window,
+                   "excluded_same_prompt_as_holdout": selection.excluded_holdout_keys,
+                   "dropped": dict(curated.dropped), **{name: info["rows"] for name, info in written.items()}},
+        "quarantine_by_kind": dict(quarantine.kinds),
+        "holdout_cutoff_ts": selection.cutoff if math.isfinite(selection.cutoff) else None,
+        "preference_note": None if tokenizer is not None else "no tokenizer configured: preference/ is empty",
+        "slices": _slices_section(scan, selection, curated),
+        "redactions": {**redactions, "total": dict(total)},
+        "outputs": outputs,
+    }
+    _write_json(out / "manifest.json", manifest)
+    return manifest
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write atomically: a reader never sees a half-written manifest."""
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    os.replace(tmp, path)

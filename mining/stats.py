@@ -1,0 +1,104 @@
+"""Per-request and per-slice acceptance statistics.
+
+Per request (`request_stats`): acceptance rate (accepted / drafted), mean accepted length (tokens
+emitted per verification step, bonus included: (accepted + verify_steps) / verify_steps, vLLM's
+definition), max rollback depth (max over steps of k - accepted). Per slice (`SliceStats`): counts,
+token-weighted rates, a 100-bin histogram of request acceptance (for quantiles and the plot), a
+rollback-depth histogram and per-position acceptance (drafted/accepted counts at each draft
+position). Everything is O(1) memory per slice, whatever the log size. No I/O here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+BINS = 100
+MAX_DEPTH = 255  # rollback depths are stored as uint8; k is at most 32 in serving.
+
+
+def request_stats(record: Any) -> tuple[float, float, int, Counter[tuple[int, int]]]:
+    """(acceptance rate or NaN without drafts, mean accepted length, max rollback depth, (k, accepted) counts)."""
+    rate = record.accepted_tokens / record.drafted_tokens if record.drafted_tokens else math.nan
+    length = (record.accepted_tokens + record.verify_steps) / record.verify_steps if record.verify_steps else 0.0
+    pairs: Counter[tuple[int, int]] = Counter()
+    depth = 0
+    for step in record.steps:
+        pairs[(step.k, step.accepted)] += 1
+        depth = max(depth, step.k - step.accepted)
+    return rate, length, min(depth, MAX_DEPTH), pairs
+
+
+def _quantile(hist: np.ndarray, q: float) -> float | None:
+    """Upper edge of the histogram bin holding the q-quantile (bin width 1/BINS)."""
+    total = hist.sum()
+    if total == 0:
+        return None
+    return float((np.searchsorted(np.cumsum(hist), q * total) + 1) / len(hist))
+
+
+class SliceStats:
+    """Accumulates one slice's requests; `to_dict()` is what the manifest shows."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.with_drafts = 0
+        self.drafted = 0
+        self.accepted = 0
+        self.verify_steps = 0
+        self.generated = 0
+        self.rate_sum = 0.0
+        self.rate_hist = np.zeros(BINS, dtype=np.int64)
+        self.depth_hist = np.zeros(MAX_DEPTH + 1, dtype=np.int64)
+        self.pairs: Counter[tuple[int, int]] = Counter()
+        self.modes: Counter[str] = Counter()
+
+    def add(self, record: Any, rate: float, depth: int, pairs: Counter[tuple[int, int]]) -> None:
+        self.requests += 1
+        self.modes[record.mode] += 1
+        self.drafted += record.drafted_tokens
+        self.accepted += record.accepted_tokens
+        self.verify_steps += record.verify_steps
+        self.generated += len(record.output_token_ids)
+        self.depth_hist[depth] += 1
+        self.pairs.update(pairs)
+        if not math.isnan(rate):
+            self.with_drafts += 1
+            self.rate_sum += rate
+            self.rate_hist[min(int(rate * BINS), BINS - 1)] += 1
+
+    def per_position(self) -> list[float]:
+        """Acceptance at draft position i: accepted at i / drafted at i, over all steps."""
+        max_k = max((k for k, _ in self.pairs), default=0)
+        drafted = np.zeros(max_k, dtype=np.int64)
+        accepted = np.zeros(max_k, dtype=np.int64)
+        for (k, taken), count in self.pairs.items():
+            drafted[:k] += count
+            accepted[:taken] += count
+        return [round(float(a / d), 6) if d else 0.0 for a, d in zip(accepted, drafted)]
+
+    def to_dict(self) -> dict[str, Any]:
+        depths = np.nonzero(self.depth_hist)[0]
+        return {
+            "requests": self.requests,
+            "requests_with_drafts": self.with_drafts,
+            "modes": dict(self.modes),
+            "drafted_tokens": self.drafted,
+            "accepted_tokens": self.accepted,
+            "verify_steps": self.verify_steps,
+            "generated_tokens": self.generated,
+            "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
+            "mean_request_acceptance_rate": self.rate_sum / self.with_drafts if self.with_drafts else None,
+            "mean_accepted_length": (self.accepted + self.verify_steps) / self.verify_steps if self.verify_steps else None,
+            "acceptance_p10": _quantile(self.rate_hist, 0.1),
+            "acceptance_p50": _quantile(self.rate_hist, 0.5),
+            "acceptance_p90": _quantile(self.rate_hist, 0.9),
+            "max_rollback_depth": int(depths[-1]) if len(depths) else 0,
+            "mean_max_rollback_depth": float((self.depth_hist * np.arange(MAX_DEPTH + 1)).sum() / self.requests)
+            if self.requests else None,
+            "per_position_acceptance": self.per_position(),
+            "acceptance_histogram": self.rate_hist.tolist(),
+        }

@@ -1,0 +1,60 @@
+"""Adaptive speculation length: pick k per verification step from measured acceptance and cost.
+
+With per-token acceptance probability a and draft/target cost ratio c, one step that drafts k tokens
+emits on average E(k) = (1 - a^(k+1)) / (1 - a) tokens and costs (1 + k*c) target-forward units
+(Leviathan et al. 2023, eq. 1 and thm 3.8). The controller chooses k in 1..k_max maximising
+E(k) / (1 + k*c). Pure Python, no torch: testable on its own.
+"""
+
+from __future__ import annotations
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """Expected tokens emitted by one step with k drafts, bonus/correction token included."""
+    if a >= 1.0:
+        return float(k + 1)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def speedup(a: float, k: int, c: float) -> float:
+    """Expected tokens per unit of target-forward time, relative to plain decoding."""
+    return expected_tokens(a, k) / (1.0 + k * c)
+
+
+def best_k(a: float, c: float, k_max: int) -> int:
+    return max(range(1, k_max + 1), key=lambda k: speedup(a, k, c))
+
+
+class AdaptiveK:
+    """Per-request controller.
+
+    Acceptance estimate: each step with k drafts and j accepted is j successes followed by one failure
+    when j < k (geometric model), so a = successes / (successes + failures), the maximum-likelihood
+    estimate, discounted by `decay` per step so it follows drift. A prior worth `prior_weight` drafted
+    tokens at `prior_a` keeps the first steps sane. The cost ratio is an exponential moving average of
+    per-step (mean draft forward time) / (target verify forward time).
+    """
+
+    def __init__(self, k_max: int, prior_a: float = 0.7, prior_weight: float = 4.0, decay: float = 0.9,
+                 prior_c: float = 0.2):
+        self.k_max = k_max
+        self.decay = decay
+        self.successes = prior_a * prior_weight
+        self.failures = (1.0 - prior_a) * prior_weight
+        self.c = prior_c
+        self._c_measured = False
+
+    @property
+    def a(self) -> float:
+        return self.successes / (self.successes + self.failures)
+
+    def next_k(self) -> int:
+        return best_k(min(self.a, 0.999), self.c, self.k_max)
+
+    def update(self, k: int, accepted: int, draft_s: float, target_s: float) -> None:
+        self.successes = self.decay * self.successes + accepted
+        self.failures = self.decay * self.failures + (1 if accepted < k else 0)
+        if k > 0 and target_s > 0:
+            ratio = (draft_s / k) / target_s
+            self.c = ratio if not self._c_measured else 0.8 * self.c + 0.2 * ratio
+            self._c_measured = True

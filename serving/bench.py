@@ -1,0 +1,111 @@
+"""Side-by-side decoding benchmark: our plain and speculative decoding against HF `generate`.
+
+All four methods run in ONE process on the same prompt token ids, interleaved prompt by prompt so that
+load changes on a shared machine hit them alike: our autoregressive loop, our draft speculative loop,
+HF `generate(do_sample=False)` and HF `generate(assistant_model=draft, do_sample=False)` with the
+same k (constant schedule, no confidence cut-off). Greedy only: that is where identity is defined.
+The result has exactly the keys of design.md's `bench` table. No I/O besides reading prompts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from serving.engine import Engine
+from serving.params import SamplingParams
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    """Prompts from a JSONL file (objects with "prompt", or JSON strings) or a text file (one per line)."""
+    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+    if not lines:
+        raise ValueError(f"{path}: no prompts")
+    if Path(path).suffix == ".jsonl":
+        prompts = []
+        for number, line in enumerate(lines, 1):
+            item = json.loads(line)
+            prompt = item.get("prompt") if isinstance(item, dict) else item
+            if not isinstance(prompt, str):
+                raise ValueError(f"{path}:{number}: expected a string or an object with a string 'prompt'")
+            prompts.append(prompt)
+        return prompts
+    return [line.replace("\\n", "\n") for line in lines]
+
+
+@contextlib.contextmanager
+def assistant_settings(draft_model: Any, k: int) -> Iterator[None]:
+    """HF reads the speculation length from the assistant's generation config: set k, then restore."""
+    saved = draft_model.generation_config
+    config = copy.deepcopy(saved)
+    config.num_assistant_tokens = k
+    config.num_assistant_tokens_schedule = "constant"
+    config.assistant_confidence_threshold = 0.0
+    draft_model.generation_config = config
+    try:
+        yield
+    finally:
+        draft_model.generation_config = saved
+
+
+def _hf_generate(model: Any, ids: list[int], max_new_tokens: int, assistant: Any = None) -> tuple[list[int], float]:
+    input_ids = torch.tensor([ids])
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                             max_new_tokens=max_new_tokens, assistant_model=assistant)
+    return out[0, len(ids):].tolist(), time.perf_counter() - start
+
+
+def _ours(engine: Engine, prompt: Any, params: SamplingParams, chat: bool, mode: str):
+    start = time.perf_counter()
+    completion, = engine.generate([prompt], params, slice="bench", chat=chat, mode=mode)
+    return completion, time.perf_counter() - start
+
+
+def run_bench(engine: Engine, prompts: list[Any], max_new_tokens: int, k: int = 4, chat: bool = False,
+              progress: bool = True) -> dict[str, Any]:
+    """Measure the four methods on `prompts`; return the design.md `bench` keys."""
+    if engine.draft is None:
+        raise ValueError("bench needs a draft model")
+    from tqdm import tqdm
+
+    target, draft = engine.target.model, engine.draft.model
+    params = SamplingParams(max_new_tokens=max_new_tokens, k=k)
+    tokens = dict.fromkeys(("plain", "spec", "hf_plain", "hf_assisted"), 0)
+    seconds = dict.fromkeys(tokens, 0.0)
+    drafted = accepted = steps = identical = 0
+    with assistant_settings(draft, k):
+        # Warm-up (allocator, first-call paths) outside the timed region.
+        _ours(engine, prompts[0], SamplingParams(max_new_tokens=4, k=k), chat, "draft")
+        _hf_generate(target, engine.encode(prompts[0], chat)[1], 4, draft)
+        for prompt in tqdm(prompts, desc="bench", disable=not progress):
+            plain, seconds_plain = _ours(engine, prompt, params, chat, "autoregressive")
+            spec, seconds_spec = _ours(engine, prompt, params, chat, "draft")
+            hf_ids, seconds_hf = _hf_generate(target, spec.prompt_token_ids, max_new_tokens)
+            hf_asst_ids, seconds_asst = _hf_generate(target, spec.prompt_token_ids, max_new_tokens, draft)
+            for name, ids, took in (("plain", plain.token_ids, seconds_plain), ("spec", spec.token_ids, seconds_spec),
+                                    ("hf_plain", hf_ids, seconds_hf), ("hf_assisted", hf_asst_ids, seconds_asst)):
+                tokens[name] += len(ids)
+                seconds[name] += took
+            drafted += spec.record.drafted_tokens
+            accepted += spec.record.accepted_tokens
+            steps += spec.record.verify_steps
+            identical += int(spec.token_ids == hf_ids)
+    rate = {name: tokens[name] / seconds[name] for name in tokens}
+    return {
+        "plain_tokens_per_s": rate["plain"], "spec_tokens_per_s": rate["spec"],
+        "hf_plain_tokens_per_s": rate["hf_plain"], "hf_assisted_tokens_per_s": rate["hf_assisted"],
+        "speedup_vs_plain": rate["spec"] / rate["plain"],
+        "speedup_vs_hf_assisted": rate["spec"] / rate["hf_assisted"],
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "mean_accepted_length": (accepted + steps) / steps if steps else 0.0,
+        "greedy_identical": f"{identical}/{len(prompts)}",
+        "k": k, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
+    }

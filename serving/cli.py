@@ -1,0 +1,99 @@
+"""`draftwheel generate` (one completion) and `draftwheel bench` (side-by-side benchmark).
+
+Thin wrappers around `serving.engine.Engine` and `serving.bench.run_bench`; torch and transformers
+are imported inside the command functions so `draftwheel --help` stays fast. Default target and
+draft come from `serving.reference` (the reference target dir and the registry champion).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", help="target: model dir, hub id or models:/NAME@ALIAS "
+                                         "(default: $DRAFTWHEEL_HOME/models/smollm2-135m-instruct)")
+    parser.add_argument("--draft", help="draft: model dir, hub id or models:/NAME@ALIAS "
+                                        "(default: models:/draftwheel-draft@champion)")
+    parser.add_argument("--k", type=int, default=4, help="draft tokens per verification step (default 4)")
+    parser.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template to prompts")
+
+
+def register(subparsers: Any) -> None:
+    gen = subparsers.add_parser("generate", help="one completion with speculative decoding",
+                                description="Generate one completion; prints the text (or JSON with --json).")
+    gen.add_argument("--prompt", required=True)
+    _model_args(gen)
+    gen.add_argument("--no-draft", action="store_true", help="plain decoding with the target alone")
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int)
+    gen.add_argument("--adaptive-k", action="store_true", help="choose k per step (up to --k)")
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--json", action="store_true", help="print the completion, stats and record as JSON")
+    gen.set_defaults(func=_generate_command)
+
+    bench = subparsers.add_parser("bench", help="benchmark: ours plain/speculative vs HF generate plain/assisted",
+                                  description="Greedy side-by-side benchmark on the same prompts in one run; "
+                                              "writes the design.md bench keys as JSON.")
+    _model_args(bench)
+    bench.add_argument("--prompts", required=True, type=Path, help="text file (one prompt a line) or JSONL")
+    bench.add_argument("--max-new-tokens", type=int, default=64)
+    bench.add_argument("--out", type=Path, help="write the JSON result here")
+    bench.set_defaults(func=_bench_command)
+
+
+def _load_engine(args: argparse.Namespace, with_draft: bool):
+    from serving.engine import Engine
+    from serving.reference import DEFAULT_DRAFT_URI, default_target_dir
+
+    target = args.target or str(default_target_dir())
+    draft = (args.draft or DEFAULT_DRAFT_URI) if with_draft else None
+    return Engine.from_paths(target, draft)
+
+
+def _fail(command: str, exc: Exception) -> int:
+    print(f"draftwheel {command}: {exc}", file=sys.stderr)
+    return 1
+
+
+def _generate_command(args: argparse.Namespace) -> int:
+    from serving.params import SamplingParams
+
+    try:
+        params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                top_p=args.top_p, top_k=args.top_k, seed=args.seed, k=args.k,
+                                adaptive_k=args.adaptive_k, stop=args.stop)
+        engine = _load_engine(args, with_draft=not args.no_draft)
+        completion, = engine.generate([args.prompt], params, slice="cli", chat=args.chat)
+    except (ValueError, OSError, RuntimeError) as exc:
+        return _fail("generate", exc)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(completion), ensure_ascii=False, indent=2))
+    else:
+        print(completion.text)
+    return 0
+
+
+def _bench_command(args: argparse.Namespace) -> int:
+    from serving.bench import read_prompts, run_bench
+
+    try:
+        prompts = read_prompts(args.prompts)
+        engine = _load_engine(args, with_draft=True)
+        result = run_bench(engine, prompts, args.max_new_tokens, k=args.k, chat=args.chat)
+    except (ValueError, OSError, RuntimeError) as exc:
+        return _fail("bench", exc)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return 0

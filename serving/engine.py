@@ -1,0 +1,223 @@
+"""The serving engine: one target, optionally a draft model (or Medusa heads), requests one at a time.
+
+`Engine.generate` / `Engine.stream` tokenise a prompt (applying the chat template when asked), run one
+of the decoding loops in `serving.decoding`, and turn the result into a `Completion` carrying
+per-request stats and the v1 `AcceptanceRecord`, which is also handed to the optional sink and
+metrics objects. Batch size is 1; concurrency (queueing) is the HTTP layer's business, and concurrent
+calls are safe because every request owns its KV caches. The engine does not scrub PII, rotate logs
+or export metrics itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from serving.adaptive import AdaptiveK
+from serving.decoding import Request, autoregressive, medusa, speculative
+from serving.kv import CachedLM
+from serving.models import LoadedModel, check_compatible, load_model
+from serving.params import SamplingParams
+from serving.records import MODES, AcceptanceRecord, ModelId, Sampling
+from serving.reference import file_sha256
+from serving.sampling import make_generator
+from serving.stopping import OutputState
+
+log = logging.getLogger(__name__)
+
+
+class PromptTooLongError(ValueError):
+    """The prompt plus max_new_tokens does not fit the model's context."""
+
+
+@dataclass
+class RequestStats:
+    prompt_tokens: int
+    generated_tokens: int
+    drafted_tokens: int
+    accepted_tokens: int
+    verify_steps: int
+    acceptance_rate: float
+    mean_accepted_length: float
+    ttft_s: float
+    latency_s: float
+    tokens_per_s: float
+
+
+@dataclass
+class Completion:
+    request_id: str
+    prompt: Any  # the caller's prompt: a string, or a list of chat messages
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stats: RequestStats
+    record: AcceptanceRecord
+
+
+def _eos_ids(loaded: LoadedModel) -> set[int]:
+    """EOS ids as HF generate uses them: the generation config's, else the tokenizer's."""
+    eos = getattr(loaded.model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = loaded.tokenizer.eos_token_id
+    return set(eos) if isinstance(eos, (list, tuple)) else ({eos} if eos is not None else set())
+
+
+class Engine:
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, medusa: Any = None,
+                 sink: Any = None, metrics: Any = None, medusa_id: ModelId | None = None):
+        if draft is not None:
+            check_compatible(target, draft)
+        self.target = target
+        self._draft = draft
+        self.medusa = medusa
+        self.medusa_id = medusa_id or (ModelId(name="medusa-heads") if medusa is not None else None)
+        self.sink = sink
+        self.metrics = metrics
+        self.eos_ids = _eos_ids(target)
+
+    @classmethod
+    def from_paths(cls, target: str | Path, draft: str | Path | None = None, medusa: str | Path | None = None,
+                   device: str = "cpu", dtype: torch.dtype = torch.float32, sink: Any = None,
+                   metrics: Any = None) -> "Engine":
+        target_model = load_model(target, device, dtype)
+        draft_model = load_model(draft, device, dtype) if draft is not None else None
+        heads = heads_id = None
+        if medusa is not None:
+            from serving.medusa import WEIGHTS_FILE, MedusaHeads
+
+            heads = MedusaHeads.load(medusa, target_model.model).to(device=device, dtype=dtype).eval()
+            heads_id = ModelId(name=Path(medusa).resolve().name, sha256=file_sha256(Path(medusa) / WEIGHTS_FILE))
+        return cls(target_model, draft_model, heads, sink=sink, metrics=metrics, medusa_id=heads_id)
+
+    @property
+    def draft(self) -> LoadedModel | None:
+        return self._draft
+
+    def swap_draft(self, loaded: LoadedModel) -> None:
+        """Serve a new draft from the next request on; running requests keep the draft they started with."""
+        check_compatible(self.target, loaded)
+        # A single reference assignment is atomic; every request reads self._draft once at its start.
+        self._draft = loaded
+
+    @property
+    def default_mode(self) -> str:
+        if self._draft is not None:
+            return "draft"
+        return "medusa" if self.medusa is not None else "autoregressive"
+
+    def encode(self, prompt: Any, chat: bool) -> tuple[str, list[int]]:
+        """prompt -> (text as fed to the model, token ids). With chat, a string is one user message."""
+        tokenizer = self.target.tokenizer
+        if chat:
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return text, tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not isinstance(prompt, str):
+            raise ValueError("prompt: expected a string (chat=False)")
+        return prompt, tokenizer(prompt)["input_ids"]
+
+    def _check_fits(self, n_prompt: int, params: SamplingParams, models: list[Any]) -> None:
+        if n_prompt == 0:
+            raise ValueError("prompt: empty after tokenisation")
+        for model in models:
+            limit = getattr(model.config, "max_position_embeddings", None)
+            if limit and n_prompt + params.max_new_tokens > limit:
+                raise PromptTooLongError(f"prompt ({n_prompt} tokens) + max_new_tokens ({params.max_new_tokens}) "
+                                         f"exceeds the model context of {limit} tokens")
+
+    def _resolve_mode(self, mode: str | None, draft: LoadedModel | None) -> str:
+        mode = mode or self.default_mode
+        if mode not in MODES:
+            raise ValueError(f"mode: {mode!r} not one of {', '.join(MODES)}")
+        if mode == "draft" and draft is None:
+            raise ValueError("mode: 'draft' needs a draft model")
+        if mode == "medusa" and self.medusa is None:
+            raise ValueError("mode: 'medusa' needs Medusa heads")
+        return mode
+
+    def _loop(self, mode: str, draft: LoadedModel | None, req: Request, params: SamplingParams):
+        target = CachedLM(self.target.model)
+        if mode == "draft":
+            controller = AdaptiveK(params.k) if params.adaptive_k else None
+            return speculative(target, CachedLM(draft.model), req, controller)
+        if mode == "medusa":
+            return medusa(target, self.medusa, req)
+        return autoregressive(target, req)
+
+    def stream(self, prompt: Any, params: SamplingParams | None = None, slice: str = "default",
+               chat: bool = False, mode: str | None = None) -> Iterator[str | Completion]:
+        """Yield text deltas as they become stable, then the final `Completion`."""
+        params = params or SamplingParams()
+        draft = self._draft  # read once: a concurrent swap_draft does not affect this request
+        mode = self._resolve_mode(mode, draft)
+        text_in, ids = self.encode(prompt, chat)
+        self._check_fits(len(ids), params, [self.target.model] + ([draft.model] if mode == "draft" else []))
+        seed = params.seed if params.seed is not None or params.greedy else int(torch.randint(0, 2**62, (1,)))
+        req = Request(prompt_ids=torch.tensor(ids), params=params, generator=make_generator(seed),
+                      out=OutputState(self.target.tokenizer, self.eos_ids, params.stop, params.max_new_tokens))
+        ts, start = time.time(), time.perf_counter()
+        sent = 0
+        for _ in self._loop(mode, draft, req, params):
+            stable = req.out.stable_text()
+            if len(stable) > sent:
+                yield stable[sent:]
+                sent = len(stable)
+        latency = time.perf_counter() - start
+        record = self._record(req, mode, draft, slice, text_in, seed, ts, start, latency)
+        self._publish(record)
+        yield self._completion(prompt, req, record)
+
+    def generate(self, prompts: list[Any], params: SamplingParams | None = None, slice: str = "default",
+                 chat: bool = False, mode: str | None = None) -> list[Completion]:
+        """Run each prompt to completion, in order."""
+        completions = []
+        for prompt in prompts:
+            *_, completion = self.stream(prompt, params, slice=slice, chat=chat, mode=mode)
+            completions.append(completion)
+        return completions
+
+    def _record(self, req: Request, mode: str, draft: LoadedModel | None, slice: str, text_in: str,
+                seed: int | None, ts: float, start: float, latency: float) -> AcceptanceRecord:
+        p = req.params
+        return AcceptanceRecord(
+            request_id=uuid.uuid4().hex, ts=ts, slice=slice, target_id=self.target.model_id,
+            draft_id={"draft": draft.model_id if draft else None, "medusa": self.medusa_id}.get(mode), mode=mode,
+            sampling=Sampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seed=seed),
+            prompt=text_in, prompt_token_ids=req.prompt_ids.tolist(), output=req.out.text,
+            output_token_ids=list(req.out.token_ids), finish_reason=req.out.finish_reason or "length",
+            steps=req.steps, drafted_tokens=sum(s.k for s in req.steps),
+            accepted_tokens=sum(s.accepted for s in req.steps), verify_steps=len(req.steps),
+            ttft_s=(req.first_token_s or start) - start, latency_s=latency,
+        )
+
+    def _publish(self, record: AcceptanceRecord) -> None:
+        """Hand the record to the sink and metrics; their failures never fail the request."""
+        for target in (self.sink and self.sink.write, self.metrics and self.metrics.observe):
+            if not target:
+                continue
+            try:
+                target(record)
+            except Exception:  # noqa: BLE001 - logging must not break serving
+                log.exception("publishing acceptance record %s failed", record.request_id)
+
+    @staticmethod
+    def _completion(prompt: Any, req: Request, record: AcceptanceRecord) -> Completion:
+        generated = len(record.output_token_ids)
+        stats = RequestStats(
+            prompt_tokens=len(record.prompt_token_ids), generated_tokens=generated,
+            drafted_tokens=record.drafted_tokens, accepted_tokens=record.accepted_tokens,
+            verify_steps=record.verify_steps, acceptance_rate=record.acceptance_rate,
+            mean_accepted_length=record.mean_accepted_length, ttft_s=record.ttft_s,
+            latency_s=record.latency_s, tokens_per_s=generated / record.latency_s if record.latency_s else 0.0,
+        )
+        return Completion(request_id=record.request_id, prompt=prompt, prompt_token_ids=record.prompt_token_ids,
+                          text=record.output, token_ids=record.output_token_ids,
+                          finish_reason=record.finish_reason, stats=stats, record=record)

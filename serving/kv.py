@@ -1,0 +1,47 @@
+"""A causal LM paired with its KV cache: prefill, extend, and roll back by cropping.
+
+`CachedLM` keeps one HF `DynamicCache` for one request. Rolling back after a rejected draft crops the
+cache (`DynamicCache.crop`), so the accepted prefix is never re-encoded. It owns no decoding policy.
+Timing of forwards (for the adaptive-k cost ratio) is measured here because only here is each forward
+visible; on CPU the wall clock around a forward is its cost (no asynchronous kernels to wait for).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import DynamicCache
+
+
+class CachedLM:
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.cache = DynamicCache(config=model.config)
+        self.last_forward_s = 0.0
+
+    @property
+    def length(self) -> int:
+        """Tokens currently held in the cache."""
+        return self.cache.get_seq_length()
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, keep: int = 0, hidden: bool = False):
+        """Append input_ids[T] to the cache; return logits[T', V] for the last `keep` positions (0 = all).
+
+        With `hidden=True` also return the last hidden state[T, H] (Medusa heads read it).
+        """
+        start = time.perf_counter()
+        out = self.model(
+            input_ids=input_ids.unsqueeze(0), cache=self.cache, use_cache=True,
+            logits_to_keep=keep, output_hidden_states=hidden,
+        )
+        self.last_forward_s = time.perf_counter() - start
+        logits = out.logits[0]  # [T', V]
+        return (logits, out.hidden_states[-1][0]) if hidden else logits
+
+    def rollback(self, n_tokens: int) -> None:
+        """Forget the last `n_tokens` cached positions (a no-op for 0)."""
+        if n_tokens > 0:
+            # transformers 5: a negative argument is the number of tokens to remove.
+            self.cache.crop(-n_tokens)

@@ -1,0 +1,110 @@
+"""Loading target/draft models for the engine and checking that a pair can be used together.
+
+`load_model(spec)` accepts a local model dir, a Hugging Face hub id, or a registry URI
+`models:/NAME@ALIAS` (resolved by `draftwheel.tracking`, imported lazily so serving stays free of
+MLflow unless a registry URI is used). It does not download anything in tests: hub ids are only
+resolved when given explicitly, and hub access follows HF_HUB_OFFLINE.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from serving.records import ModelId
+
+REGISTRY_PREFIX = "models:/"
+TARGET_SHA_TAG = "target_sha256"  # registry tag on a draft version: weights_sha256 of its target
+
+
+class IncompatibleModelsError(ValueError):
+    """A target/draft pair that cannot be verified against each other (different vocabularies)."""
+
+
+@dataclass
+class LoadedModel:
+    model: Any  # a transformers PreTrainedModel, in eval mode
+    tokenizer: Any
+    model_id: ModelId
+    path: Path
+    tags: dict[str, str] = field(default_factory=dict)
+    """Registry version tags (models:/ URIs only), e.g. `target_sha256` of the target it was trained for."""
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def weights_sha256(model_dir: str | Path) -> str:
+    """One digest of a model dir's safetensors shards: sha256 of the lines "name:sha256(file)", sorted.
+
+    The same construction as the registry's `weights_sha256` version tag (draftwheel.tracking), so a
+    registered version and the dir it came from report the same id.
+    """
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
+    joined = "".join(f"{path.name}:{_file_sha256(path)}\n" for path in files)
+    return hashlib.sha256(joined.encode()).hexdigest()
+
+
+def _resolve(spec: str) -> tuple[Path, ModelId | None, dict[str, str]]:
+    """spec -> (local dir, id when the registry or hub names it, registry tags)."""
+    if spec.startswith(REGISTRY_PREFIX):
+        from draftwheel.tracking import resolve_model_uri
+
+        local_dir, version, tags = resolve_model_uri(spec)
+        name = spec[len(REGISTRY_PREFIX):].split("@")[0].split("/")[0]
+        return Path(local_dir), ModelId(name=name, version=str(version)), dict(tags)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path, None, {}
+    if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        raise FileNotFoundError(f"model {spec!r}: not a model directory")
+    # A hub id ("org/name"): fetch (or find in the local HF cache) its snapshot.
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(spec)), ModelId(name=spec), {}
+
+
+def load_model(spec: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """Load a causal LM and its tokenizer from a local dir, a hub id or `models:/NAME@ALIAS`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path, model_id, tags = _resolve(str(spec))
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model {spec!r}: {path} has no config.json")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model_id = model_id or ModelId(name=path.resolve().name)
+    model_id.sha256 = weights_sha256(path)
+    return LoadedModel(model=model, tokenizer=tokenizer, model_id=model_id, path=path, tags=tags)
+
+
+def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
+    """Raise `IncompatibleModelsError` naming both models unless they share one vocabulary and the
+    draft, if its registry tags say which target it was trained for, was trained for this one."""
+    names = f"target {target.model_id.name!r} ({target.path}) and draft {draft.model_id.name!r} ({draft.path})"
+    if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
+        raise IncompatibleModelsError(f"{names} have different tokenizer vocabularies "
+                                      f"({len(target.tokenizer)} vs {len(draft.tokenizer)} tokens)")
+    target_v, draft_v = target.model.config.vocab_size, draft.model.config.vocab_size
+    if target_v != draft_v:
+        raise IncompatibleModelsError(f"{names} have different output sizes (vocab_size {target_v} vs {draft_v})")
+    trained_for = draft.tags.get(TARGET_SHA_TAG)
+    if trained_for and target.model_id.sha256 and trained_for != target.model_id.sha256:
+        raise IncompatibleModelsError(f"{names}: the draft was trained for target weights {trained_for[:12]}, "
+                                      f"not {target.model_id.sha256[:12]}")
+
+
+def from_objects(model: Any, tokenizer: Any, name: str, path: str | Path = "") -> LoadedModel:
+    """Wrap an in-memory model (tests, benchmarks) as a LoadedModel without a weights hash."""
+    return LoadedModel(model=model.eval(), tokenizer=tokenizer, model_id=ModelId(name=name), path=Path(path))

@@ -1,0 +1,342 @@
+"""The OpenAI-compatible HTTP server: `create_app(engine, config) -> FastAPI`.
+
+Routes: `POST /v1/completions`, `POST /v1/chat/completions` (both streaming over SSE or not),
+`GET /v1/models`, `GET /metrics` (Prometheus text from the engine's `Metrics`), `GET /healthz` (target
+and draft ids). With `config.api_key` set, `/v1/*` needs `Authorization: Bearer <key>` (401 otherwise);
+`/metrics` and `/healthz` stay open for scrapers and probes.
+
+The engine runs one request at a time on a single worker thread; concurrent HTTP requests wait in
+its FIFO queue (never dropped; `draftwheel_queue_depth` shows the queue). Bad input gets a 4xx with an
+OpenAI-style error body, never a 500. The sink and the reload watcher are owned by the caller
+(`serving.server_cli`); this module only serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from serving.metrics import Metrics
+from serving.openai_api import (
+    ApiError, ChatRequest, CompletionRequest, chat_body, chat_chunk, check_supported, completion_body,
+    completion_chunk, new_id, requested_max_tokens, to_sampling_params, usage_chunk,
+)
+from serving.params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServeConfig:
+    """`draftwheel serve` settings (configs/serve.yaml); CLI flags override them."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    target: str | None = None
+    """Target model dir, hub id or models:/ URI; None = the reference target in $DRAFTWHEEL_HOME/models."""
+    draft: str | None = "models:/draftwheel-draft@champion"
+    """Draft model (dir, hub id, models:/NAME@ALIAS: reloaded when the alias moves); None = no draft."""
+    medusa: str | None = None
+    """Medusa heads dir (used when no draft is given)."""
+    served_model_name: str | None = None
+    """The `model` name clients send; None = the target's name."""
+    api_key: str | None = None
+    """Bearer key required on /v1/* (None = open; also read from $DRAFTWHEEL_API_KEY by the CLI)."""
+    log_dir: str | None = None
+    """Acceptance log dir; None = $DRAFTWHEEL_HOME/logs."""
+    log_max_bytes: int = 64 * 1024 * 1024
+    log_flush_every: int = 32
+    log_compress: bool = False
+    k: int = 4
+    adaptive_k: bool = False
+    default_max_tokens: int = 256
+    """max_tokens when the request gives none (clamped to the context left after the prompt)."""
+    default_temperature: float = 1.0
+    """temperature when the request gives none (OpenAI's default is 1)."""
+    reload_poll_s: float = 30.0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        checks = {"port": 0 <= self.port <= 65535, "log_max_bytes": self.log_max_bytes > 0,
+                  "log_flush_every": self.log_flush_every > 0, "k": 1 <= self.k <= 32,
+                  "default_max_tokens": self.default_max_tokens >= 1,
+                  "default_temperature": self.default_temperature >= 0, "reload_poll_s": self.reload_poll_s > 0}
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"{name}: invalid value {getattr(self, name)!r}")
+        if self.api_key == "":
+            raise ValueError("api_key: empty string (use null for no key)")
+
+
+_END = object()
+
+
+class EngineWorker:
+    """Runs engine jobs one at a time, FIFO, on one thread; results come back as async iterators."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftwheel-engine")
+        self._metrics = metrics
+
+    async def iterate(self, job: Callable[[], Iterator[Any]]) -> AsyncIterator[Any]:
+        """Queue `job` (a generator factory) and yield its items; its exception is raised here."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        cancelled = threading.Event()
+        self._metrics.queue_depth.inc()
+        loop.run_in_executor(self._executor, self._pump, job, loop, queue, cancelled)
+        try:
+            while True:
+                item = await queue.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            cancelled.set()  # a client that went away stops its job at the next item
+
+    def _pump(self, job: Callable[[], Iterator[Any]], loop: asyncio.AbstractEventLoop, queue: asyncio.Queue,
+              cancelled: threading.Event) -> None:
+        def post(item: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the event loop is gone (server shut down)
+                cancelled.set()
+
+        try:
+            if cancelled.is_set():
+                return
+            items = job()
+            try:
+                for item in items:
+                    post(item)
+                    if cancelled.is_set():
+                        return
+            finally:
+                items.close()
+            post(_END)
+        except BaseException as exc:  # noqa: BLE001 - handed to the request's coroutine
+            post(exc)
+        finally:
+            self._metrics.queue_depth.dec()
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+class _Service:
+    """Request handling shared by both completion routes."""
+
+    def __init__(self, engine: Any, config: ServeConfig, worker: EngineWorker) -> None:
+        self.engine, self.config, self.worker = engine, config, worker
+        self.model_name = config.served_model_name or engine.target.model_id.name
+        self.defaults = SamplingParams(k=config.k, adaptive_k=config.adaptive_k)
+
+    def validate(self, request: CompletionRequest | ChatRequest) -> None:
+        """Everything checkable without tokenising: model name and parameters."""
+        if request.model != self.model_name:
+            raise ApiError(404, f"model: {request.model!r} is not served here; available: {self.model_name!r}",
+                           "model", code="model_not_found")
+        check_supported(request)
+        to_sampling_params(request, requested_max_tokens(request) or 1, self.defaults,
+                           self.config.default_temperature)
+
+    def _context_limit(self) -> int | None:
+        draft = self.engine.draft
+        models = [self.engine.target.model] + ([draft.model] if draft is not None else [])
+        limits = [getattr(m.config, "max_position_embeddings", None) for m in models]
+        return min((x for x in limits if x), default=None)
+
+    def _params(self, request: CompletionRequest | ChatRequest, n_prompt: int) -> SamplingParams:
+        limit, asked = self._context_limit(), requested_max_tokens(request)
+        if limit is not None and n_prompt >= limit:
+            raise ApiError(400, f"prompt: {n_prompt} tokens, the model's context is {limit} tokens",
+                           "prompt" if isinstance(request, CompletionRequest) else "messages",
+                           code="context_length_exceeded")
+        if asked is None:
+            max_tokens = min(self.config.default_max_tokens, limit - n_prompt if limit else 1 << 30)
+        elif limit is not None and n_prompt + asked > limit:
+            raise ApiError(400, f"max_tokens: prompt ({n_prompt} tokens) + max_tokens ({asked}) exceeds the "
+                                f"model's context of {limit} tokens", "max_tokens", code="context_length_exceeded")
+        else:
+            max_tokens = asked
+        return to_sampling_params(request, max_tokens, self.defaults, self.config.default_temperature)
+
+    def job(self, request: CompletionRequest | ChatRequest, prompt: Any, chat: bool) -> Iterator[Any]:
+        """Runs on the worker thread: tokenise, size max_tokens, then stream deltas and the Completion."""
+        _, ids = self.engine.encode(prompt, chat)
+        params = self._params(request, len(ids))
+        yield from self.engine.stream(prompt, params, slice=request.record_slice, chat=chat)
+
+    def run(self, request: CompletionRequest | ChatRequest, prompt: Any, chat: bool) -> AsyncIterator[Any]:
+        return self.worker.iterate(lambda: self.job(request, prompt, chat))
+
+    async def complete(self, request: CompletionRequest) -> dict[str, Any]:
+        results = []
+        for prompt in request.prompts():
+            *_, completion = [item async for item in self.run(request, prompt, chat=False)]
+            results.append(completion)
+        return completion_body(new_id("cmpl"), self.model_name, [(c.text, c.finish_reason) for c in results],
+                               sum(len(c.prompt_token_ids) for c in results), sum(len(c.token_ids) for c in results))
+
+    async def chat(self, request: ChatRequest) -> dict[str, Any]:
+        messages = [m.as_template_message() for m in request.messages]
+        *_, completion = [item async for item in self.run(request, messages, chat=True)]
+        return chat_body(new_id("chatcmpl"), self.model_name, completion.text, completion.finish_reason,
+                         len(completion.prompt_token_ids), len(completion.token_ids))
+
+    async def stream(self, request: CompletionRequest | ChatRequest) -> StreamingResponse:
+        chat = isinstance(request, ChatRequest)
+        prompt = [m.as_template_message() for m in request.messages] if chat else request.prompts()[0]
+        items = self.run(request, prompt, chat)
+        first = await items.__anext__()  # errors before the first token still become a 4xx
+        return StreamingResponse(self._events(request, chat, first, items), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    async def _events(self, request: Any, chat: bool, first: Any, items: AsyncIterator[Any]) -> AsyncIterator[str]:
+        rid, model = new_id("chatcmpl" if chat else "cmpl"), self.model_name
+
+        def chunk(text: str | None, finish: str | None) -> str:
+            if chat:
+                return _sse(chat_chunk(rid, model, {} if text is None else {"content": text}, finish))
+            return _sse(completion_chunk(rid, model, text or "", finish))
+
+        try:
+            if chat:
+                yield _sse(chat_chunk(rid, model, {"role": "assistant", "content": ""}, None))
+            sent, item = "", first
+            while isinstance(item, str):
+                sent += item
+                yield chunk(item, None)
+                item = await items.__anext__()
+            # The final text may hold a tail the engine kept back (a possible stop-string prefix).
+            if item.text.startswith(sent) and len(item.text) > len(sent):
+                yield chunk(item.text[len(sent):], None)
+            yield chunk(None, item.finish_reason)
+            if request.include_usage:
+                yield _sse(usage_chunk(rid, model, chat, len(item.prompt_token_ids), len(item.token_ids)))
+        except Exception as exc:  # noqa: BLE001 - headers are sent; report in-band as OpenAI does
+            log.exception("stream %s failed", rid)
+            error = exc if isinstance(exc, ApiError) else ApiError(500, f"generation failed: {exc}",
+                                                                   kind="server_error")
+            yield _sse(error.body())
+        finally:
+            await items.aclose()
+        yield "data: [DONE]\n\n"
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    if first.get("type") == "json_invalid":
+        return f"malformed JSON body: {first.get('ctx', {}).get('error', first['msg'])}", None
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    field = ".".join(loc) or None
+    if field is None and first.get("type") == "missing":
+        return "request body: expected a JSON object", None
+    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+    return f"{field or 'request'}: {first['msg']}{more}", field
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, field = _validation_message(exc)
+        return JSONResponse(ApiError(400, message, field).body(), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(ApiError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code)
+
+    @app.exception_handler(ValueError)
+    async def value_error(_: Request, exc: ValueError) -> JSONResponse:
+        # Engine-side input checks (prompt too long, empty prompt, no chat template, ...).
+        return JSONResponse(ApiError(400, str(exc)).body(), status_code=400)
+
+
+def _ensure_metrics(engine: Any) -> Metrics:
+    # /metrics serves the engine's registry; an engine built without one gets one here so the
+    # counters the engine publishes and the ones served are the same object.
+    if getattr(engine, "metrics", None) is None:
+        engine.metrics = Metrics()
+    return engine.metrics
+
+
+def create_app(engine: Any, config: ServeConfig | None = None) -> FastAPI:
+    """The FastAPI app serving `engine` (an `serving.engine.Engine`)."""
+    config = config or ServeConfig()
+    metrics = _ensure_metrics(engine)
+    worker = EngineWorker(metrics)
+    service = _Service(engine, config, worker)
+    started = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        worker.shutdown()
+
+    app = FastAPI(title="draftwheel", lifespan=lifespan)
+    _install_error_handlers(app)
+
+    @app.middleware("http")
+    async def require_key(request: Request, call_next: Callable) -> Response:
+        if config.api_key and request.url.path.startswith("/v1/"):
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), config.api_key.encode()):
+                error = ApiError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
+                                 kind="authentication_error", code="invalid_api_key")
+                return JSONResponse(error.body(), status_code=401)
+        return await call_next(request)
+
+    @app.post("/v1/completions")
+    async def completions(request: CompletionRequest) -> Any:
+        service.validate(request)
+        return await (service.stream(request) if request.stream else service.complete(request))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: ChatRequest) -> Any:
+        service.validate(request)
+        return await (service.stream(request) if request.stream else service.chat(request))
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": service.model_name, "object": "model", "created": started,
+                                            "owned_by": "draftwheel"}]}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        draft = engine.draft
+        return {"status": "ok", "model": service.model_name, "mode": engine.default_mode,
+                "target": asdict(engine.target.model_id),
+                "draft": asdict(draft.model_id) if draft is not None else None,
+                "medusa": engine.medusa is not None,
+                "queue_depth": int(metrics.value("draftwheel_queue_depth"))}
+
+    return app

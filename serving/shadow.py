@@ -1,0 +1,169 @@
+"""Shadow replay: champion vs challenger draft on the same prompts, then the gate's decision.
+
+`run_shadow` replays the mined holdout set (and the repo's fixed canary prompts) through one target
+with each draft and with the target alone. Every prompt runs with the same sampling settings and
+seed for both drafts; the order of the two drafts alternates from prompt to prompt so slow drift of
+the machine (thermal, other load) does not favour one side. It records per request the accepted
+length, acceptance rate and tokens/s, checks losslessness (greedy output of each draft identical to
+target-only greedy decoding), and hands the report to `serving.gate`. It writes report.json and the
+plot when asked, and logs both to a tracker passed in. It does not touch the registry: moving
+aliases after a passing gate is the caller's decision (see `draftwheel.registry_cli`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from draftwheel.config import to_dict
+from draftwheel.tracking import NullTracker
+from serving.engine import Completion, Engine
+from serving.gate import ShadowConfig, gate, plot_slices, summarize
+from serving.models import LoadedModel, load_model
+from serving.params import SamplingParams
+
+REPORT_SCHEMA = 1
+DEFAULT_CANARY = Path(__file__).resolve().parents[1] / "configs" / "canary.jsonl"
+
+__all__ = ["ShadowConfig", "gate", "load_requests", "run_shadow"]
+
+
+@dataclass
+class ShadowRequest:
+    id: str
+    prompt: str
+    slice: str
+    max_new_tokens: int
+    chat: bool  # canary prompts are user messages (chat template applied); holdout prompts are as fed
+    source: str
+
+
+def load_canary(path: str | Path) -> list[ShadowRequest]:
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [ShadowRequest(id=r["id"], prompt=r["prompt"], slice=r["slice"], max_new_tokens=int(r["max_new_tokens"]),
+                          chat=True, source="canary") for r in rows]
+
+
+def load_holdout(holdout_dir: str | Path, limit: int = 0) -> list[ShadowRequest]:
+    """Rows of a mined holdout dataset (HF `save_to_disk`), in stored order, at most `limit` (0 = all)."""
+    from datasets import load_from_disk
+
+    data = load_from_disk(str(holdout_dir))
+    n = len(data) if not limit else min(limit, len(data))
+    return [ShadowRequest(id=str(r["request_id"]), prompt=r["prompt"], slice=r["slice"],
+                          max_new_tokens=int(r["max_new_tokens"]), chat=False, source="holdout")
+            for r in data.select(range(n))]
+
+
+def load_requests(holdout_dir: str | Path | None, config: ShadowConfig) -> list[ShadowRequest]:
+    requests = load_holdout(holdout_dir, config.max_requests) if holdout_dir else []
+    if config.include_canary:
+        requests += load_canary(config.canary_path or DEFAULT_CANARY)
+    if not requests:
+        raise ValueError("shadow: nothing to replay (no holdout dir and include_canary is off)")
+    return requests
+
+
+def _params(request: ShadowRequest, index: int, config: ShadowConfig, greedy: bool = False) -> SamplingParams:
+    return SamplingParams(max_new_tokens=config.max_new_tokens or request.max_new_tokens,
+                          temperature=0.0 if greedy else config.temperature, seed=config.seed + index, k=config.k)
+
+
+def _figures(completion: Completion) -> dict[str, Any]:
+    stats = completion.stats
+    return {"mean_accepted_length": stats.mean_accepted_length, "acceptance_rate": stats.acceptance_rate,
+            "tokens_per_s": stats.tokens_per_s, "generated_tokens": stats.generated_tokens,
+            "verify_steps": stats.verify_steps}
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _run(engine: Engine, request: ShadowRequest, params: SamplingParams, mode: str) -> Completion:
+    return engine.generate([request.prompt], params, slice=request.slice, chat=request.chat, mode=mode)[0]
+
+
+def _replay_one(engines: dict[str, Engine], request: ShadowRequest, index: int,
+                config: ShadowConfig) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One prompt through target-only, champion and challenger: (request row, lossless mismatches)."""
+    params = _params(request, index, config)
+    # The target-only run is the reference for losslessness, so it is always greedy.
+    reference = _run(engines["champion"], request, _params(request, index, config, greedy=True), "autoregressive")
+    order = ("champion", "challenger") if index % 2 == 0 else ("challenger", "champion")
+    runs = {arm: _run(engines[arm], request, params, "draft") for arm in order}
+    row = {"id": request.id, "slice": request.slice, "source": request.source,
+           "target_only": {"tokens_per_s": reference.stats.tokens_per_s},
+           **{arm: _figures(runs[arm]) for arm in ("champion", "challenger")}}
+    mismatches = []
+    for arm in ("champion", "challenger"):
+        greedy = runs[arm] if params.greedy else _run(engines[arm], request, _params(
+            request, index, config, greedy=True), "draft")
+        if greedy.token_ids != reference.token_ids:
+            mismatches.append({"id": request.id, "model": arm,
+                               "first_difference": _first_difference(greedy.token_ids, reference.token_ids)})
+    return row, mismatches
+
+
+def _as_loaded(spec: str | Path | LoadedModel) -> LoadedModel:
+    return spec if isinstance(spec, LoadedModel) else load_model(spec)
+
+
+def _describe(spec: Any, loaded: LoadedModel) -> dict[str, str]:
+    return {"spec": str(loaded.path if isinstance(spec, LoadedModel) else spec), **asdict(loaded.model_id)}
+
+
+def run_shadow(champion: str | Path | LoadedModel, challenger: str | Path | LoadedModel,
+               target: str | Path | LoadedModel, holdout_dir: str | Path | None, config: ShadowConfig,
+               tracker: Any = None, out: str | Path | None = None) -> dict[str, Any]:
+    """Replay, summarize and gate; return the report (also written to `out` with a PNG beside it)."""
+    tracker = tracker or NullTracker()
+    requests = load_requests(holdout_dir, config)
+    models = {"target": _as_loaded(target), "champion": _as_loaded(champion), "challenger": _as_loaded(challenger)}
+    # Two engines sharing one target object: no second copy of the target in memory.
+    engines = {arm: Engine(models["target"], models[arm]) for arm in ("champion", "challenger")}
+    started = time.time()
+    rows, mismatches = [], []
+    for index, request in enumerate(requests):
+        row, bad = _replay_one(engines, request, index, config)
+        rows.append(row)
+        mismatches += bad
+    report = {"schema": REPORT_SCHEMA, "created": started, "replay_seconds": time.time() - started,
+              "config": to_dict(config), "holdout": str(holdout_dir) if holdout_dir else None,
+              **{name: _describe(spec, models[name]) for name, spec in
+                 (("target", target), ("champion", champion), ("challenger", challenger))},
+              "requests": rows, "lossless": {"checked": len(rows), "mismatches": mismatches}}
+    report.update(summarize(rows, config))
+    decision = gate(report, config)
+    report["decision"] = {"promote": decision.promote, "reasons": decision.reasons}
+    _publish(report, config, tracker, out)
+    return report
+
+
+def _publish(report: dict[str, Any], config: ShadowConfig, tracker: Any, out: str | Path | None) -> None:
+    """Write report.json + plot (when `out` is set) and log params, figures and files to the tracker."""
+    import matplotlib.pyplot as plt
+
+    overall = report["overall"]
+    title = (f"challenger {report['challenger']['version'] or report['challenger']['name']} vs champion "
+             f"{report['champion']['version'] or report['champion']['name']}: "
+             f"{'PROMOTE' if report['decision']['promote'] else 'reject'}")
+    fig = plot_slices(report, title)
+    if out is not None:
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2))
+        fig.savefig(out.with_suffix(".png"), dpi=120)
+    with tracker.run("shadow", nested=True, tags={"draftwheel.stage": "shadow"}):
+        tracker.log_params({f"shadow.{k}": v for k, v in report["config"].items()})
+        tracker.log_metrics({"gain_mean": overall["difference"]["mean"], "gain_ci_low": overall["difference"]["ci_low"],
+                             "gain_ci_high": overall["difference"]["ci_high"],
+                             "champion_mal": overall["champion"]["mean"], "challenger_mal": overall["challenger"]["mean"],
+                             "lossless_mismatches": len(report["lossless"]["mismatches"]),
+                             "promote": float(report["decision"]["promote"])})
+        tracker.log_dict(report, "shadow_report.json")
+        tracker.log_figure(fig, "shadow_slices.png")
+    plt.close(fig)

@@ -1,0 +1,87 @@
+"""`draftwheel shadow | promote | rollback | status` against a real sqlite registry in a temp state dir.
+
+The shadow command runs end to end on toy models (tests/serving/test_shadow.py explains them): the
+"good" draft must pass the gate over the "bad" champion, get registered, aliased and promoted; the
+"bad" draft must fail over the good champion and move no alias.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from draftwheel import registry_cli, tracking
+from tests.draftwheel.test_tracking import fake_model_dir
+from tests.serving.test_shadow import toy_models  # noqa: F401 - module-scoped fixture reused here
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    path = tmp_path_factory.mktemp("home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DRAFTWHEEL_HOME", str(path))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        mp.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        yield path
+
+
+def run(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="draftwheel")
+    registry_cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(list(argv))
+    return args.func(args)
+
+
+def test_status_of_an_empty_registry(home, capsys):
+    assert run("status") == 0
+    assert "(no versions registered)" in capsys.readouterr().out
+
+
+def test_promote_rollback_status(home, tmp_path, capsys):
+    v1, v2 = (tracking.register_draft(fake_model_dir(tmp_path / str(i), f"w{i}".encode()), {"target_sha256": "ab" * 32})
+              for i in range(2))
+    assert run("rollback") == 1
+    assert "no 'previous' version" in capsys.readouterr().err
+    assert run("promote", v1) == 0 and run("promote", v2) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == {"champion": v2, "previous": v1}
+    assert run("rollback") == 0
+    assert json.loads(capsys.readouterr().out) == {"champion": v1, "previous": v2}
+    assert run("status") == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["version", "aliases", "created", "weights", "target", "shadow"]
+    rows = {line.split()[0]: line.split()[1] for line in table[1:]}
+    assert rows[v1] == "champion" and rows[v2] == "previous"
+    assert run("promote", "999") == 1
+    assert "999" in capsys.readouterr().err
+    assert tracking.aliases() == {"champion": v1, "previous": v2}
+
+
+def test_shadow_gate_registers_and_promotes(home, toy_models, tmp_path, capsys):  # noqa: F811
+    models, holdout, _ = toy_models
+    target, good, bad = (str(models[n].path) for n in ("target", "good", "bad"))
+    champion = tracking.register_draft(bad, {"target_sha256": models["target"].model_id.sha256})
+    tracking.promote(champion)
+    common = ["--target", target, "--holdout", str(holdout), "--set", "include_canary=false",
+              "--set", "min_requests=4", "--set", "bootstrap_resamples=200"]
+    out = tmp_path / "pass.json"
+    assert run("shadow", "--challenger", good, "--out", str(out), "--promote", *common) == 0
+    assert "shadow: PROMOTE" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["decision"]["promote"] and report["champion"]["version"] == champion
+    new = tracking.get_alias_version("champion")
+    assert new != champion and tracking.aliases() == {"champion": new, "challenger": new, "previous": champion}
+    tags = tracking.get_version_tags(new)
+    assert tags["target_sha256"] == models["target"].model_id.sha256
+    assert json.loads(tags["shadow_report"])["gain"]["ci_low"] == report["overall"]["difference"]["ci_low"]
+
+    # The bad draft against the new (good) champion: rejected, nothing registered or moved.
+    before = tracking.list_versions()
+    out = tmp_path / "fail.json"
+    assert run("shadow", "--challenger", bad, "--out", str(out), "--promote", "--no-tracking", *common) == 0
+    assert "shadow: REJECT" in capsys.readouterr().out
+    assert not json.loads(out.read_text())["decision"]["promote"]
+    assert tracking.list_versions() == before
+    assert run("status") == 0
+    assert "pass +" in capsys.readouterr().out

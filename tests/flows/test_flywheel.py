@@ -1,0 +1,128 @@
+"""The flywheel flow end to end on tiny models, under the session's Prefect test server.
+
+The target is `zero_extended_target(good)`: a deeper model computing exactly `good`'s function, so the
+`good` draft is accepted on every token (acceptance 1, mean accepted length k+1) while `bad`, a random
+model of the same shape, is accepted only by chance. Which of them the (stand-in) trainer returns
+decides deterministically whether the candidate beats the champion. Mining, shadow replay, the gate and
+the MLflow registry are the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from draftwheel import tracking
+from draftwheel.config import ConfigError, load_config
+from flows.flywheel import FlywheelConfig, StageError, flywheel, override
+from serving.engine import Engine
+from serving.models import weights_sha256
+from serving.params import SamplingParams
+from serving.sink import JsonlSink
+from serving.toy import build_tokenizer, save_model, tiny_llama, zero_extended_target
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+TRAINER = "tests.flows.toy_trainers:copy_model"
+WORDS = ("sea sky fox dog poem stack list items read write test class return import print line "
+         "question lazy brown quick help today short things") .split()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, prefect_server):
+    root = tmp_path_factory.mktemp("flywheel")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DRAFTWHEEL_HOME", str(root / "home"))
+        tokenizer = build_tokenizer()
+        good = tiny_llama(tokenizer, n_layers=1, hidden=64, seed=1)
+        models = {"target": zero_extended_target(good, 3), "good": good,
+                  "bad": tiny_llama(tokenizer, n_layers=1, hidden=64, seed=7)}
+        dirs = {name: save_model(model, tokenizer, root / name) for name, model in models.items()}
+        tags = {"target_sha256": weights_sha256(dirs["target"])}
+        versions = {name: tracking.register_draft(dirs[name], tags) for name in ("bad", "good")}
+        tracking.promote(versions["bad"])
+        logs = root / "logs"
+        rng = random.Random(0)
+        with JsonlSink(logs) as sink:
+            engine = Engine.from_paths(dirs["target"], "models:/draftwheel-draft@champion", sink=sink)
+            for i in range(32):  # random word salads: distinct prompts that survive near-dedupe
+                prompt = " ".join(rng.choice(WORDS) for _ in range(8))
+                engine.generate([prompt], SamplingParams(max_new_tokens=12, k=4), slice=("chat", "code")[i % 2],
+                                chat=True)
+        yield {"root": root, "dirs": dirs, "versions": versions, "logs": logs}
+
+
+def run_flywheel(world, trainer=TRAINER, source="good"):
+    return flywheel(None, [
+        f"trainer={trainer}", f"target={world['dirs']['target']}", f"logs_dir={world['logs']}",
+        override("train_overrides", [f"source={world['dirs'][source]}"]),
+        override("mining_overrides", ["holdout_fraction=0.5"]),
+        override("shadow_overrides", ["max_new_tokens=12", "min_requests=4"]),
+    ])
+
+
+def last_run(world, name):
+    """(status, tags) of the newest MLflow run called `name`, read straight from the sqlite store."""
+    with sqlite3.connect(world["root"] / "home" / "mlflow.db") as db:
+        run_id, status = db.execute("SELECT run_uuid, status FROM runs WHERE name = ? ORDER BY start_time DESC "
+                                    "LIMIT 1", (name,)).fetchone()
+        tags = dict(db.execute("SELECT key, value FROM tags WHERE run_uuid = ?", (run_id,)).fetchall())
+        children = db.execute("SELECT r.name, r.status FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid "
+                              "WHERE t.key = 'mlflow.parentRunId' AND t.value = ?", (run_id,)).fetchall()
+    return status, tags, dict(children)
+
+
+def test_flywheel_promotes_a_better_candidate(world):
+    tracking.promote(world["versions"]["bad"])
+    result = run_flywheel(world, source="good")
+    assert result["promoted"], result["decision"]
+    aliases = tracking.aliases()
+    assert aliases["champion"] == aliases["challenger"] == result["challenger_version"]
+    assert aliases["previous"] == world["versions"]["bad"]
+    report = json.loads(open(result["report_path"]).read())
+    assert report["overall"]["challenger"]["mean"] == pytest.approx(5.0)  # k + 1: every draft token accepted
+    assert report["overall"]["champion"]["mean"] < 4.0
+    tags = tracking.get_version_tags(result["challenger_version"])
+    assert tags["target_sha256"] == weights_sha256(world["dirs"]["target"])
+    assert tags["manifest_sha256"] and json.loads(tags["shadow_decision"])["promote"] is True
+    status, _, children = last_run(world, "flywheel")
+    assert status == "FINISHED"
+    assert {"resolve", "mine", "train", "shadow", "register", "promote"} <= set(children)
+
+
+def test_flywheel_refuses_a_worse_candidate(world):
+    tracking.promote(world["versions"]["good"])
+    result = run_flywheel(world, source="bad")
+    assert not result["promoted"]
+    assert any(reason.startswith("FAIL") for reason in result["decision"]["reasons"])
+    aliases = tracking.aliases()
+    assert aliases["champion"] == world["versions"]["good"]  # untouched
+    assert aliases["challenger"] == result["challenger_version"]
+    status, tags, _ = last_run(world, "flywheel")
+    assert status == "FINISHED" and tags["promoted"] == "False"
+
+
+def test_a_failed_stage_leaves_the_champion_and_fails_the_run(world):
+    tracking.promote(world["versions"]["bad"])
+    before = tracking.aliases()
+    with pytest.raises(StageError, match="out of memory") as info:
+        run_flywheel(world, trainer="tests.flows.toy_trainers:broken")
+    assert info.value.stage == "train"
+    assert tracking.aliases() == before
+    status, tags, children = last_run(world, "flywheel")
+    assert status == "FAILED"
+    assert tags["failed_stage"] == "train" and "out of memory" in tags["failure_reason"]
+    assert children["mine"] == "FINISHED" and children["train"] == "FAILED" and "shadow" not in children
+
+
+def test_flywheel_config_file_and_validation(tmp_path):
+    assert load_config(FlywheelConfig, CONFIGS / "flywheel.yaml") == FlywheelConfig()
+    with pytest.raises(ValueError, match="trainer"):
+        load_config(FlywheelConfig, None, ["trainer=magic"])
+    with pytest.raises(ValueError, match="train_config"):
+        load_config(FlywheelConfig, None, [f"train_config={tmp_path / 'missing.yaml'}"])
+    with pytest.raises(ConfigError, match="trainr"):
+        load_config(FlywheelConfig, None, ["trainr=dpo"])

@@ -1,0 +1,127 @@
+"""Monitor trigger logic as plain functions: windows, thresholds, evidence, target hash, log reading."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from draftwheel.config import ConfigError, load_config
+from flows.monitor import MonitorConfig, acceptance_by_slice, decide, read_records, window
+from serving.records import AcceptanceRecord, ModelId, Sampling
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CHAMPION = "c" * 64
+
+
+def record(ts: float, slice: str, accepted: int, drafted: int = 10, mode: str = "draft",
+           draft_sha: str = CHAMPION) -> AcceptanceRecord:
+    return AcceptanceRecord(
+        request_id=f"r{ts}", ts=ts, slice=slice, target_id=ModelId("t", sha256="t" * 64),
+        draft_id=ModelId("d", "1", draft_sha) if mode == "draft" else None, mode=mode, sampling=Sampling(),
+        prompt="p", prompt_token_ids=[1], output="o", output_token_ids=[2], finish_reason="length",
+        drafted_tokens=drafted if mode == "draft" else 0, accepted_tokens=accepted if mode == "draft" else 0,
+        verify_steps=3,
+    )
+
+
+def config(**kw) -> MonitorConfig:
+    base = dict(window_requests=20, min_requests=4, min_acceptance=0.5, check_target_sha=True)
+    return MonitorConfig(**{**base, **kw})
+
+
+def test_healthy_traffic_does_not_trigger():
+    records = [record(i, "chat", accepted=8) for i in range(10)]
+    decision = decide(window(records, config(), now=100), config())
+    assert not decision.trigger and decision.reasons == []
+    assert decision.stats["overall"].acceptance_rate == pytest.approx(0.8)
+
+
+def test_low_overall_acceptance_triggers():
+    records = [record(i, "chat", accepted=2) for i in range(10)]
+    decision = decide(window(records, config(), now=100), config())
+    assert decision.trigger
+    assert "0.200 < 0.5 on overall" in decision.reasons[0]
+
+
+def test_one_slice_dropping_triggers_even_when_overall_is_fine():
+    # 16 chat requests at 0.9 and 4 code requests at 0.1: overall 0.74, code alone 0.1.
+    records = [record(i, "chat", accepted=9) for i in range(16)]
+    records += [record(20 + i, "code", accepted=1) for i in range(4)]
+    decision = decide(window(records, config(), now=100), config())
+    assert decision.stats["overall"].acceptance_rate == pytest.approx(0.74)
+    assert decision.trigger and len(decision.reasons) == 1 and "on code" in decision.reasons[0]
+    assert not decide(records, config(per_slice=False)).trigger
+
+
+def test_slice_threshold_overrides_the_default():
+    records = [record(i, "code", accepted=4) for i in range(8)]
+    assert decide(records, config()).trigger  # 0.4 < 0.5
+    assert not decide(records, config(min_acceptance=0.5, slice_min_acceptance={"code": 0.3,
+                                                                                   "overall": 0.3})).trigger
+
+
+def test_too_few_requests_is_not_evidence():
+    records = [record(i, "code", accepted=0) for i in range(3)]
+    assert not decide(records, config(min_requests=4)).trigger
+
+
+def test_window_keeps_the_most_recent_drafted_requests_only():
+    old_bad = [record(i, "code", accepted=0) for i in range(30)]
+    new_good = [record(100 + i, "code", accepted=9) for i in range(20)]
+    plain = [record(200 + i, "code", accepted=0, mode="autoregressive") for i in range(5)]
+    kept = window(old_bad + new_good + plain, config(window_requests=20), now=300)
+    assert [r.ts for r in kept] == [100 + i for i in range(20)]
+    assert not decide(kept, config()).trigger
+
+
+def test_window_by_age_and_by_champion():
+    records = [record(i, "chat", accepted=0) for i in range(10)]
+    records += [record(95 + i, "chat", accepted=9) for i in range(5)]
+    assert [r.ts for r in window(records, config(window_seconds=10), now=105)] == [95, 96, 97, 98, 99]
+    other = [record(200 + i, "chat", accepted=0, draft_sha="o" * 64) for i in range(5)]
+    kept = window(records + other, config(), now=300, champion_sha=CHAMPION)
+    assert all(r.draft_id.sha256 == CHAMPION for r in kept) and len(kept) == 15
+    assert len(window(records + other, config(champion_only=False), now=300, champion_sha=CHAMPION)) == 20
+
+
+def test_target_hash_change_triggers_without_any_traffic():
+    decision = decide([], config(), target_sha="a" * 64, champion_target_sha="b" * 64)
+    assert decision.trigger and "target weights changed" in decision.reasons[0]
+    assert not decide([], config(), target_sha="a" * 64, champion_target_sha="a" * 64).trigger
+    assert not decide([], config(check_target_sha=False), target_sha="a" * 64, champion_target_sha="b" * 64).trigger
+    assert not decide([], config(), target_sha="a" * 64, champion_target_sha=None).trigger  # untagged champion
+
+
+def test_acceptance_is_token_weighted():
+    stats = acceptance_by_slice([record(0, "x", accepted=10, drafted=10), record(1, "x", accepted=0, drafted=30)])
+    assert stats["x"].acceptance_rate == pytest.approx(0.25) and stats["x"].requests == 2
+
+
+def test_read_records_skips_bad_lines(tmp_path):
+    good = [record(i, "chat", accepted=5) for i in range(3)]
+    lines = [good[0].to_json(), "{not json", good[1].to_json(), '{"schema_version": 99}', good[2].to_json()[:40],
+             good[2].to_json()]
+    (tmp_path / "acceptance.jsonl").write_text("\n".join(lines) + "\n")
+    assert [r.request_id for r in read_records(tmp_path)] == [r.request_id for r in good]
+    assert list(read_records(tmp_path / "missing")) == []
+
+
+@pytest.mark.parametrize("override, field", [
+    ("window_requests=0", "window_requests"), ("min_requests=100", "min_requests"),
+    ("min_acceptance=1.5", "min_acceptance"), ("window_seconds=-1", "window_seconds"),
+])
+def test_config_rejects_bad_values(override, field):
+    with pytest.raises(ValueError, match=field):
+        load_config(MonitorConfig, None, [override])
+
+
+def test_slice_threshold_must_be_a_rate():
+    with pytest.raises(ValueError, match="slice_min_acceptance.code"):
+        MonitorConfig(slice_min_acceptance={"code": 2})
+
+
+def test_shipped_monitor_config_loads():
+    assert load_config(MonitorConfig, CONFIGS / "monitor.yaml") == MonitorConfig()
+    with pytest.raises(ConfigError, match="windw"):
+        load_config(MonitorConfig, CONFIGS / "monitor.yaml", ["windw=3"])

@@ -1,0 +1,72 @@
+"""The demo's before/after figures and their rendering; the demo's config file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from draftwheel.config import load_config
+from flows import report
+from flows.demo import DemoConfig
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def stats(generated, latency, drafted=0, accepted=0, steps=0):
+    return SimpleNamespace(generated_tokens=generated, latency_s=latency, drafted_tokens=drafted,
+                           accepted_tokens=accepted, verify_steps=steps)
+
+
+def test_figures_are_token_weighted_and_relative_to_plain():
+    # Two requests: 30 tokens in 1 s and 10 tokens in 1 s; 40 drafted, 30 accepted over 10 steps.
+    spec = [stats(30, 1.0, drafted=24, accepted=22, steps=6), stats(10, 1.0, drafted=16, accepted=8, steps=4)]
+    plain = [stats(40, 4.0)]
+    figs = report.figures(spec, plain)
+    assert figs["acceptance_rate"] == pytest.approx(30 / 40)
+    assert figs["mean_accepted_length"] == pytest.approx((30 + 10) / 10)
+    assert figs["tokens_per_s"] == pytest.approx(20.0) and figs["plain_tokens_per_s"] == pytest.approx(10.0)
+    assert figs["speedup_vs_plain"] == pytest.approx(2.0) and figs["requests"] == 2
+
+
+def test_figures_need_both_runs():
+    with pytest.raises(ValueError, match="at least one"):
+        report.figures([], [stats(1, 1.0)])
+
+
+def results():
+    def figs(rate, length, tps):
+        return {"requests": 8, "acceptance_rate": rate, "mean_accepted_length": length, "tokens_per_s": tps,
+                "plain_tokens_per_s": 20.0, "speedup_vs_plain": tps / 20.0}
+    return {"before": {"chat": figs(0.8, 3.5, 40.0), "code": figs(0.4, 2.0, 24.0)},
+            "after": {"chat": figs(0.78, 3.4, 39.0), "code": figs(0.6, 2.8, 32.0)},
+            "meta": {"champion_before": "1", "champion_after": "2"}}
+
+
+def test_rows_and_markdown_show_each_slice_and_the_change():
+    table = report.rows(results())
+    assert len(table) == 2 * len(report.METRICS)
+    code_length = next(r for r in table if r[0] == "code" and r[1] == "mean accepted length")
+    assert code_length[2:] == ["2.00", "2.80", "+40.0%"]
+    markdown = report.to_markdown(results())
+    assert "| code | speedup vs plain | 1.20x | 1.60x | +33.3% |" in markdown
+    assert "champion_after: 2" in markdown
+
+
+def test_save_writes_json_markdown_and_plot(tmp_path, capsys):
+    paths = report.save(results(), tmp_path / "out")
+    assert json.loads(paths["json"].read_text())["after"]["code"]["acceptance_rate"] == 0.6
+    assert paths["markdown"].read_text().startswith("# draftwheel demo")
+    assert paths["plot"].read_bytes()[:4] == b"\x89PNG"
+    report.print_table(results())
+    assert "+40.0%" in capsys.readouterr().out
+
+
+def test_demo_config_file_mirrors_the_defaults_and_rejects_bad_values():
+    assert load_config(DemoConfig, CONFIGS / "demo.yaml") == DemoConfig()
+    with pytest.raises(ValueError, match="trigger_ratio"):
+        load_config(DemoConfig, None, ["trigger_ratio=1.5"])
+    with pytest.raises(ValueError, match="eval_requests"):
+        load_config(DemoConfig, None, ["eval_requests=0"])

@@ -1,0 +1,24 @@
+"""Custom trainers ("package.module:function") for flow tests: deterministic stand-ins for training.
+
+`copy_model` returns a copy of a prepared model dir (override `source=DIR`), so a test decides whether
+the candidate is better or worse than the champion; `broken` fails the way a crashed trainer does.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+
+def copy_model(config_path: str, overrides: list[str], dataset_dir: str, init_dir: str, target_dir: str,
+               out_dir: str, tracker: Any = None) -> Path:
+    source = dict(item.split("=", 1) for item in overrides)["source"]
+    assert (Path(dataset_dir) / "distill").is_dir(), "the flow must hand the trainer the mined datasets"
+    shutil.copytree(source, out_dir, dirs_exist_ok=True)
+    return Path(out_dir)
+
+
+def broken(config_path: str, overrides: list[str], dataset_dir: str, init_dir: str, target_dir: str,
+           out_dir: str, tracker: Any = None) -> Path:
+    raise RuntimeError("trainer ran out of memory (simulated)")

@@ -1,0 +1,65 @@
+"""`draftwheel bench` / `draftwheel generate` on a tiny saved pair, and prompt-file reading."""
+
+import json
+
+import pytest
+
+from draftwheel.cli import main
+from serving.bench import read_prompts
+from serving.toy import tiny_pair
+
+BENCH_KEYS = {
+    "plain_tokens_per_s", "spec_tokens_per_s", "hf_plain_tokens_per_s", "hf_assisted_tokens_per_s",
+    "speedup_vs_plain", "speedup_vs_hf_assisted", "acceptance_rate", "mean_accepted_length",
+    "greedy_identical", "k", "prompts", "max_new_tokens",
+}
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    return tiny_pair(tmp_path_factory.mktemp("pair"))
+
+
+def test_bench_writes_exactly_the_design_keys(dirs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DRAFTWHEEL_HOME", str(tmp_path / "home"))
+    target, draft = dirs
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "The quick brown"}\n"Hello! How can"\n')
+    out = tmp_path / "r" / "bench.json"
+    assert main(["bench", "--target", str(target), "--draft", str(draft), "--prompts", str(prompts),
+                 "--max-new-tokens", "12", "--k", "3", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result) == BENCH_KEYS
+    assert result["greedy_identical"] == "2/2"
+    assert (result["k"], result["prompts"], result["max_new_tokens"]) == (3, 2, 12)
+    assert 0.0 <= result["acceptance_rate"] <= 1.0 and 1.0 <= result["mean_accepted_length"] <= 4.0
+    assert result["speedup_vs_plain"] == pytest.approx(result["spec_tokens_per_s"] / result["plain_tokens_per_s"])
+    assert json.loads(capsys.readouterr().out) == result
+
+
+def test_generate_json_and_missing_model(dirs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DRAFTWHEEL_HOME", str(tmp_path / "home"))
+    target, draft = dirs
+    assert main(["generate", "--prompt", "The quick", "--target", str(target), "--draft", str(draft),
+                 "--max-new-tokens", "6", "--json"]) == 0
+    completion = json.loads(capsys.readouterr().out)
+    assert len(completion["token_ids"]) <= 6 and completion["record"]["mode"] == "draft"
+    assert completion["record"]["slice"] == "cli"
+    assert main(["generate", "--prompt", "x", "--target", str(tmp_path / "missing"), "--no-draft"]) == 1
+    assert "not a model directory" in capsys.readouterr().err
+    assert main(["generate", "--prompt", "x", "--target", str(target), "--no-draft", "--top-p", "0"]) == 1
+    assert "top_p" in capsys.readouterr().err
+
+
+def test_read_prompts_text_and_jsonl(tmp_path):
+    text = tmp_path / "p.txt"
+    text.write_text("first\n\nsecond line\\nwith newline\n")
+    assert read_prompts(text) == ["first", "second line\nwith newline"]
+    bad = tmp_path / "p.jsonl"
+    bad.write_text('{"text": "no prompt key"}\n')
+    with pytest.raises(ValueError, match="p.jsonl:1"):
+        read_prompts(bad)
+    empty = tmp_path / "e.txt"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match="no prompts"):
+        read_prompts(empty)

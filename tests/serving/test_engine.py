@@ -1,0 +1,283 @@
+"""Engine behaviour on tiny random Llama models built in the test (seconds on CPU).
+
+The draft is the target with Gaussian noise on its output head, so acceptance is partial (roughly
+0.3-0.8): both the all-accepted and the rollback paths run in every multi-token test.
+"""
+
+import copy
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from serving.engine import Engine, PromptTooLongError
+from serving.kv import CachedLM
+from serving.models import from_objects
+from serving.params import SamplingParams
+from serving.toy import build_tokenizer, tiny_llama
+
+PROMPTS = ["The quick brown", "Hello! How can", "Please write a short", "import os\n", "def add(a, b):"]
+
+
+def noisy_copy(model, scale, seed=1):
+    draft = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        weight = draft.lm_head.weight
+        weight.add_(torch.randn(weight.shape, generator=generator) * weight.std() * scale)
+    return draft
+
+
+@pytest.fixture(scope="module")
+def pair():
+    tokenizer = build_tokenizer()
+    target = tiny_llama(tokenizer, n_layers=2, seed=0, tie_embeddings=False)
+    return tokenizer, target, noisy_copy(target, 0.3)
+
+
+@pytest.fixture(scope="module")
+def engine(pair):
+    tokenizer, target, draft = pair
+    return Engine(from_objects(target, tokenizer, "target"), from_objects(draft, tokenizer, "draft"))
+
+
+def hf_greedy(model, prompt_ids, n):
+    ids = torch.tensor([prompt_ids])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n)
+    return out[0, ids.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_greedy_identical_to_hf_generate(engine, pair, k):
+    _, target, _ = pair
+    completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=40, k=k))
+    for completion in completions:
+        assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 40), completion.prompt
+    record_steps = [s for c in completions for s in c.record.steps]
+    assert any(s.accepted < s.k for s in record_steps), "no rejection: rollback path untested"
+    assert any(s.accepted == s.k > 0 for s in record_steps), "no full acceptance: bonus path untested"
+    assert all(s.k <= k for s in record_steps)
+
+
+def test_autoregressive_mode_identical_to_hf(engine, pair):
+    _, target, _ = pair
+    completion, = engine.generate(["The quick brown"], SamplingParams(max_new_tokens=25), mode="autoregressive")
+    assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 25)
+    assert completion.record.mode == "autoregressive" and completion.record.draft_id is None
+    assert completion.record.steps == []
+
+
+def test_kv_rollback_equals_reencoding(pair):
+    _, target, _ = pair
+    ids = torch.tensor([5, 17, 42, 99, 7, 250, 31, 8])
+    rolled = CachedLM(target)
+    rolled.forward(ids[:3])
+    rolled.forward(ids[3:])
+    rolled.rollback(3)
+    fresh = CachedLM(target)
+    fresh.forward(ids[:5])
+    assert rolled.length == fresh.length == 5
+    for layer_r, layer_f in zip(rolled.cache.layers, fresh.cache.layers):
+        torch.testing.assert_close(layer_r.keys, layer_f.keys)
+        torch.testing.assert_close(layer_r.values, layer_f.values)
+    # Continuing after the rollback gives the logits of a cache that never saw the dropped tokens.
+    torch.testing.assert_close(rolled.forward(torch.tensor([3])), fresh.forward(torch.tensor([3])))
+
+
+def test_record_totals_consistent_with_steps(engine):
+    completion, = engine.generate(["Hello! How can"], SamplingParams(max_new_tokens=30, k=3), slice="chat")
+    record = completion.record
+    assert record.slice == "chat" and record.mode == "draft"
+    assert record.target_id.name == "target" and record.draft_id.name == "draft"
+    assert record.drafted_tokens == sum(s.k for s in record.steps)
+    assert record.accepted_tokens == sum(s.accepted for s in record.steps)
+    assert record.verify_steps == len(record.steps)
+    # Every step emits accepted + 1 tokens; the first token comes from the prefill.
+    assert 1 + sum(s.accepted + 1 for s in record.steps) >= len(record.output_token_ids)
+    assert completion.stats.mean_accepted_length == pytest.approx(
+        (record.accepted_tokens + record.verify_steps) / record.verify_steps)
+    assert 0 < record.ttft_s <= record.latency_s
+
+
+def test_max_tokens_eos_and_stop_strings(engine, pair):
+    tokenizer, target, _ = pair
+    length, = engine.generate(["The quick brown"], SamplingParams(max_new_tokens=7, k=6))
+    assert len(length.token_ids) == 7 and length.finish_reason == "length"
+    # This prompt makes the target emit EOS at once (seen in its greedy output).
+    eos, = engine.generate(["def add(a, b):"], SamplingParams(max_new_tokens=20))
+    assert eos.token_ids[-1] == tokenizer.eos_token_id and eos.finish_reason == "stop"
+    assert eos.token_ids == hf_greedy(target, eos.prompt_token_ids, 20)
+    full, = engine.generate(["Hello! How can"], SamplingParams(max_new_tokens=30))
+    stop = full.text[5:8]
+    cut, = engine.generate(["Hello! How can"], SamplingParams(max_new_tokens=30, stop=[stop]))
+    assert cut.finish_reason == "stop"
+    assert cut.text == full.text[: full.text.find(stop)]
+    assert stop not in cut.text and len(cut.token_ids) < len(full.token_ids)
+    assert cut.token_ids == full.token_ids[: len(cut.token_ids)]
+
+
+def test_stream_deltas_concatenate_to_text(engine):
+    *deltas, completion = engine.stream("Please write a short", SamplingParams(max_new_tokens=30, k=3))
+    assert all(isinstance(d, str) and d for d in deltas) and len(deltas) > 1
+    assert "".join(deltas) == completion.text
+
+
+def test_sampling_is_seeded_and_reproducible(engine):
+    params = SamplingParams(max_new_tokens=20, temperature=0.9, top_p=0.95, top_k=50, seed=7)
+    first, second = engine.generate(["The quick brown"] * 2, params)
+    assert first.token_ids == second.token_ids
+    assert first.record.sampling.seed == 7
+
+
+def test_sampled_tokens_follow_target_distribution(engine, pair):
+    """The first two tokens of a sampled completion (the second one passes through draft + rejection
+    sampling, k=1) must follow the target's joint law p(a) p(b | a), computed exactly from target
+    forwards. top_k=3 keeps 3 x 3 = 9 cells. Pearson's X^2 = sum (obs - exp)^2 / exp is approximately
+    chi-square with 8 dof under the null; seeded, so deterministic. Control: the draft's own joint law
+    is rejected by the same statistic."""
+    tokenizer, target, draft = pair
+    params = SamplingParams(max_new_tokens=3, temperature=1.0, top_k=3, k=1)
+    prompt_ids = tokenizer("The quick brown")["input_ids"]
+    from serving.sampling import warp
+
+    def joint(model):
+        with torch.no_grad():
+            p_a = warp(model(torch.tensor([prompt_ids])).logits[0, -1], params)
+            law = {}
+            for a in p_a.nonzero().flatten().tolist():
+                p_b = warp(model(torch.tensor([prompt_ids + [a]])).logits[0, -1], params)
+                for b in p_b.nonzero().flatten().tolist():
+                    law[(a, b)] = float(p_a[a] * p_b[b])
+        return law
+
+    law = joint(target)
+    n = 1200
+    counts = dict.fromkeys(law, 0)
+    for seed in range(n):
+        completion, = engine.generate(["The quick brown"], SamplingParams(**{**params.__dict__, "seed": seed}))
+        counts[tuple(completion.token_ids[:2])] += 1
+    cells = sorted(law)
+    observed = [counts[c] for c in cells]
+    assert chisquare(observed, _expected(law, cells, n)).pvalue > 1e-3
+    assert chisquare(observed, _expected(joint(draft), cells, n)).pvalue < 1e-6
+
+
+def _expected(law, cells, n):
+    """Expected counts over `cells`, renormalised to sum to n exactly (scipy checks the totals)."""
+    mass = [law.get(c, 1e-9) for c in cells]
+    return [m * n / sum(mass) for m in mass]
+
+
+def test_prompt_too_long_and_bad_mode(engine, pair):
+    tokenizer, target, _ = pair
+    long_prompt = "word " * target.config.max_position_embeddings
+    with pytest.raises(PromptTooLongError, match="context"):
+        engine.generate([long_prompt], SamplingParams(max_new_tokens=4))
+    with pytest.raises(ValueError, match="mode"):
+        engine.generate(["hi"], SamplingParams(), mode="beam")
+    with pytest.raises(ValueError, match="medusa"):
+        engine.generate(["hi"], SamplingParams(), mode="medusa")
+    no_draft = Engine(from_objects(target, tokenizer, "target"))
+    assert no_draft.default_mode == "autoregressive"
+    with pytest.raises(ValueError, match="draft"):
+        no_draft.generate(["hi"], SamplingParams(), mode="draft")
+
+
+def test_chat_template_applied(engine, pair):
+    tokenizer, _, _ = pair
+    completion, = engine.generate(["Hello!"], SamplingParams(max_new_tokens=5), chat=True)
+    assert completion.record.prompt.startswith("<|im_start|>user\nHello!<|im_end|>")
+    assert completion.record.prompt.endswith("<|im_start|>assistant\n")
+    assert completion.prompt == "Hello!"
+
+
+class _Collect:
+    def __init__(self):
+        self.records = []
+
+    def write(self, record):
+        self.records.append(record)
+
+    def observe(self, record):
+        self.records.append(record)
+
+
+class _Broken:
+    def write(self, record):
+        raise OSError("disk full")
+
+
+def test_records_go_to_sink_and_metrics_and_failures_do_not_fail(pair):
+    tokenizer, target, draft = pair
+    sink, metrics = _Collect(), _Collect()
+    engine = Engine(from_objects(target, tokenizer, "t"), from_objects(draft, tokenizer, "d"), sink=sink,
+                    metrics=metrics)
+    completions = engine.generate(["a", "b"], SamplingParams(max_new_tokens=5))
+    assert [r.request_id for r in sink.records] == [c.request_id for c in completions] == \
+        [r.request_id for r in metrics.records]
+    broken = Engine(from_objects(target, tokenizer, "t"), sink=_Broken())
+    assert broken.generate(["a"], SamplingParams(max_new_tokens=3))[0].finish_reason in ("length", "stop")
+
+
+def test_swap_draft_keeps_running_request_on_old_draft(engine, pair):
+    tokenizer, target, draft = pair
+    engine = Engine(from_objects(target, tokenizer, "t"), from_objects(draft, tokenizer, "old"))
+    stream = engine.stream("The quick brown", SamplingParams(max_new_tokens=30, k=2))
+    next(stream)  # the request has started with the old draft
+    engine.swap_draft(from_objects(noisy_copy(target, 1.0, seed=3), tokenizer, "new"))
+    *_, completion = stream
+    assert completion.record.draft_id.name == "old"
+    assert engine.generate(["x"], SamplingParams(max_new_tokens=3))[0].record.draft_id.name == "new"
+
+
+@pytest.fixture(scope="module")
+def heads(pair):
+    """Medusa heads with random (non-identity) blocks: partial acceptance, both verify paths."""
+    from serving.medusa import MedusaHeads
+
+    _, target, _ = pair
+    heads = MedusaHeads.for_target(target, n_heads=3)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for block in heads.blocks:
+            block[0].linear.weight.copy_(torch.randn(block[0].linear.weight.shape, generator=generator) * 0.2)
+    return heads.eval()
+
+
+def test_medusa_greedy_identical_and_sampled_runs(pair, heads, tmp_path):
+    tokenizer, target, _ = pair
+    engine = Engine(from_objects(target, tokenizer, "target"), medusa=heads)
+    assert engine.default_mode == "medusa"
+    completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=30, k=3))
+    for completion in completions:
+        assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 30)
+        assert completion.record.mode == "medusa" and completion.record.draft_id.name == "medusa-heads"
+    assert any(s.accepted < s.k for c in completions for s in c.record.steps)
+    sampled, = engine.generate(["The quick"], SamplingParams(max_new_tokens=20, temperature=1.0, seed=3))
+    assert len(sampled.token_ids) == 20 or sampled.finish_reason == "stop"
+
+
+def test_medusa_accepts_when_heads_guess_right():
+    """A tied-embedding random model repeats its last token, and identity-initialised heads predict
+    "the same as the target's next token": the chain is right, so whole chains are accepted."""
+    from serving.medusa import MedusaHeads
+
+    tokenizer = build_tokenizer()
+    target = tiny_llama(tokenizer, n_layers=2, seed=0, tie_embeddings=True)
+    engine = Engine(from_objects(target, tokenizer, "t"), medusa=MedusaHeads.for_target(target, n_heads=4).eval())
+    completion, = engine.generate(["The quick"], SamplingParams(max_new_tokens=21, k=4))
+    assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 21)
+    assert completion.record.accepted_tokens == completion.record.drafted_tokens == 16
+    assert completion.stats.mean_accepted_length == 5.0
+
+
+def test_engine_from_paths_with_medusa_dir(pair, heads, tmp_path):
+    from serving.toy import save_model
+
+    tokenizer, target, _ = pair
+    target_dir = save_model(target, tokenizer, tmp_path / "target")
+    heads.save(tmp_path / "heads")
+    engine = Engine.from_paths(target_dir, medusa=tmp_path / "heads")
+    completion, = engine.generate(["Hello! How can"], SamplingParams(max_new_tokens=12))
+    assert completion.record.draft_id.name == "heads" and len(completion.record.draft_id.sha256) == 64
+    assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 12)

@@ -1,0 +1,90 @@
+"""Model loading, pair compatibility and the reference-target conversion (the real conversion is slow)."""
+
+import hashlib
+
+import pytest
+import torch
+
+from serving import reference
+from serving.engine import Engine
+from serving.models import IncompatibleModelsError, check_compatible, load_model, weights_sha256
+from serving.toy import build_tokenizer, save_model, tiny_llama, tiny_pair
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    return tiny_pair(tmp_path_factory.mktemp("pair"))
+
+
+def test_load_local_dir_with_weights_hash(dirs):
+    target_dir, draft_dir = dirs
+    loaded = load_model(str(target_dir))
+    assert loaded.model_id.name == "target" and loaded.path == target_dir
+    (shard,) = sorted(target_dir.glob("*.safetensors"))
+    file_hash = hashlib.sha256(shard.read_bytes()).hexdigest()
+    expected = hashlib.sha256(f"{shard.name}:{file_hash}\n".encode()).hexdigest()
+    assert loaded.model_id.sha256 == weights_sha256(target_dir) == expected
+    assert weights_sha256(draft_dir) != expected
+    assert not loaded.model.training and loaded.model.dtype == torch.float32
+    check_compatible(loaded, load_model(draft_dir))  # same tokenizer: no error
+
+
+def test_missing_dir_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a model directory"):
+        load_model(str(tmp_path / "nope"))
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_model(str(tmp_path))
+
+
+def test_incompatible_tokenizers_name_both_models(dirs, tmp_path):
+    target_dir, _ = dirs
+    other_tokenizer = build_tokenizer(vocab_size=300)
+    other_dir = save_model(tiny_llama(other_tokenizer, n_layers=1), other_tokenizer, tmp_path / "other-draft")
+    target, other = load_model(target_dir), load_model(other_dir)
+    with pytest.raises(IncompatibleModelsError, match=r"target 'target'.*draft 'other-draft'"):
+        check_compatible(target, other)
+    with pytest.raises(IncompatibleModelsError):
+        Engine(target, other)
+    engine = Engine(target)
+    with pytest.raises(IncompatibleModelsError):
+        engine.swap_draft(other)
+    assert engine.draft is None
+
+
+def test_draft_trained_for_another_target_is_refused(dirs):
+    target_dir, draft_dir = dirs
+    target, draft = load_model(target_dir), load_model(draft_dir)
+    draft.tags = {"target_sha256": "0" * 64}
+    with pytest.raises(IncompatibleModelsError, match="trained for target weights 000000000000"):
+        check_compatible(target, draft)
+    draft.tags = {"target_sha256": target.model_id.sha256}
+    check_compatible(target, draft)
+
+
+def test_reference_gguf_is_found_and_a_wrong_hash_is_refused(tmp_path):
+    gguf = reference.find_gguf()
+    assert gguf.name == reference.GGUF_NAME
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"GGUF not really")
+    with pytest.raises(reference.ReferenceModelError, match="does not match"):
+        reference.check_gguf(fake)
+
+
+def test_existing_reference_dir_is_not_reconverted(tmp_path):
+    done = tmp_path / reference.REFERENCE_DIR_NAME
+    done.mkdir()
+    (done / "config.json").write_text("{}")
+    assert reference.ensure_reference_target(tmp_path) == done
+
+
+@pytest.mark.slow
+def test_reference_conversion_loads_and_generates(tmp_path):
+    """GGUF sha256 check + dequantisation + safetensors save (~30 s), then greedy identity on it."""
+    from serving.params import SamplingParams
+
+    reference.check_gguf(reference.find_gguf())
+    path = reference.ensure_reference_target(tmp_path)
+    target = load_model(path)
+    assert target.model.config.num_hidden_layers == 30
+    completion, = Engine(target).generate(["What is 2+2?"], SamplingParams(max_new_tokens=8), chat=True)
+    assert completion.text.strip()

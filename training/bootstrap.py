@@ -1,0 +1,167 @@
+"""`draftwheel bootstrap`: the reference target and the v0 draft, registered as the first champion.
+
+Steps, each skipped when its result already exists (so re-running is cheap and safe):
+1. the reference target (`serving.reference.ensure_reference_target`, offline, sha256-checked);
+2. general traffic: the target's own greedy completions of `chat` workload prompts, with its top-k
+   log-probs kept from generation (`training.traffic`), saved as distill/ + holdout/ datasets;
+3. the v0 draft: a shallow Llama whose decoder layers are copies of chosen target layers and whose
+   embeddings, final norm and LM head are the target's (embeddings/head frozen during training),
+   briefly distilled on that traffic (`training.distill`);
+4. registration as `draftwheel-draft` with the target's weights sha256 tag, alias `champion`.
+
+It does not serve or mine; the CLI and the Prefect bootstrap flow call `bootstrap()`.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from draftwheel import home
+from draftwheel.config import to_dict
+from training import common
+
+
+@dataclass
+class BootstrapConfig:
+    """v0 draft settings; see configs/bootstrap.yaml."""
+
+    target: str = ""             # target model dir; "" = the reference target (converted once)
+    draft_name: str = "v0-draft"  # dir under <state>/models for the v0 draft
+    init_layers: list[int] = field(default_factory=lambda: [0, -1])  # target layers copied into the draft
+    workload: str = "chat"       # mining.workloads name for the general traffic
+    n_prompts: int = 24          # training prompts (target completions)
+    holdout_prompts: int = 8     # hold-out prompts for the agreement evaluation
+    max_new_tokens: int = 48     # target completion length
+    gen_batch_size: int = 8      # prompts per batched target generation
+    top_k: int = 64              # teacher log-probs kept per generated position
+    seed: int = 0                # workload sampling seed
+    loss: str = "fkl"            # distillation loss (training.losses)
+    learning_rate: float = 5e-4  # distillation learning rate
+    epochs: float = 3.0          # distillation epochs
+    batch_size: int = 4          # distillation batch size
+    max_length: int = 256        # tokens per training sequence
+    register: bool = True        # register the draft and set `champion` (unless a champion exists)
+    tracking: bool = True        # log the distillation run to MLflow
+
+    def __post_init__(self) -> None:
+        common._require(bool(self.init_layers), "init_layers", "must name at least one target layer")
+        common._require(bool(self.draft_name) and "/" not in self.draft_name, "draft_name",
+                        f"must be a plain dir name, got {self.draft_name!r}")
+        for name in ("n_prompts", "max_new_tokens", "gen_batch_size", "top_k", "batch_size", "max_length"):
+            common._require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+        common._require(self.holdout_prompts >= 0, "holdout_prompts", f"must be >= 0, got {self.holdout_prompts}")
+        common._require(self.learning_rate > 0, "learning_rate", f"must be > 0, got {self.learning_rate}")
+        common._require(self.epochs > 0, "epochs", f"must be > 0, got {self.epochs}")
+
+
+def init_draft_from_target(target: Any, layers: list[int]) -> Any:
+    """A Llama-family draft with `len(layers)` decoder layers copied from `target` (negative indices count
+    from the end) and the target's embeddings, final norm and LM head."""
+    n = target.config.num_hidden_layers
+    if any(not -n <= i < n for i in layers):
+        raise ValueError(f"init_layers: {layers} out of range for a {n}-layer target")
+    chosen = [i % n for i in layers]
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = len(chosen)
+    if getattr(config, "layer_types", None):
+        config.layer_types = [config.layer_types[i] for i in chosen]
+    draft = type(target)(config)
+    state: dict[str, Any] = {}
+    for name, tensor in target.state_dict().items():
+        if not name.startswith("model.layers."):
+            state[name] = tensor.clone()
+            continue
+        source = int(name.split(".")[2])
+        for position, layer in enumerate(chosen):
+            if layer == source:
+                state[name.replace(f"model.layers.{source}.", f"model.layers.{position}.", 1)] = tensor.clone()
+    draft.load_state_dict(state)
+    draft.generation_config = copy.deepcopy(target.generation_config)
+    return draft.eval()
+
+
+def _traffic(config: BootstrapConfig, target: Any, data_dir: Path, workload: list[dict] | None) -> dict[str, Path]:
+    from training.traffic import save_traffic, target_traffic
+
+    if (data_dir / "distill" / "dataset_info.json").is_file():
+        print(f"bootstrap: traffic exists at {data_dir}", flush=True)
+        return {"distill": data_dir / "distill", "holdout": data_dir / "holdout"}
+    if workload is None:
+        from mining.workloads import build_workload
+
+        workload = build_workload(config.workload, config.n_prompts + config.holdout_prompts, config.seed)
+    print(f"bootstrap: target completions of {len(workload)} {config.workload} prompts", flush=True)
+    rows = target_traffic(target.model, target.tokenizer, workload, config.max_new_tokens,
+                          config.gen_batch_size, top_k=config.top_k)
+    tmp = data_dir.with_name(data_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_traffic(rows[: config.n_prompts], rows[config.n_prompts:], tmp)
+    tmp.rename(data_dir)  # all-or-nothing: an interrupted run never leaves half a dataset behind
+    return {"distill": data_dir / "distill", "holdout": data_dir / "holdout"}
+
+
+def _build_draft(config: BootstrapConfig, target: Any, data: dict[str, Path], draft_dir: Path, tracker: Any) -> None:
+    from training.distill import DistillConfig, train_distill
+
+    init_dir = draft_dir.with_name(f".{draft_dir.name}-init")
+    common.save_candidate(init_draft_from_target(target.model, config.init_layers), target.tokenizer, init_dir,
+                          "bootstrap-init", config, {})
+    tmp = draft_dir.with_name(draft_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    distill = DistillConfig(
+        student=str(init_dir), target=str(target.path), dataset=str(data["distill"]),
+        holdout=str(data["holdout"]) if data["holdout"].is_dir() else "", output_dir=str(tmp),
+        loss=config.loss, teacher_mode="cached", learning_rate=config.learning_rate, epochs=config.epochs,
+        batch_size=config.batch_size, max_length=config.max_length, freeze_embeddings=True,
+        tracking=config.tracking, eval_max_samples=config.holdout_prompts, seed=config.seed, logging_steps=5,
+    )
+    train_distill(distill, tracker)
+    tmp.rename(draft_dir)
+    shutil.rmtree(init_dir, ignore_errors=True)
+
+
+def _register(config: BootstrapConfig, draft_dir: Path, target_sha: str) -> dict[str, Any]:
+    from draftwheel.tracking import RegistryError, get_alias_version, register_draft, set_alias
+
+    try:
+        existing = get_alias_version("champion")
+    except RegistryError:  # no registered model yet
+        existing = None
+    if existing is not None:
+        print(f"bootstrap: champion exists (version {existing}); not registering", flush=True)
+        return {"version": existing, "registered": False}
+    info = common.read_training_info(draft_dir)
+    version = register_draft(draft_dir, tags={"target_sha256": target_sha, "stage": "bootstrap",
+                                              "training_config": to_dict(config),
+                                              "metrics": info.get("metrics", {})})
+    set_alias(version, "champion")
+    print(f"bootstrap: registered v0 draft as version {version} (champion)", flush=True)
+    return {"version": version, "registered": True}
+
+
+def bootstrap(config: BootstrapConfig | None = None, workload: list[dict] | None = None) -> dict[str, Any]:
+    """Reference target + v0 draft (+ registration). `workload` overrides the generated prompts (tests)."""
+    from draftwheel.tracking import get_tracker
+    from serving.models import load_model
+
+    config = config or BootstrapConfig()
+    home.apply_offline_defaults()
+    target_dir = common.resolve_target(config.target)
+    draft_dir = home.models_dir() / config.draft_name
+    result: dict[str, Any] = {"target_dir": str(target_dir), "draft_dir": str(draft_dir)}
+    target = load_model(target_dir)
+    if (draft_dir / common.INFO_FILE).is_file():
+        print(f"bootstrap: v0 draft exists at {draft_dir}", flush=True)
+        result["built"] = False
+    else:
+        data = _traffic(config, target, home.datasets_dir() / "bootstrap", workload)
+        _build_draft(config, target, data, draft_dir, get_tracker(config.tracking))
+        result["built"] = True
+    result["metrics"] = common.read_training_info(draft_dir).get("metrics", {})
+    if config.register:
+        result.update(_register(config, draft_dir, target.model_id.sha256))
+    return result

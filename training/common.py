@@ -1,0 +1,164 @@
+"""Pieces shared by the three trainers: the common config fields, Trainer arguments, LoRA, saving.
+
+Each stage's config dataclass (`DistillConfig`, `DpoConfig`, `MedusaConfig`) extends `TrainCommon`, so
+schedule/optimiser/tracking fields are spelled and validated once. Candidate dirs are written here:
+weights (safetensors) + tokenizer + `draftwheel_training.json` (stage, config, metrics, target hash).
+Nothing here decides *what* to train.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftwheel import home
+from draftwheel.config import to_dict
+
+INFO_FILE = "draftwheel_training.json"
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _require(condition: bool, name: str, message: str) -> None:
+    if not condition:
+        raise ValueError(f"{name}: {message}")
+
+
+@dataclass
+class TrainCommon:
+    """Fields every trainer shares. Paths left empty resolve under the state dir at run time."""
+
+    output_dir: str = ""         # candidate dir; "" = <state>/models/candidates/<stage>-<utc time>
+    learning_rate: float = 1e-4  # peak learning rate (cosine decay after warmup)
+    epochs: float = 1.0          # passes over the dataset (ignored when max_steps > 0)
+    max_steps: int = -1          # optimiser steps; -1 = derived from epochs
+    batch_size: int = 4          # sequences per device per step
+    grad_accum: int = 1          # gradient accumulation steps
+    warmup_steps: int = 0        # linear warmup steps
+    weight_decay: float = 0.0    # AdamW weight decay
+    max_length: int = 512        # tokens per training sequence (prompt cut from the left first)
+    seed: int = 0                # data order and init seed
+    logging_steps: int = 10      # log the training loss every N steps
+    device: str = "cpu"          # "cpu", or "auto" to let the Trainer/accelerate pick the accelerator
+    tracking: bool = True        # log to MLflow (False: the do-nothing tracker)
+    eval_k: int = 4              # draft length k used by the agreement evaluation
+    eval_max_samples: int = 64   # hold-out sequences evaluated each epoch (0 = all)
+
+    def __post_init__(self) -> None:
+        _require(self.learning_rate > 0, "learning_rate", f"must be > 0, got {self.learning_rate}")
+        _require(self.epochs > 0, "epochs", f"must be > 0, got {self.epochs}")
+        _require(self.max_steps == -1 or self.max_steps > 0, "max_steps", f"must be -1 or > 0, got {self.max_steps}")
+        for name in ("batch_size", "grad_accum", "max_length", "logging_steps", "eval_k"):
+            _require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup_steps", "eval_max_samples"):
+            _require(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
+        _require(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
+        _require(self.device in ("cpu", "auto"), "device", f"must be 'cpu' or 'auto', got {self.device!r}")
+
+
+@dataclass
+class LoraFields:
+    """LoRA options (peft); the adapter is merged into the weights before saving."""
+
+    lora: bool = False           # train LoRA adapters instead of all (unfrozen) weights
+    lora_r: int = 16             # adapter rank
+    lora_alpha: int = 32         # adapter scaling numerator
+    lora_dropout: float = 0.0    # adapter dropout
+    lora_target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+
+    def check_lora(self) -> None:
+        _require(self.lora_r >= 1, "lora_r", f"must be >= 1, got {self.lora_r}")
+        _require(self.lora_alpha >= 1, "lora_alpha", f"must be >= 1, got {self.lora_alpha}")
+        _require(0 <= self.lora_dropout < 1, "lora_dropout", f"must be in [0, 1), got {self.lora_dropout}")
+        _require(bool(self.lora_target_modules), "lora_target_modules", "must not be empty")
+
+
+def resolve_target(spec: str) -> str:
+    """The target spec, or the reference target (converted once) when empty."""
+    if spec:
+        return spec
+    from serving.reference import ensure_reference_target
+
+    return str(ensure_reference_target(home.models_dir()))
+
+
+def resolve_output_dir(output_dir: str, stage: str) -> Path:
+    if output_dir:
+        return Path(output_dir)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return home.models_dir() / "candidates" / f"{stage}-{stamp}"
+
+
+def training_arguments_kwargs(config: TrainCommon, scratch_dir: Path) -> dict[str, Any]:
+    """Keyword arguments for `transformers.TrainingArguments` (or a TRL config subclassing it)."""
+    return dict(
+        output_dir=str(scratch_dir), per_device_train_batch_size=config.batch_size,
+        gradient_accumulation_steps=config.grad_accum, learning_rate=config.learning_rate,
+        num_train_epochs=config.epochs, max_steps=config.max_steps, warmup_steps=config.warmup_steps,
+        weight_decay=config.weight_decay, lr_scheduler_type="cosine", logging_steps=config.logging_steps,
+        save_strategy="no", report_to=[], seed=config.seed, data_seed=config.seed,
+        use_cpu=config.device == "cpu", dataloader_num_workers=0, remove_unused_columns=False,
+        disable_tqdm=False,
+    )
+
+
+def freeze_shared_embeddings(model: Any) -> None:
+    """Freeze input embeddings and LM head (tied or not): the draft shares them with the target."""
+    for module in (model.get_input_embeddings(), model.get_output_embeddings()):
+        for param in module.parameters():
+            param.requires_grad_(False)
+
+
+def apply_lora(model: Any, config: LoraFields) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                      target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM")
+    return get_peft_model(model, lora)
+
+
+def merged(model: Any) -> Any:
+    """A plain model: LoRA adapters merged into the base weights (no-op for a full fine-tune)."""
+    return model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
+
+
+def count_parameters(model: Any) -> dict[str, int]:
+    params = list(model.parameters())
+    return {"params_total": sum(p.numel() for p in params),
+            "params_trainable": sum(p.numel() for p in params if p.requires_grad)}
+
+
+def save_candidate(model: Any, tokenizer: Any, out_dir: Path, stage: str, config: Any,
+                   metrics: dict[str, Any], extra: dict[str, Any] | None = None) -> Path:
+    """Write a servable model dir: safetensors weights, tokenizer, and the training info json."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return write_training_info(out_dir, stage, config, metrics, extra)
+
+
+def write_training_info(out_dir: Path, stage: str, config: Any, metrics: dict[str, Any],
+                        extra: dict[str, Any] | None = None) -> Path:
+    """`draftwheel_training.json`: what produced this dir (stage, config, metrics, provenance)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    info = {"stage": stage, "config": to_dict(config), "metrics": metrics, **(extra or {})}
+    (out_dir / INFO_FILE).write_text(json.dumps(info, indent=2, default=str))
+    return out_dir
+
+
+def read_training_info(model_dir: str | Path) -> dict[str, Any]:
+    path = Path(model_dir) / INFO_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def seconds_since(start: float) -> float:
+    return time.perf_counter() - start
+
+
+def model_dtype_device(model: Any) -> tuple[torch.dtype, torch.device]:
+    param = next(model.parameters())
+    return param.dtype, param.device

@@ -1,0 +1,188 @@
+"""Knowledge distillation of a draft model from the frozen target (`draftwheel train distill`).
+
+`train_distill(config)` loads the student (current champion, or any model dir) and the target, and
+trains the student with a `transformers.Trainer` whose only change is `compute_loss`: a divergence from
+`training.losses` between target and student next-token distributions on completion tokens only,
+weighted per sequence. Teacher logits come either from a forward pass of the frozen target each step
+(`teacher_mode: online`) or from a top-k log-prob cache on disk built once (`teacher_mode: cached`).
+Full fine-tune or LoRA (merged before saving). Runs in-process or as
+`accelerate launch -m training.distill --config F` (the Trainer handles the accelerate state).
+
+It does not mine data, register models or decide promotion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import Trainer, TrainingArguments
+
+from draftwheel import home
+from draftwheel.config import load_config, to_dict
+from draftwheel.tracking import get_tracker
+from training import common, losses
+from training.data import (DistillCollator, build_teacher_cache, cache_key, has_teacher_topk, load_dataset_dir,
+                           load_holdout, tokenize_distill)
+from training.evaluate import AgreementCallback, TrackerCallback, target_references
+
+DISTILL_COLUMNS = ("prompt_token_ids", "completion_token_ids")
+
+
+@dataclass
+class DistillConfig(common.TrainCommon, common.LoraFields):
+    """Distillation settings; see configs/distill.yaml for the defaults with comments."""
+
+    student: str = "models:/draftwheel-draft@champion"  # starting draft: model dir or models:/ URI
+    target: str = ""             # target model dir / models:/ URI; "" = the reference target in the state dir
+    dataset: str = ""            # distill/ dataset dir; "" = <state>/datasets/distill
+    holdout: str = ""            # holdout/ dataset dir for per-epoch agreement; "" = sibling of dataset, if any
+    loss: str = "fkl"            # fkl | rkl | jsd | tvd
+    beta: float = 0.5            # jsd interpolation (TRL convention: 0 = forward KL, 1 = reverse KL)
+    temperature: float = 1.0     # softmax temperature applied to both distributions
+    teacher_mode: str = "online"  # online: target forward each step | cached: top-k log-probs on disk
+    top_k: int = 64              # cached mode: teacher log-probs kept per position
+    freeze_embeddings: bool = True  # keep the (target-shared) embeddings and LM head frozen
+    use_weights: bool = True     # weight each sequence's loss by the dataset's `weight` column
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_lora()
+        common._require(self.loss in losses.LOSSES, "loss", f"must be one of {sorted(losses.LOSSES)}, got {self.loss!r}")
+        common._require(0.0 <= self.beta <= 1.0, "beta", f"must be in [0, 1], got {self.beta}")
+        common._require(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
+        common._require(self.teacher_mode in ("online", "cached"), "teacher_mode",
+                        f"must be 'online' or 'cached', got {self.teacher_mode!r}")
+        common._require(self.top_k >= 1, "top_k", f"must be >= 1, got {self.top_k}")
+        common._require(bool(self.student), "student", "must name a model dir or models:/ URI")
+
+
+def _completion_logits(model: Any, head: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       mask: torch.Tensor) -> torch.Tensor:
+    """LM-head logits at the masked positions only: [N, V]. Skipping the head on prompt positions saves
+    most of a small draft's compute, whose cost is dominated by the vocabulary projection."""
+    outputs = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, logits_to_keep=1)
+    return head(outputs.hidden_states[-1][mask])
+
+
+class DistillTrainer(Trainer):
+    """A Trainer whose loss is a divergence from the frozen teacher on completion tokens."""
+
+    def __init__(self, *args: Any, teacher: Any = None, loss_name: str = "fkl", beta: float = 0.5,
+                 temperature: float = 1.0, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.teacher, self.loss_name, self.beta, self.temperature = teacher, loss_name, beta, temperature
+
+    def _teacher_logits(self, inputs: dict[str, torch.Tensor], mask: torch.Tensor, vocab: int) -> torch.Tensor:
+        if "teacher_topk_values" in inputs:
+            return losses.dense_logits_from_topk(inputs["teacher_topk_values"][mask],
+                                                 inputs["teacher_topk_indices"][mask], vocab)
+        self.teacher.to(inputs["input_ids"].device)
+        with torch.no_grad():
+            return _completion_logits(self.teacher, self.teacher.get_output_embeddings(), inputs["input_ids"],
+                                      inputs["attention_mask"], mask)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        mask = inputs["loss_mask"]
+        head = self.accelerator.unwrap_model(model).get_output_embeddings()
+        student = _completion_logits(model, head, inputs["input_ids"], inputs["attention_mask"], mask)
+        teacher = self._teacher_logits(inputs, mask, student.shape[-1])
+        per_token = losses.divergence(self.loss_name, student, teacher, temperature=self.temperature,
+                                      beta=self.beta, reduction="none")
+        weights = inputs["weight"].unsqueeze(1).expand_as(mask)[mask]
+        loss = (per_token * weights).sum() / weights.sum().clamp_min(1e-8)
+        return (loss, {"logits": student}) if return_outputs else loss
+
+
+def _resolve_paths(config: DistillConfig) -> tuple[Path, Path | None]:
+    dataset = Path(config.dataset) if config.dataset else home.datasets_dir() / "distill"
+    if config.holdout:
+        return dataset, Path(config.holdout)
+    sibling = dataset.parent / "holdout"
+    return dataset, (sibling if sibling.is_dir() else None)
+
+
+def _prepare_student(config: DistillConfig, loaded: Any) -> Any:
+    model = loaded.model
+    model.train()
+    if config.freeze_embeddings:
+        common.freeze_shared_embeddings(model)
+    if config.lora:
+        model = common.apply_lora(model, config)
+    return model
+
+
+def _train_dataset(config: DistillConfig, dataset_dir: Path, teacher: Any, teacher_sha: str, pad_id: int) -> Any:
+    """Tokenized rows; in cached mode with the teacher's top-k, from the dataset itself or a disk cache."""
+    dataset = load_dataset_dir(dataset_dir, DISTILL_COLUMNS)
+    stored = config.teacher_mode == "cached" and has_teacher_topk(dataset)
+    encoded = tokenize_distill(dataset, config.max_length, config.use_weights, with_teacher=stored)
+    if config.teacher_mode == "online" or stored:
+        return encoded
+    cache_dir = dataset_dir.parent / "teacher_cache" / cache_key(encoded, teacher_sha, config.top_k, config.max_length)
+    return build_teacher_cache(teacher, encoded, config.top_k, cache_dir, config.batch_size, pad_id)
+
+
+def train_distill(config: DistillConfig, tracker: Any = None) -> Path:
+    """Distil the student towards the target; return the saved candidate dir."""
+    from serving.models import load_model
+
+    tracker = tracker or get_tracker(config.tracking)
+    dataset_dir, holdout_dir = _resolve_paths(config)
+    out_dir = common.resolve_output_dir(config.output_dir, "distill")
+    target = load_model(common.resolve_target(config.target))
+    student = load_model(config.student)
+    target.model.requires_grad_(False)
+    pad_id = student.tokenizer.pad_token_id if student.tokenizer.pad_token_id is not None else 0
+    started = time.perf_counter()
+    train_set = _train_dataset(config, dataset_dir, target.model, target.model_id.sha256, pad_id)
+    cache_s = common.seconds_since(started)
+    model = _prepare_student(config, student)
+    callbacks: list[Any] = [TrackerCallback(tracker)]
+    holdout = load_holdout(holdout_dir, config.eval_max_samples, config.max_length) if holdout_dir else None
+    if holdout:
+        refs = target_references(target.model, holdout)
+        callbacks.append(AgreementCallback(holdout, tracker, config.eval_k, refs))
+    args = TrainingArguments(**common.training_arguments_kwargs(config, out_dir.parent / f".{out_dir.name}-scratch"))
+    trainer = DistillTrainer(
+        model=model, args=args, train_dataset=train_set, data_collator=DistillCollator(pad_id),
+        callbacks=callbacks, teacher=None if config.teacher_mode == "cached" else target.model,
+        loss_name=config.loss, beta=config.beta, temperature=config.temperature,
+    )
+    with tracker.run("train-distill", nested=True, tags={"stage": "distill"}):
+        tracker.log_params({**to_dict(config), **common.count_parameters(model)})
+        result = trainer.train()
+        tokens = sum(len(ids) for ids in train_set["input_ids"]) * trainer.state.epoch
+        metrics = {"train_loss": result.training_loss, "train_runtime_s": result.metrics["train_runtime"],
+                   "train_tokens": tokens, "train_tokens_per_s": tokens / max(result.metrics["train_runtime"], 1e-9),
+                   "teacher_cache_s": cache_s, "steps": trainer.state.global_step}
+        eval_history = callbacks[-1].history if holdout else []  # the AgreementCallback, appended last
+        if eval_history:
+            metrics.update({f"eval_{k}": v for k, v in eval_history[-1].items()})
+        tracker.log_metrics({k: float(v) for k, v in metrics.items()})
+        if trainer.is_world_process_zero():
+            common.save_candidate(common.merged(trainer.model), student.tokenizer, out_dir, "distill", config,
+                                  metrics, {"target": str(target.path), "target_sha256": target.model_id.sha256,
+                                            "student": config.student, "dataset": str(dataset_dir),
+                                            "eval_history": eval_history})
+            tracker.log_artifact(out_dir / common.INFO_FILE)
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for `python -m training.distill` / `accelerate launch -m training.distill`."""
+    parser = argparse.ArgumentParser(description="Distil a draft model from the target.")
+    parser.add_argument("--config", default=None, help="YAML config (configs/distill.yaml)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides")
+    args = parser.parse_args(argv)
+    home.apply_offline_defaults()
+    print(train_distill(load_config(DistillConfig, args.config, args.overrides)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
