@@ -108,13 +108,30 @@ def _default_target() -> str:
     return str(ensure_reference_target(home.models_dir()))
 
 
+def print_report(report: dict[str, Any]) -> None:
+    overall, diff = report["overall"], report["overall"]["difference"]
+    print(f"shadow: {'PROMOTE' if report['decision']['promote'] else 'REJECT'}  n={overall['n']}  "
+          f"gain {diff['mean']:+.4f} [{diff['ci_low']:+.4f}, {diff['ci_high']:+.4f}]")
+    for arm in ("champion", "challenger"):
+        figures = overall[arm]
+        print(f"  {arm:<10} mean accepted length {figures['mean']:.3f}  acceptance {figures['acceptance_rate']:.3f}  "
+              f"{figures['tokens_per_s']:.1f} tok/s")
+    if "target_only_tokens_per_s" in overall:
+        print(f"  target alone {overall['target_only_tokens_per_s']:.1f} tok/s")
+    for reason in report["decision"]["reasons"]:
+        print(f"  {reason}")
+
+
 def _shadow(args: argparse.Namespace) -> int:
     from draftwheel import home
-    from draftwheel.config import load_config
+    from draftwheel.config import ConfigError, load_config
     from draftwheel.tracking import get_tracker
     from serving.shadow import ShadowConfig, run_shadow
 
-    config = load_config(ShadowConfig, args.config, args.overrides)
+    try:
+        config = load_config(ShadowConfig, args.config, args.overrides)
+    except ValueError as exc:  # __post_init__ names the field; report it like any config error
+        raise ConfigError(str(exc)) from exc
     holdout = args.holdout or home.datasets_dir() / "holdout"
     if args.holdout is None and not Path(holdout).is_dir():
         holdout = None  # no mined data yet: the canary set alone (the gate still needs min_requests)
@@ -124,11 +141,7 @@ def _shadow(args: argparse.Namespace) -> int:
         report = run_shadow(args.champion, args.challenger, target, holdout, config,
                             tracker=get_tracker(not args.no_tracking), out=args.out)
         outcome = apply_decision(report, args.challenger, args.promote, args.out)
-        diff = report["overall"]["difference"]
-        print(f"shadow: {'PROMOTE' if report['decision']['promote'] else 'REJECT'}  n={report['overall']['n']}  "
-              f"gain {diff['mean']:+.4f} [{diff['ci_low']:+.4f}, {diff['ci_high']:+.4f}]")
-        for reason in report["decision"]["reasons"]:
-            print(f"  {reason}")
+        print_report(report)
         print(f"report: {args.out}  registry: {json.dumps(outcome)}")
         return 0
 

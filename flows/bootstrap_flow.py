@@ -2,7 +2,8 @@
 
 A Prefect wrapper around `training.bootstrap.bootstrap` (what `draftwheel bootstrap` runs), so a
 fresh deployment can be brought up from the same scheduler as the rest of the loop. `needs_bootstrap`
-tells whether there is a champion already; the demo uses it to skip this step on a second run.
+tells whether there is a champion already; `v0_version` finds the draft bootstrap registered (the
+demo starts from it). Building and registering are `training.bootstrap`'s business.
 """
 
 from __future__ import annotations
@@ -12,29 +13,40 @@ from typing import Any
 from prefect import flow, task
 from prefect.cache_policies import NONE
 
+from draftwheel.config import load_config
 
-def needs_bootstrap(name: str | None = None) -> bool:
+
+def needs_bootstrap() -> bool:
     """True when the registry has no `champion` (or no registered draft model at all)."""
-    from draftwheel.tracking import DRAFT_MODEL, RegistryError, get_alias_version
+    from draftwheel.tracking import RegistryError, get_alias_version
 
     try:
-        return get_alias_version("champion", name or DRAFT_MODEL) is None
+        return get_alias_version("champion") is None
     except RegistryError:
         return True
 
 
-@task(name="bootstrap", cache_policy=NONE)
-def bootstrap_task() -> dict[str, Any]:
-    from training.bootstrap import bootstrap
+def v0_version() -> str | None:
+    """The newest version registered by bootstrap (tag stage=bootstrap), if any."""
+    from draftwheel.tracking import list_versions
 
-    return bootstrap()
+    versions = [row["version"] for row in list_versions() if row["tags"].get("stage") == "bootstrap"]
+    return versions[-1] if versions else None
+
+
+@task(name="bootstrap", cache_policy=NONE)
+def bootstrap_task(config_path: str | None, overrides: list[str]) -> dict[str, Any]:
+    from training.bootstrap import BootstrapConfig, bootstrap
+
+    return bootstrap(load_config(BootstrapConfig, config_path, overrides))
 
 
 @flow(name="bootstrap", log_prints=True)
-def bootstrap_flow(force: bool = False) -> dict[str, Any]:
+def bootstrap_flow(config_path: str | None = None, overrides: list[str] | None = None,
+                   force: bool = False) -> dict[str, Any]:
     """Run `training.bootstrap.bootstrap` unless a champion exists (or `force`)."""
     if not force and not needs_bootstrap():
         print("bootstrap: a champion is registered already; nothing to do", flush=True)
         return {"skipped": True}
     print("\n=== bootstrap: reference target + v0 draft ===", flush=True)
-    return bootstrap_task()
+    return bootstrap_task(config_path, list(overrides or []))

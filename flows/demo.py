@@ -27,6 +27,8 @@ from flows import report
 from flows.flywheel import override
 
 SLICES = ("chat", "code")
+STEPS = 8
+CHAMPION = "models:/draftwheel-draft@champion"
 
 
 @dataclass
@@ -47,11 +49,17 @@ class DemoConfig:
     seed: int = 0
     trigger_ratio: float = 0.85
     """The monitor's threshold: this fraction of the acceptance the champion had on chat traffic."""
+    min_acceptance: float = 0.0
+    """An absolute monitor threshold instead (0 = use trigger_ratio)."""
     mining_overrides: list[str] = field(default_factory=lambda: ["holdout_fraction=0.2"])
     train_overrides: list[str] = field(default_factory=lambda: ["epochs=2", "batch_size=4", "learning_rate=3e-4"])
     shadow_overrides: list[str] = field(default_factory=lambda: ["max_new_tokens=32", "include_canary=false",
                                                                  "min_requests=6"])
     trainer: str = "distill"
+    target: str = ""
+    """Target model dir ("" = the reference target, SmolLM2-135M-Instruct)."""
+    start_from_v0: bool = True
+    """Reset `champion` to the bootstrap (v0) draft first, so every demo run tells the same story."""
     tracking: bool = True
     out_dir: str = ""
     """Logs and results of this run go to <out_dir>/<UTC time>/ ("" = <state dir>/demo)."""
@@ -64,10 +72,12 @@ class DemoConfig:
             raise ValueError(f"after_requests must be >= 0, got {self.after_requests}")
         if not 0.0 < self.trigger_ratio <= 1.0:
             raise ValueError(f"trigger_ratio must be in (0, 1], got {self.trigger_ratio}")
+        if not 0.0 <= self.min_acceptance <= 1.0:
+            raise ValueError(f"min_acceptance must be in [0, 1], got {self.min_acceptance}")
 
 
-def banner(step: int, total: int, text: str, started: float) -> None:
-    print(f"\n[{step}/{total}] {text}   (t+{time.perf_counter() - started:.0f}s)", flush=True)
+def banner(step: int, text: str, started: float) -> None:
+    print(f"\n[{step}/{STEPS}] {text}   (t+{time.perf_counter() - started:.0f}s)", flush=True)
 
 
 def workloads(config: DemoConfig) -> dict[str, list[dict[str, str]]]:
@@ -80,34 +90,104 @@ def workloads(config: DemoConfig) -> dict[str, list[dict[str, str]]]:
     seen = {row["prompt"] for rows in served.values() for row in rows}
     evals = {}
     for name in SLICES:
-        candidates = build_workload(name, config.eval_requests * 3, config.seed + 1000)
+        candidates = build_workload(name, config.eval_requests * 4, config.seed + 1000)
         evals[name] = [row for row in candidates if row["prompt"] not in seen][:config.eval_requests]
+        if not evals[name]:
+            raise ValueError(f"eval_requests: no {name} prompts left that were not also served")
     return {**served, **{f"eval_{name}": rows for name, rows in evals.items()}}
 
 
 def measure(engine: Any, rows: list[dict[str, str]], params: Any, mode: str, label: str) -> list[Any]:
-    """Per-request stats of `rows` through `engine` in `mode` (no logs written), with a progress bar."""
+    """Per-request stats of `rows` through `engine` in `mode` (nothing is logged), with a progress bar."""
     from tqdm import tqdm
 
     return [engine.generate([row["prompt"]], params, slice=row["slice"], chat=True, mode=mode)[0].stats
             for row in tqdm(rows, desc=label, unit="req", leave=False)]
 
 
-def serve(engine: Any, rows: list[dict[str, str]], logs_dir: Path, params: Any) -> None:
-    from mining.traffic import run_traffic
-
-    run_traffic(engine, rows, logs_dir, params)
-
-
 def monitor_overrides(config: DemoConfig, logs_dir: Path, threshold: float, run_flywheel: bool) -> list[str]:
-    """The demo's monitor: this run's logs, a window of the latest code traffic, the demo's flywheel settings."""
+    """The demo's monitor: this run's logs, a window of the latest traffic, the demo's flywheel settings."""
     window = max(4, min(config.code_requests, 32))
     flywheel = [override("trainer", config.trainer), override("mining_overrides", config.mining_overrides),
-                override("train_overrides", config.train_overrides),
+                override("train_overrides", config.train_overrides), override("target", config.target),
                 override("shadow_overrides", config.shadow_overrides), override("tracking", config.tracking)]
     return [f"logs_dir={logs_dir}", f"window_requests={window}", f"min_requests={max(2, window // 4)}",
             f"min_acceptance={threshold:.4f}", f"run_flywheel={str(run_flywheel).lower()}",
-            override("flywheel_overrides", flywheel)]
+            override("target", config.target), override("flywheel_overrides", flywheel)]
+
+
+@dataclass
+class DemoRun:
+    """What the demo's steps share: config, models, prompts, where things go."""
+
+    config: DemoConfig
+    run_dir: Path
+    engine: Any = None
+    params: Any = None
+    rows: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.run_dir / "logs"
+
+    def serve(self, rows: list[dict[str, str]]) -> dict[str, Any]:
+        from mining.traffic import run_traffic
+
+        summary = run_traffic(self.engine, rows, self.logs_dir, self.params, progress=True)
+        rates = {name: s["acceptance_rate"] for name, s in summary["by_slice"].items()}
+        print(f"served {summary['requests']} requests in {summary['seconds']:.0f}s; acceptance {rates}", flush=True)
+        return summary
+
+    def figures(self, plain: dict[str, list[Any]]) -> dict[str, dict[str, float]]:
+        return {s: report.figures(measure(self.engine, self.rows[f"eval_{s}"], self.params, "draft", f"spec {s}"),
+                                  plain[s]) for s in SLICES}
+
+
+def _start(config: DemoConfig) -> DemoRun:
+    """Bootstrap if needed, start from the v0 draft, load the models once, build the prompts."""
+    from flows import tasks
+    from flows.bootstrap_flow import bootstrap_flow, v0_version
+    from serving.engine import Engine
+    from serving.models import load_model
+    from serving.params import SamplingParams
+
+    root = Path(config.out_dir) if config.out_dir else home.state_dir() / "demo"
+    run = DemoRun(config, root / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
+    banner(1, "bootstrap: reference target + v0 draft (skipped when a champion exists)", run.started)
+    bootstrap_flow()
+    v0 = v0_version()
+    if config.start_from_v0 and v0 is not None and tasks.resolve_champion(CHAMPION)["version"] != v0:
+        print(f"a previous demo promoted a newer champion; starting again from the v0 draft (version {v0})")
+        tasks.promote_version(v0)
+    target_dir = tasks.resolve_target(config.target)["dir"]
+    run.engine = Engine(load_model(target_dir), load_model(CHAMPION))  # run_traffic gives it a sink per phase
+    print(f"target {target_dir}; champion {CHAMPION} = version {run.engine.draft.model_id.version}", flush=True)
+    run.rows = workloads(config)
+    run.params = SamplingParams(max_new_tokens=config.max_new_tokens, k=config.k, seed=config.seed)
+    measure(run.engine, run.rows["eval_chat"][:1], run.params, "draft", "warm-up")
+    return run
+
+
+def _shift_and_flywheel(run: DemoRun) -> dict[str, Any]:
+    """Serve chat, check, serve code, check -> the monitor runs the flywheel. Returns the monitor's result."""
+    from flows.monitor import MonitorConfig, acceptance_by_slice, monitor, read_records, window
+
+    config = run.config
+    banner(3, f"serve {config.chat_requests} chat requests with the champion", run.started)
+    run.serve(run.rows["chat"])
+    chat_rate = acceptance_by_slice(window(read_records(run.logs_dir), MonitorConfig(
+        window_requests=config.chat_requests, min_requests=1)))["overall"].acceptance_rate
+    threshold = config.min_acceptance or config.trigger_ratio * chat_rate
+    rule = "" if config.min_acceptance else f" = {config.trigger_ratio} x the chat acceptance {chat_rate:.3f}"
+    banner(4, f"monitor: is the champion keeping up? (alert below {threshold:.3f}{rule})", run.started)
+    monitor(None, monitor_overrides(config, run.logs_dir, threshold, run_flywheel=False))
+    banner(5, f"traffic shifts: serve {config.code_requests} code requests", run.started)
+    run.serve(run.rows["code"])
+    banner(6, "monitor: acceptance on code -> flywheel (mine -> train -> shadow -> promote)", run.started)
+    outcome = monitor(None, monitor_overrides(config, run.logs_dir, threshold, run_flywheel=True))
+    outcome["threshold"] = threshold
+    return outcome
 
 
 def _log_results(config: DemoConfig, results: dict[str, Any], paths: dict[str, Path]) -> str | None:
@@ -128,83 +208,41 @@ def _log_results(config: DemoConfig, results: dict[str, Any], paths: dict[str, P
 @flow(name="demo", log_prints=True)
 def demo(config_path: str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
     """The main job: see the module docstring."""
-    config = load_config(DemoConfig, config_path, overrides)
-    return run_demo(config)
+    return run_demo(load_config(DemoConfig, config_path, overrides))
 
 
 def run_demo(config: DemoConfig) -> dict[str, Any]:
-    from flows import tasks
-    from flows.bootstrap_flow import bootstrap_flow
     from flows.monitor import monitor
-    from serving.engine import Engine
     from serving.models import load_model
-    from serving.params import SamplingParams
 
-    started, total = time.perf_counter(), 8
-    run_dir = (Path(config.out_dir) if config.out_dir else home.state_dir() / "demo") / time.strftime(
-        "%Y%m%dT%H%M%SZ", time.gmtime())
-    logs_dir = run_dir / "logs"
-    banner(1, total, "bootstrap: reference target + v0 draft (skipped when a champion exists)", started)
-    bootstrap_flow()
-    target_dir = tasks.resolve_target("")["dir"]
-    uri = "models:/draftwheel-draft@champion"
-    target, champion = load_model(target_dir), load_model(uri)
-    print(f"target {target_dir}\nchampion: {uri} = v{champion.model_id.version}", flush=True)
-    rows = workloads(config)
-    params = SamplingParams(max_new_tokens=config.max_new_tokens, k=config.k, seed=config.seed)
-    evaluator = Engine(target, champion)  # no sink: evaluation never reaches the logs the flywheel mines
-    measure(evaluator, rows["eval_chat"][:1], params, "draft", "warm-up")
-
-    banner(2, total, f"measure the champion (before): {config.eval_requests} held-out prompts per slice", started)
-    plain = {s: measure(evaluator, rows[f"eval_{s}"], params, "autoregressive", f"plain {s}") for s in SLICES}
-    before = {s: report.figures(measure(evaluator, rows[f"eval_{s}"], params, "draft", f"spec {s}"), plain[s])
-              for s in SLICES}
-
-    from serving.sink import JsonlSink
-
-    with JsonlSink(logs_dir) as sink:
-        server = Engine(target, champion, sink=sink)
-        banner(3, total, f"serve {config.chat_requests} chat requests with the champion", started)
-        serve(server, rows["chat"], logs_dir, params)
-        sink.flush()
-        banner(4, total, "monitor: is the champion keeping up?", started)
-        from flows.monitor import MonitorConfig, acceptance_by_slice, read_records, window
-
-        chat_rate = acceptance_by_slice(window(read_records(logs_dir), MonitorConfig(
-            window_requests=config.chat_requests, min_requests=1)))["overall"].acceptance_rate
-        threshold = config.trigger_ratio * chat_rate
-        print(f"chat acceptance {chat_rate:.3f}; alert threshold = {config.trigger_ratio} x that = {threshold:.3f}")
-        monitor(None, monitor_overrides(config, logs_dir, threshold, run_flywheel=False))
-
-        banner(5, total, f"traffic shifts: serve {config.code_requests} code requests", started)
-        serve(server, rows["code"], logs_dir, params)
-        sink.flush()
-        banner(6, total, "monitor: acceptance on code -> flywheel (mine -> train -> shadow -> promote)", started)
-        outcome = monitor(None, monitor_overrides(config, logs_dir, threshold, run_flywheel=True))
-        new_champion = load_model(uri)
-        server.swap_draft(new_champion)
-        if config.after_requests:
-            banner(7, total, f"the champion (v{new_champion.model_id.version}) serves "
-                             f"{config.after_requests} code requests", started)
-            serve(server, rows["after"], logs_dir, params)
-            sink.flush()
-            monitor(None, monitor_overrides(config, logs_dir, threshold, run_flywheel=False))
-
-    banner(8, total, f"measure the champion (after): v{new_champion.model_id.version}", started)
-    evaluator.swap_draft(new_champion)
-    after = {s: report.figures(measure(evaluator, rows[f"eval_{s}"], params, "draft", f"spec {s}"), plain[s])
+    run = _start(config)
+    champion_before = run.engine.draft.model_id.version
+    banner(2, f"measure the champion (before): {config.eval_requests} held-out prompts per slice", run.started)
+    plain = {s: measure(run.engine, run.rows[f"eval_{s}"], run.params, "autoregressive", f"plain {s}")
              for s in SLICES}
+    before = run.figures(plain)
+    outcome = _shift_and_flywheel(run)
+    run.engine.swap_draft(load_model(CHAMPION))
+    champion_after = run.engine.draft.model_id.version
+    if config.after_requests:
+        banner(7, f"the champion (version {champion_after}) serves {config.after_requests} code requests",
+               run.started)
+        run.serve(run.rows["after"])
+        monitor(None, monitor_overrides(config, run.logs_dir, outcome["threshold"], run_flywheel=False))
+    banner(8, f"measure the champion (after): version {champion_after}", run.started)
+    after = run.figures(plain)
     flywheel_result = outcome.get("flywheel") or {}
     results = {"before": before, "after": after, "meta": {
-        "champion_before": champion.model_id.version, "champion_after": new_champion.model_id.version,
+        "champion_before": champion_before, "champion_after": champion_after,
         "monitor": outcome["decision"], "promoted": flywheel_result.get("promoted", False),
-        "shadow_report": flywheel_result.get("report_path"), "k": config.k, "max_new_tokens": config.max_new_tokens,
-        "eval_requests_per_slice": config.eval_requests, "wall_time_s": round(time.perf_counter() - started, 1),
-        "logs_dir": str(logs_dir)}}
-    paths = report.save(results, run_dir)
+        "decision": (flywheel_result.get("decision") or {}).get("reasons"),
+        "shadow_report": flywheel_result.get("report_path"), "k": config.k,
+        "max_new_tokens": config.max_new_tokens, "eval_requests_per_slice": config.eval_requests,
+        "wall_time_s": round(time.perf_counter() - run.started, 1), "logs_dir": str(run.logs_dir)}}
+    paths = report.save(results, run.run_dir)
     run_id = _log_results(config, results, paths)
     print()
     report.print_table(results)
     print(f"\nwall time {results['meta']['wall_time_s']:.0f}s; results: {paths['markdown']} (+ .json, .png)")
-    print(f"MLflow (run {run_id}): mlflow ui --backend-store-uri {home.tracking_uri()}")
+    print(f"MLflow (run {run_id}): mlflow ui --backend-store-uri {home.tracking_uri()}", flush=True)
     return results

@@ -192,6 +192,8 @@ def run_flywheel(config: FlywheelConfig) -> dict[str, Any]:
         except StageError as exc:
             tracker.set_tags({"failed_stage": exc.stage, "failure_reason": exc.reason})
             raise
+        tracker.set_tags({"promoted": str(result["promoted"]), "challenger_version": result["challenger_version"],
+                          "champion_before": result["champion_before"]})
         tracker.log_dict(result, "flywheel_result.json")
     result["mlflow_run_id"] = run_id
     print(f"flywheel: challenger v{result['challenger_version']} "

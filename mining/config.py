@@ -72,6 +72,8 @@ class MiningConfig:
     """Write acceptance_by_slice.png (matplotlib, Agg)."""
     seed: int = 0
     """Seed of the uniform samples (hold-out cap and anti-forgetting mix)."""
+    workers: int = 0
+    """Scan processes (files are split among them); 0 = one per CPU for logs over 256 MiB, else 1."""
 
     def __post_init__(self) -> None:
         for name in ("since", "until"):
@@ -87,7 +89,7 @@ class MiningConfig:
             raise ValueError(f"hard_threshold: must be in [0, 1] or null, got {self.hard_threshold}")
         if not 0.0 < self.near_dup_threshold <= 1.0:
             raise ValueError(f"near_dup_threshold: must be in (0, 1], got {self.near_dup_threshold}")
-        for name in ("holdout_max", "max_hard_per_slice", "max_rollback_per_slice", "max_pairs_per_request"):
+        for name in ("holdout_max", "max_hard_per_slice", "max_rollback_per_slice", "max_pairs_per_request", "workers"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
         for name in ("min_rollback_depth", "minhash_perm", "shingle_words", "quarantine_max_chars"):

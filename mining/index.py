@@ -24,16 +24,23 @@ CHUNK = 1 << 16
 class IndexFile:
     """Append rows (tuples in ROW order) while scanning, then iterate them as numpy chunks."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, write: bool = True):
+        """A new (truncated) index file, or with write=False an existing one to read."""
         self.path = path
         self.rows = 0
         self._pending: list[tuple] = []
-        self._handle = open(path, "wb")
+        self._handle = open(path, "wb") if write else None
 
     def append(self, row: tuple) -> None:
         self._pending.append(row)
         if len(self._pending) >= CHUNK:
             self._flush()
+
+    def append_rows(self, rows: np.ndarray) -> None:
+        """Append a ROW array (merging index parts)."""
+        self._flush()
+        rows.astype(ROW, copy=False).tofile(self._handle)
+        self.rows += len(rows)
 
     def _flush(self) -> None:
         if self._pending:
@@ -42,13 +49,15 @@ class IndexFile:
             self._pending = []
 
     def close(self) -> None:
-        if not self._handle.closed:
+        if self._handle is not None and not self._handle.closed:
             self._flush()
             self._handle.close()
 
     def chunks(self) -> Iterator[np.ndarray]:
         """The rows in scan order, CHUNK at a time (read with plain file I/O, not mmap, so RSS stays flat)."""
         self.close()
+        if not self.path.exists():
+            return
         with open(self.path, "rb") as handle:
             while True:
                 chunk = np.fromfile(handle, dtype=ROW, count=CHUNK)

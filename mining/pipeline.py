@@ -11,13 +11,12 @@ streamed, and only selected requests are read again. No training, no network, no
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import math
 import os
 import tempfile
+import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,75 +25,14 @@ import numpy as np
 from draftwheel.config import to_dict
 from mining.config import MiningConfig
 from mining.curate import Curated, curate, iter_records
-from mining.dedupe import exact_key
-from mining.index import IndexFile
 from mining.outputs import DISTILL, HOLDOUT, PREFERENCE, DatasetWriter, TextPrep, distill_row, holdout_row, \
     path_sha256, preference_rows
 from mining.pii import Scrubber
-from mining.scan import Quarantine, decode_line, list_log_files, scan_lines
+from mining.scan import list_log_files
+from mining.scanpass import ScanResult, scan_pass
 from mining.select import Selection, select
-from mining.stats import SliceStats, request_stats
-from serving.records import RecordError
 
 MANIFEST_SCHEMA = "draftwheel.mining.manifest/v1"
-
-
-@dataclass
-class ScanResult:
-    counts: Counter[str] = field(default_factory=Counter)
-    stats: dict[str, SliceStats] = field(default_factory=dict)
-    slice_ids: dict[str, int] = field(default_factory=dict)
-    inputs: list[dict[str, Any]] = field(default_factory=list)
-    ts_range: tuple[float, float] = (math.inf, -math.inf)
-
-
-def _rand_key(request_id: str, seed: int) -> int:
-    digest = hashlib.blake2b(request_id.encode("utf-8", "surrogatepass"), digest_size=8,
-                             key=seed.to_bytes(8, "little"))
-    return int.from_bytes(digest.digest(), "little")
-
-
-def scan_logs(files: list[Path], index: IndexFile, quarantine: Quarantine, config: MiningConfig) -> ScanResult:
-    """Pass over every line once: validate, quarantine, filter, accumulate stats and index rows."""
-    result = ScanResult()
-    counts = result.counts
-    since, until, wanted = config.since_ts, config.until_ts, set(config.slices)
-    lo, hi = math.inf, -math.inf
-    for file_index, path in enumerate(files):
-        lines = 0
-        for number, offset, line in scan_lines(path, quarantine):
-            lines += 1
-            if line.isspace():
-                counts["blank"] += 1
-                continue
-            try:
-                record = decode_line(line)
-            except RecordError as exc:
-                reason = str(exc) if line.endswith(b"\n") else f"truncated (no newline at end of file): {exc}"
-                quarantine.add(path, number, offset, reason, line)
-                continue
-            if (since is not None and record.ts < since) or (until is not None and record.ts >= until):
-                counts["filtered_time"] += 1
-                continue
-            if wanted and record.slice not in wanted:
-                counts["filtered_slice"] += 1
-                continue
-            rate, _, depth, pairs = request_stats(record)
-            slice_id = result.slice_ids.setdefault(record.slice, len(result.slice_ids))
-            if slice_id == 0xFFFF:
-                raise ValueError("more than 65535 distinct slices; filter with `slices`")
-            stats = result.stats.get(record.slice) or result.stats.setdefault(record.slice, SliceStats())
-            stats.add(record, rate, depth, pairs)
-            index.append((counts["kept"], file_index, number, offset, record.ts, slice_id, rate, depth,
-                          exact_key(record.prompt), _rand_key(record.request_id, config.seed)))
-            counts["kept"] += 1
-            lo, hi = min(lo, record.ts), max(hi, record.ts)
-        counts["lines"] += lines
-        result.inputs.append({"path": str(path), "bytes": path.stat().st_size, "lines": lines})
-    counts["quarantined"] = quarantine.count
-    result.ts_range = (lo, hi)
-    index.close()
-    return result
 
 
 def _load_tokenizer(path: str | None) -> Any:
@@ -151,18 +89,21 @@ def mine(logs_dir: str | Path, out_dir: str | Path, config: MiningConfig | None 
     out.mkdir(parents=True, exist_ok=True)
     files = list_log_files(logs_dir)
     tokenizer = _load_tokenizer(config.tokenizer)
+    timings = {}
+    clock = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=out, prefix=".scratch-") as tmp:
         scratch = Path(tmp)
-        index = IndexFile(scratch / "index.bin")
-        with Quarantine(out / "quarantine.jsonl", Scrubber() if config.scrub_pii else None,
-                        config.quarantine_max_chars) as quarantine:
-            scan = scan_logs(files, index, quarantine, config)
+        scan, index = scan_pass(files, scratch, out / "quarantine.jsonl", config)
+        timings["scan_s"], clock = time.perf_counter() - clock, time.perf_counter()
         selection = select(index, scan.counts["kept"], scan.ts_range, config)
+        timings["select_s"], clock = time.perf_counter() - clock, time.perf_counter()
         curated = curate(files, selection, config, tokenizer is not None)
+        timings["curate_s"], clock = time.perf_counter() - clock, time.perf_counter()
         written = write_outputs(files, selection, curated, config, tokenizer, out, scratch)
+        timings["write_s"] = time.perf_counter() - clock
     outputs = {name: {"path": name, "rows": info["rows"], "sha256": path_sha256(out / name)}
                for name, info in written.items()}
-    outputs["quarantine"] = {"path": "quarantine.jsonl", "rows": quarantine.count,
+    outputs["quarantine"] = {"path": "quarantine.jsonl", "rows": scan.counts["quarantined"],
                              "sha256": path_sha256(out / "quarantine.jsonl")}
     if config.plot:
         from mining.plots import plot_acceptance
@@ -170,7 +111,7 @@ def mine(logs_dir: str | Path, out_dir: str | Path, config: MiningConfig | None 
         plot_acceptance(scan.stats, out / "acceptance_by_slice.png")
         outputs["plot"] = {"path": "acceptance_by_slice.png", "sha256": path_sha256(out / "acceptance_by_slice.png")}
     redactions = {name: info["redactions"] for name, info in written.items()}
-    redactions["quarantine"] = dict(quarantine.scrubber.counts) if quarantine.scrubber else {}
+    redactions["quarantine"] = dict(scan.quarantine_redactions)
     total: Counter[str] = Counter()
     for counts in redactions.values():
         total.update(counts)
@@ -183,12 +124,13 @@ def mine(logs_dir: str | Path, out_dir: str | Path, config: MiningConfig | None 
         "counts": {**dict(scan.counts), "holdout_window": selection.holdout_window,
                    "excluded_same_prompt_as_holdout": selection.excluded_holdout_keys,
                    "dropped": dict(curated.dropped), **{name: info["rows"] for name, info in written.items()}},
-        "quarantine_by_kind": dict(quarantine.kinds),
+        "quarantine_by_kind": dict(scan.quarantine_kinds),
         "holdout_cutoff_ts": selection.cutoff if math.isfinite(selection.cutoff) else None,
         "preference_note": None if tokenizer is not None else "no tokenizer configured: preference/ is empty",
         "slices": _slices_section(scan, selection, curated),
         "redactions": {**redactions, "total": dict(total)},
         "outputs": outputs,
+        "timings": {name: round(value, 3) for name, value in timings.items()},
     }
     _write_json(out / "manifest.json", manifest)
     return manifest

@@ -5,7 +5,7 @@ emitted per verification step, bonus included: (accepted + verify_steps) / verif
 definition), max rollback depth (max over steps of k - accepted). Per slice (`SliceStats`): counts,
 token-weighted rates, a 100-bin histogram of request acceptance (for quantiles and the plot), a
 rollback-depth histogram and per-position acceptance (drafted/accepted counts at each draft
-position). Everything is O(1) memory per slice, whatever the log size. No I/O here.
+position, positions past 63 folded into 63). Everything is O(1) memory per slice, whatever the log size. No I/O here.
 """
 
 from __future__ import annotations
@@ -20,16 +20,21 @@ BINS = 100
 MAX_DEPTH = 255  # rollback depths are stored as uint8; k is at most 32 in serving.
 
 
-def request_stats(record: Any) -> tuple[float, float, int, Counter[tuple[int, int]]]:
-    """(acceptance rate or NaN without drafts, mean accepted length, max rollback depth, (k, accepted) counts)."""
+def request_stats(record: Any) -> tuple[float, float, int, list[int]]:
+    """(acceptance rate or NaN without drafts, mean accepted length, max rollback depth, step codes).
+
+    A step code packs (k, accepted) as k * 64 + accepted (both clipped to 63), so per-position counts
+    can be histogrammed in bulk by `SliceStats` instead of per step in Python.
+    """
     rate = record.accepted_tokens / record.drafted_tokens if record.drafted_tokens else math.nan
     length = (record.accepted_tokens + record.verify_steps) / record.verify_steps if record.verify_steps else 0.0
-    pairs: Counter[tuple[int, int]] = Counter()
-    depth = 0
-    for step in record.steps:
-        pairs[(step.k, step.accepted)] += 1
-        depth = max(depth, step.k - step.accepted)
-    return rate, length, min(depth, MAX_DEPTH), pairs
+    steps = record.steps
+    depth = max([s.k - s.accepted for s in steps], default=0)
+    codes = [s.k * 64 + s.accepted for s in steps]
+    # accepted <= k, so a code >= 4096 means some k >= 64: clip (rare, slower path).
+    if codes and max(codes) >= 64 * 64:
+        codes = [min(s.k, 63) * 64 + min(s.accepted, 63) for s in steps]
+    return rate, length, min(depth, MAX_DEPTH), codes
 
 
 def _quantile(hist: np.ndarray, q: float) -> float | None:
@@ -53,10 +58,11 @@ class SliceStats:
         self.rate_sum = 0.0
         self.rate_hist = np.zeros(BINS, dtype=np.int64)
         self.depth_hist = np.zeros(MAX_DEPTH + 1, dtype=np.int64)
-        self.pairs: Counter[tuple[int, int]] = Counter()
+        self.step_codes = np.zeros(64 * 64, dtype=np.int64)  # histogram of k * 64 + accepted
+        self._pending: list[int] = []
         self.modes: Counter[str] = Counter()
 
-    def add(self, record: Any, rate: float, depth: int, pairs: Counter[tuple[int, int]]) -> None:
+    def add(self, record: Any, rate: float, depth: int, codes: list[int]) -> None:
         self.requests += 1
         self.modes[record.mode] += 1
         self.drafted += record.drafted_tokens
@@ -64,20 +70,40 @@ class SliceStats:
         self.verify_steps += record.verify_steps
         self.generated += len(record.output_token_ids)
         self.depth_hist[depth] += 1
-        self.pairs.update(pairs)
+        self._pending += codes
+        if len(self._pending) > 1 << 16:
+            self._flush()
         if not math.isnan(rate):
             self.with_drafts += 1
             self.rate_sum += rate
             self.rate_hist[min(int(rate * BINS), BINS - 1)] += 1
 
+    def merge(self, other: SliceStats) -> None:
+        """Add another accumulator's counts (the parts of a parallel scan)."""
+        other._flush()
+        self._flush()
+        for name in ("requests", "with_drafts", "drafted", "accepted", "verify_steps", "generated", "rate_sum"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("rate_hist", "depth_hist", "step_codes"):
+            getattr(self, name)[:] += getattr(other, name)
+        self.modes.update(other.modes)
+
+    def _flush(self) -> None:
+        if self._pending:
+            self.step_codes += np.bincount(np.asarray(self._pending, dtype=np.int64), minlength=64 * 64)
+            self._pending = []
+
     def per_position(self) -> list[float]:
         """Acceptance at draft position i: accepted at i / drafted at i, over all steps."""
-        max_k = max((k for k, _ in self.pairs), default=0)
+        self._flush()
+        counts = self.step_codes.reshape(64, 64)  # [k, accepted]
+        ks = np.nonzero(counts.sum(axis=1))[0]
+        max_k = int(ks[-1]) if len(ks) else 0
         drafted = np.zeros(max_k, dtype=np.int64)
         accepted = np.zeros(max_k, dtype=np.int64)
-        for (k, taken), count in self.pairs.items():
-            drafted[:k] += count
-            accepted[:taken] += count
+        for k, taken in zip(*np.nonzero(counts)):
+            drafted[:k] += counts[k, taken]
+            accepted[:taken] += counts[k, taken]
         return [round(float(a / d), 6) if d else 0.0 for a, d in zip(accepted, drafted)]
 
     def to_dict(self) -> dict[str, Any]:
@@ -91,7 +117,8 @@ class SliceStats:
             "verify_steps": self.verify_steps,
             "generated_tokens": self.generated,
             "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
-            "mean_request_acceptance_rate": self.rate_sum / self.with_drafts if self.with_drafts else None,
+            # Rounded: float sums depend on order, and parallel scans add in another order.
+            "mean_request_acceptance_rate": round(self.rate_sum / self.with_drafts, 9) if self.with_drafts else None,
             "mean_accepted_length": (self.accepted + self.verify_steps) / self.verify_steps if self.verify_steps else None,
             "acceptance_p10": _quantile(self.rate_hist, 0.1),
             "acceptance_p50": _quantile(self.rate_hist, 0.5),

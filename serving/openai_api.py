@@ -159,6 +159,8 @@ def to_sampling_params(request: _Request, max_tokens: int, defaults: SamplingPar
     top_p = 1.0 if request.top_p is None else request.top_p
     if not 0.0 < top_p <= 1.0:
         raise ApiError(400, f"top_p: must be in (0, 1], got {top_p}", "top_p")
+    if request.seed is not None and not -(2**63) <= request.seed < 2**64:  # torch.Generator's range
+        raise ApiError(400, f"seed: must fit in 64 bits, got {request.seed}", "seed")
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
     fields = {"max_new_tokens": "max_tokens", "stop": "stop", "k": "k", "top_k": "top_k", "seed": "seed",
               "temperature": "temperature"}

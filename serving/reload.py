@@ -8,8 +8,8 @@ finish on the draft they started with (the engine reads its draft once per reque
 
 Anything that goes wrong leaves the current draft serving: the reason is logged and kept in
 `last_error`. A transient registry failure is retried at the next poll; a version refused for its
-content (wrong target, missing/corrupt/pickle artifacts, incompatible vocabulary) is remembered and not
-retried until the alias moves to another version. The watcher does not move aliases itself.
+content (wrong target, missing/corrupt/pickle artifacts, incompatible vocabulary) is not retried while
+the alias stays on it. The watcher does not move aliases itself.
 """
 
 from __future__ import annotations
@@ -56,10 +56,11 @@ class DraftWatcher:
             return self._keep(f"registry unreachable or failing, keeping version {self.current_version}: {exc}")
         if version is None:
             return self._keep(f"alias {self.alias!r} of {self.name} is not set; keeping version {self.current_version}")
+        if version in self.refused:
+            return False
+        self.refused.clear()  # the alias moved on: a refused version gets a fresh try if it comes back
         if version == self.current_version:
             self.last_error = None
-            return False
-        if version in self.refused:
             return False
         try:
             loaded = self._load(version)

@@ -17,11 +17,13 @@ import asyncio
 import hmac
 import json
 import logging
+import re
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -244,12 +246,16 @@ class _Service:
         yield "data: [DONE]\n\n"
 
 
+_UNION_TAG = re.compile(r"str|int|float|bool|(list|dict)\[.*\]|[A-Z]\w*")
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
     if first.get("type") == "json_invalid":
         return f"malformed JSON body: {first.get('ctx', {}).get('error', first['msg'])}", None
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    # Drop the body marker and pydantic's union-member tags ("str", "list[str]") from the path.
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _UNION_TAG.fullmatch(str(p))]
     field = ".".join(loc) or None
     if field is None and first.get("type") == "missing":
         return "request body: expected a JSON object", None
@@ -285,8 +291,9 @@ def _ensure_metrics(engine: Any) -> Metrics:
     return engine.metrics
 
 
-def create_app(engine: Any, config: ServeConfig | None = None) -> FastAPI:
-    """The FastAPI app serving `engine` (an `serving.engine.Engine`)."""
+def create_app(engine: Any, config: ServeConfig | None = None, watcher: Any = None) -> FastAPI:
+    """The FastAPI app serving `engine` (a `serving.engine.Engine`); `watcher`, a running
+    `serving.reload.DraftWatcher` if any, is only reported on /healthz."""
     config = config or ServeConfig()
     metrics = _ensure_metrics(engine)
     worker = EngineWorker(metrics)
@@ -337,6 +344,32 @@ def create_app(engine: Any, config: ServeConfig | None = None) -> FastAPI:
                 "target": asdict(engine.target.model_id),
                 "draft": asdict(draft.model_id) if draft is not None else None,
                 "medusa": engine.medusa is not None,
-                "queue_depth": int(metrics.value("draftwheel_queue_depth"))}
+                "queue_depth": int(metrics.value("draftwheel_queue_depth")),
+                "reload": None if watcher is None else {
+                    "uri": watcher.uri, "current_version": watcher.current_version, "swaps": watcher.swaps,
+                    "last_error": watcher.last_error}}
 
     return app
+
+
+@contextmanager
+def background_server(app: FastAPI, host: str = "127.0.0.1", start_timeout_s: float = 30.0) -> Iterator[str]:
+    """Serve `app` with uvicorn on a free port in a daemon thread; yield its base URL (tests, benchmarks)."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind((host, 0))  # the kernel picks a free port; handing uvicorn the socket avoids a race
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="uvicorn")
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()

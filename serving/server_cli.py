@@ -117,7 +117,7 @@ def serve(config: Any) -> None:
         watcher = _start_watcher(engine, config)
         log.info("serving target=%s draft=%s on http://%s:%d (logs: %s)", engine.target.model_id.name,
                  engine.draft.model_id.name if engine.draft else None, config.host, config.port, sink.log_dir)
-        uvicorn.run(create_app(engine, config), host=config.host, port=config.port, log_level="info")
+        uvicorn.run(create_app(engine, config, watcher), host=config.host, port=config.port, log_level="info")
     finally:
         if watcher is not None:
             watcher.stop()

@@ -98,6 +98,7 @@ class JsonlSink:
         self._size = 0
         self._unsynced = 0
         self._needs_newline = False
+        self._rotation_failing = False
         self._closed = False
         self._compressors: list[threading.Thread] = []
         atexit.register(self.close)
@@ -213,9 +214,13 @@ class JsonlSink:
         try:
             os.replace(self.path, target)
         except OSError as exc:
-            # Keep appending to the oversized active file rather than losing records.
-            self._count_error(exc)
+            # Keep appending to the oversized active file rather than losing records; no record is
+            # lost, so this is logged (once until a rotation succeeds) but not counted as a write error.
+            if not self._rotation_failing:
+                log.error("acceptance log %s: rotation failed, appending to it past max_bytes: %s", self.path, exc)
+            self._rotation_failing = True
             return
+        self._rotation_failing = False
         if self.compress:
             thread = threading.Thread(target=_gzip_file, args=(target,), daemon=True, name="sink-gzip")
             thread.start()

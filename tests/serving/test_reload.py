@@ -140,6 +140,9 @@ def test_corrupt_artifact_is_refused(registry, engine):
     assert engine.draft.model_id.version == versions["good"]
     # Refused versions are not fetched again while the alias stays on them.
     assert not watcher.poll_once() and list(watcher.refused) == [versions["corrupt"]]
+    # Once the alias moves back, the refusal is forgotten and the watcher is healthy again.
+    tracking.promote(versions["good"])
+    assert not watcher.poll_once() and watcher.refused == {} and watcher.last_error is None
 
 
 def test_unreachable_registry_keeps_the_draft(registry, engine, monkeypatch):

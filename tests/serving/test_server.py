@@ -1,6 +1,6 @@
 """The HTTP server with the official `openai` client, against the real Engine on tiny models.
 
-A uvicorn server runs in a background thread on a free 127.0.0.1 port. The draft is the target with
+A uvicorn server runs in a background thread on a free 127.0.0.1 port (`background_server`). The draft is the target with
 noise on its output head, so speculative steps both accept and roll back. Greedy HTTP output is checked
 against HF `generate(do_sample=False)` of the target through the acceptance record the request wrote.
 """
@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
-import socket
 import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import httpx
 import openai
@@ -26,33 +22,11 @@ from serving.metrics import Metrics
 from serving.models import weights_sha256
 from serving.params import SamplingParams
 from serving.records import parse_record
-from serving.server import ServeConfig, create_app
+from serving.server import ServeConfig, background_server, create_app
 from serving.sink import JsonlSink, iter_lines
 from serving.toy import build_tokenizer, save_model, tiny_llama
 
 PROMPTS = ["The quick brown", "def add(a, b):", "Please write a short", "import os\n"]
-
-
-@contextmanager
-def running(app) -> Iterator[str]:
-    """Serve `app` with uvicorn on a free port in a thread; yield its base URL."""
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +49,7 @@ def stack(model_dirs, tmp_path_factory):
     metrics = Metrics()
     sink = JsonlSink(log_dir, flush_every=4, metrics=metrics)
     engine = Engine.from_paths(*model_dirs, sink=sink, metrics=metrics)
-    with running(create_app(engine, ServeConfig(served_model_name="tiny"))) as url:
+    with background_server(create_app(engine, ServeConfig(served_model_name="tiny"))) as url:
         yield engine, sink, url
     sink.close()
 
@@ -270,6 +244,10 @@ LONG = "The quick brown fox jumps over the lazy dog. " * 200  # well over the 10
     ("/v1/completions", {"prompt": "hi"}, 400, "model: Field required"),
     ("/v1/completions", {"model": "tiny", "prompt": "hi", "bogus": 1}, 400, "bogus: Extra inputs"),
     ("/v1/completions", [1, 2], 400, "request"),
+    ("/v1/completions", {"model": "tiny", "prompt": [1, 2, 3]}, 400, "prompt: Input should be a valid string"),
+    ("/v1/completions", {"model": "tiny", "prompt": "hi", "seed": 2**70}, 400, "seed: must fit in 64 bits"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": "x"}]}]}, 400, "messages.0.content"),
     ("/v1/chat/completions", {"model": "tiny", "messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
     ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": LONG}]}, 400,
@@ -304,7 +282,7 @@ def test_openai_client_raises_typed_errors(client):
 
 def test_api_key_is_required_when_configured(stack):
     engine = stack[0]
-    with running(create_app(engine, ServeConfig(served_model_name="tiny", api_key="s3cret"))) as url:
+    with background_server(create_app(engine, ServeConfig(served_model_name="tiny", api_key="s3cret"))) as url:
         wrong = openai.OpenAI(base_url=url + "/v1", api_key="nope", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             wrong.completions.create(model="tiny", prompt="hi", max_tokens=2)
@@ -332,7 +310,7 @@ def test_sse_wire_format(stack):
 
 def test_engine_without_metrics_gets_one_for_the_endpoint(model_dirs):
     engine = Engine.from_paths(model_dirs[0])  # no draft, no sink, no metrics
-    with running(create_app(engine, ServeConfig(served_model_name="plain", default_temperature=0.0))) as url:
+    with background_server(create_app(engine, ServeConfig(served_model_name="plain", default_temperature=0.0))) as url:
         health = httpx.get(url + "/healthz").json()
         assert health["mode"] == "autoregressive" and health["draft"] is None
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
@@ -340,98 +318,3 @@ def test_engine_without_metrics_gets_one_for_the_endpoint(model_dirs):
         assert _metric(url, "draftwheel_generated_tokens_total") == 6
         assert _metric(url, "draftwheel_spec_drafts_total") == 0
         assert text == engine.generate(["def add(a, b):"], SamplingParams(max_new_tokens=6))[0].text
-
-
-# --- `draftwheel serve` ------------------------------------------------------------------------------
-
-def _serve_args(*argv: str):
-    import argparse
-
-    from serving.server_cli import register
-
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers())
-    return parser.parse_args(["serve", *argv])
-
-
-def test_configs_serve_yaml_matches_serve_config_defaults():
-    from draftwheel.config import load_config
-    from serving.server_cli import DEFAULT_CONFIG
-
-    assert load_config(ServeConfig, DEFAULT_CONFIG) == ServeConfig()
-
-
-def test_cli_flags_override_set_which_overrides_the_yaml(monkeypatch, tmp_path):
-    from serving.server_cli import API_KEY_ENV, build_config
-
-    monkeypatch.delenv(API_KEY_ENV, raising=False)
-    config_file = tmp_path / "serve.yaml"
-    config_file.write_text("k: 3\nport: 9000\nlog_compress: true\n")
-    config = build_config(_serve_args("--config", str(config_file), "--set", "k=6", "--port", "9001",
-                                      "--target", "/m/t", "--no-draft", "--log-dir", "/l"))
-    assert (config.k, config.port, config.target, config.draft, config.log_dir) == (6, 9001, "/m/t", None, "/l")
-    assert config.log_compress is True and config.api_key is None
-    assert build_config(_serve_args()).draft == "models:/draftwheel-draft@champion"
-
-
-def test_api_key_comes_from_flag_then_config_then_environment(monkeypatch, tmp_path):
-    from serving.server_cli import API_KEY_ENV, build_config
-
-    monkeypatch.setenv(API_KEY_ENV, "from-env")
-    assert build_config(_serve_args()).api_key == "from-env"
-    assert build_config(_serve_args("--set", "api_key=from-config")).api_key == "from-config"
-    assert build_config(_serve_args("--api-key", "from-flag")).api_key == "from-flag"
-
-
-@pytest.mark.parametrize(("argv", "needle"), [
-    (["--set", "k=0"], "k"),
-    (["--port", "70000"], "port"),
-    (["--set", "colour=blue"], "colour"),
-    (["--set", "default_temperature=-1"], "default_temperature"),
-    (["--set", "api_key="], "api_key"),
-])
-def test_bad_serve_settings_raise_config_errors_naming_the_field(argv, needle):
-    from draftwheel.config import ConfigError
-    from serving.server_cli import build_config
-
-    with pytest.raises(ConfigError, match=needle):
-        build_config(_serve_args(*argv))
-
-
-def test_draftwheel_serve_end_to_end(model_dirs, tmp_path):
-    """The real command in a subprocess: serve, answer with a key, shut down on SIGINT, leave the log fsynced."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "DRAFTWHEEL_HOME": str(tmp_path / "home"), "DRAFTWHEEL_API_KEY": "k3y",
-           "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "draftwheel", "serve", "--target", str(model_dirs[0]), "--draft", str(model_dirs[1]),
-         "--port", str(port)], cwd=Path(__file__).resolve().parents[2], env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                health = httpx.get(url + "/healthz").json()
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "server did not come up"
-                time.sleep(0.2)
-        assert health["draft"]["name"] == "draft"
-        client = openai.OpenAI(base_url=url + "/v1", api_key="k3y", max_retries=0)
-        text = client.completions.create(model="target", prompt="To be, or", max_tokens=5, temperature=0,
-                                         extra_body={"slice": "e2e"}).choices[0].text
-    finally:
-        proc.send_signal(signal.SIGINT)
-        output = proc.communicate(timeout=60)[0]
-    assert proc.returncode == 0, output
-    records = [parse_record(line) for *_, line in iter_lines(tmp_path / "home" / "logs")]
-    assert [(r.slice, r.output) for r in records] == [("e2e", text)]

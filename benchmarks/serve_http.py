@@ -1,0 +1,214 @@
+"""Cost of the HTTP layer and of the acceptance log, measured in one run on the same model dirs.
+
+Greedy chat completions of the same prompts, interleaved prompt by prompt over three paths:
+in-process `Engine.generate` (in this process), HTTP non-streaming and HTTP streaming (SSE) with the
+official `openai` client against `draftwheel serve` running in its own process (so client and server
+do not share a GIL). Then the same prompts from 4 concurrent clients (queued by the server) against
+the sequential HTTP run. Prints throughput ratios and how many outputs are identical across the three
+paths. Separately: records/s of `JsonlSink` with an fsync per record against the default batch of 32,
+and the sink's cost per request relative to the mean request latency.
+
+    flock /tmp/draftwheel-heavy.lock .venv/bin/python benchmarks/serve_http.py --pair reference
+    flock /tmp/draftwheel-heavy.lock .venv/bin/python benchmarks/serve_http.py --pair toy
+
+`reference`: the reference target (SmolLM2-135M-Instruct) with a draft made of its first 2 layers.
+`toy`: tiny random models (serving.toy): a fast engine, where HTTP overhead is most visible.
+Writes results/serve_http_<pair>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results"
+PROMPTS = [
+    "Write a Python function that reverses a linked list.",
+    "Explain why the sky is blue in two sentences.",
+    "List three uses of a hash map.",
+    "What is the capital of France and what is it known for?",
+    "Summarise the plot of Romeo and Juliet.",
+    "def fibonacci(n):",
+    "Give me a haiku about autumn rain.",
+    "How do I sort a dictionary by value in Python?",
+]
+
+
+def save_pair(pair: str, root: Path) -> tuple[Path, Path]:
+    """Write the target and draft model dirs of `pair` under `root`."""
+    from serving.toy import build_tokenizer, save_model, tiny_llama
+
+    if pair == "toy":
+        tokenizer = build_tokenizer()
+        target = tiny_llama(tokenizer, n_layers=4, hidden=128, seed=1, tie_embeddings=False)
+        draft = tiny_llama(tokenizer, n_layers=1, hidden=128, seed=2)
+        return save_model(target, tokenizer, root / "target"), save_model(draft, tokenizer, root / "draft")
+    from draftwheel.home import models_dir
+    from serving.models import load_model
+    from serving.reference import ensure_reference_target
+
+    target_dir = ensure_reference_target(models_dir())
+    loaded = load_model(target_dir)
+    draft = loaded.model
+    draft.model.layers = draft.model.layers[:2]  # same embeddings, head and vocab; 2 of 30 layers
+    draft.config.num_hidden_layers = 2
+    if getattr(draft.config, "layer_types", None):
+        draft.config.layer_types = draft.config.layer_types[:2]
+    return target_dir, save_model(draft, loaded.tokenizer, root / "draft-first-2-layers")
+
+
+def start_server(target: Path, draft: Path, log_dir: Path) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "draftwheel", "serve", "--target", str(target), "--draft", str(draft),
+         "--port", str(port), "--log-dir", str(log_dir), "--set", "default_temperature=0"],
+        cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import httpx
+
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while True:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("draftwheel serve did not come up")
+        try:
+            httpx.get(url + "/healthz")
+            return proc, url
+        except httpx.TransportError:
+            time.sleep(0.5)
+
+
+def measure_paths(engine, url: str, max_new_tokens: int) -> dict:
+    import openai
+
+    from serving.params import SamplingParams
+
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=600)
+    model = client.models.list().data[0].id
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+    kwargs = {"model": model, "max_tokens": max_new_tokens, "temperature": 0}
+
+    def inproc(prompt: str) -> tuple[str, int]:
+        completion = engine.generate([prompt], params, chat=True)[0]
+        return completion.text, len(completion.token_ids)
+
+    def http(prompt: str) -> tuple[str, int]:
+        response = client.chat.completions.create(messages=[{"role": "user", "content": prompt}], **kwargs)
+        return response.choices[0].message.content, response.usage.completion_tokens
+
+    def stream(prompt: str) -> tuple[str, int]:
+        chunks = list(client.chat.completions.create(messages=[{"role": "user", "content": prompt}], stream=True,
+                                                     stream_options={"include_usage": True}, **kwargs))
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks[-1].usage.completion_tokens
+
+    paths = {"inproc": inproc, "http": http, "http_stream": stream}
+    for fn in paths.values():  # warm-up
+        fn(PROMPTS[0])
+    seconds = {name: 0.0 for name in paths}
+    outputs: dict[str, list[tuple[str, int]]] = {name: [] for name in paths}
+    for prompt in PROMPTS:  # interleaved so load drift hits every path alike
+        for name, fn in paths.items():
+            start = time.perf_counter()
+            outputs[name].append(fn(prompt))
+            seconds[name] += time.perf_counter() - start
+    tokens = {name: sum(n for _, n in outs) for name, outs in outputs.items()}
+    identical = sum(outputs["inproc"][i] == outputs["http"][i] == outputs["http_stream"][i]
+                    for i in range(len(PROMPTS)))
+    result = {f"{name}_tokens_per_s": tokens[name] / s for name, s in seconds.items()}
+    result.update({"http_vs_inproc": result["http_tokens_per_s"] / result["inproc_tokens_per_s"],
+                   "stream_vs_inproc": result["http_stream_tokens_per_s"] / result["inproc_tokens_per_s"],
+                   "identical_outputs": f"{identical}/{len(PROMPTS)}", "generated_tokens": tokens["inproc"]})
+    result.update(measure_concurrency(http, tokens["http"] / seconds["http"]))
+    return result
+
+
+def measure_concurrency(http, sequential_tokens_per_s: float, clients: int = 4) -> dict:
+    """The same prompts from `clients` threads at once: the server queues them; compare throughput."""
+    queue, counts, lock = list(PROMPTS), [], threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                prompt = queue.pop()
+            counts.append(http(prompt)[1])
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    rate = sum(counts) / (time.perf_counter() - start)
+    return {"concurrent_clients": clients, "concurrent_completed": f"{len(counts)}/{len(PROMPTS)}",
+            "concurrent_tokens_per_s": rate, "concurrent_vs_sequential": rate / sequential_tokens_per_s}
+
+
+def measure_sink(record: str, n: int = 2000) -> dict:
+    """records/s writing `n` copies of one real record line, fsync per record vs per 32."""
+    from serving.records import parse_record
+    from serving.sink import JsonlSink, iter_lines
+
+    def rate(flush_every: int) -> float:
+        with tempfile.TemporaryDirectory(dir=ROOT) as tmp:  # the repo's disk, where logs would live
+            sink = JsonlSink(tmp, flush_every=flush_every)
+            start = time.perf_counter()
+            for _ in range(n):
+                sink.write(record)
+            sink.close()
+            elapsed = time.perf_counter() - start
+            assert sum(1 for _, _, line in iter_lines(tmp) if parse_record(line)) == n
+            return n / elapsed
+
+    each, batched = rate(1), rate(32)
+    return {"sink_records_per_s_fsync_each": each, "sink_records_per_s_fsync_32": batched,
+            "fsync_batching_speedup": batched / each}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pair", choices=["reference", "toy"], default="reference")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    args = parser.parse_args()
+
+    from draftwheel.home import apply_offline_defaults
+    from serving.engine import Engine
+
+    apply_offline_defaults()
+    RESULTS.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        target, draft = save_pair(args.pair, Path(tmp))
+        engine = Engine.from_paths(target, draft)
+        proc, url = start_server(target, draft, Path(tmp, "logs"))
+        try:
+            result = measure_paths(engine, url, args.max_new_tokens)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+        lines = Path(tmp, "logs", "acceptance.jsonl").read_text().splitlines()
+    result.update(measure_sink(lines[-1]))
+    result["mean_request_latency_s"] = statistics.mean(json.loads(line)["latency_s"] for line in lines)
+    result["sink_cost_vs_request_latency"] = 1 / result["sink_records_per_s_fsync_32"] / result["mean_request_latency_s"]
+    result.update({"pair": args.pair, "draft": draft.name, "prompts": len(PROMPTS),
+                   "max_new_tokens": args.max_new_tokens, "server_logged_requests": len(lines)})
+    out = RESULTS / f"serve_http_{args.pair}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    for key, value in result.items():
+        print(f"{key:32s} {value:.4g}" if isinstance(value, float) else f"{key:32s} {value}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

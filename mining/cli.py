@@ -1,0 +1,87 @@
+"""`draftwheel traffic` and `draftwheel mine`: thin command-line wrappers over the mining package.
+
+Heavy imports (torch, transformers, datasets) happen inside the command functions so that
+`draftwheel --help` stays fast. The work itself lives in `mining.traffic` and `mining.pipeline`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "mining.yaml"
+
+
+def register(subparsers: Any) -> None:
+    traffic = subparsers.add_parser("traffic", help="replay a prompt workload through the engine, writing serving logs",
+                                    description="Generate every workload prompt (chat template applied) and "
+                                                "write one acceptance record per request to --log-dir.")
+    traffic.add_argument("--workload", required=True,
+                         help="built-in workload (code, prose, chat, mixed) or a JSONL file of {prompt, slice}")
+    traffic.add_argument("--n", type=int, default=None, help="number of prompts (built-ins: default 30; files: all)")
+    traffic.add_argument("--seed", type=int, default=0, help="workload seed (built-ins)")
+    traffic.add_argument("--target", help="target model dir, hub id or models:/NAME@ALIAS "
+                                          "(default: $DRAFTWHEEL_HOME/models/smollm2-135m-instruct)")
+    traffic.add_argument("--draft", help="draft model (default: models:/draftwheel-draft@champion); "
+                                         "'none' serves the target alone")
+    traffic.add_argument("--log-dir", type=Path, help="where to write the logs (default: $DRAFTWHEEL_HOME/logs)")
+    traffic.add_argument("--max-new-tokens", type=int, default=64)
+    traffic.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    traffic.add_argument("--k", type=int, default=4, help="draft tokens per verification step")
+    traffic.add_argument("--no-progress", action="store_true", help="no progress bar")
+    traffic.set_defaults(func=_traffic_command)
+
+    mine = subparsers.add_parser("mine", help="build distill/preference/holdout datasets + manifest from serving logs",
+                                 description="Scan logs (bad lines quarantined), select hard samples per slice, "
+                                             "scrub PII, dedupe, and write HF datasets and manifest.json.")
+    mine.add_argument("--logs", type=Path, help="log dir or file (default: $DRAFTWHEEL_HOME/logs)")
+    mine.add_argument("--out", type=Path, help="output dir (default: $DRAFTWHEEL_HOME/datasets/mined)")
+    mine.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="MiningConfig YAML (default: configs/mining.yaml)")
+    mine.add_argument("--tokenizer", help="target tokenizer/model dir (enables preference pairs and re-tokenising)")
+    mine.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a config field (repeatable), e.g. --set holdout_fraction=0.2")
+    mine.set_defaults(func=_mine_command)
+
+
+def _traffic_command(args: argparse.Namespace) -> int:
+    from draftwheel.home import logs_dir
+    from mining.traffic import run_traffic
+    from mining.workloads import load_workload
+    from serving.engine import Engine
+    from serving.params import SamplingParams
+    from serving.reference import DEFAULT_DRAFT_URI, default_target_dir
+
+    try:
+        workload = load_workload(args.workload, args.n, args.seed)
+        params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, k=args.k)
+        draft = None if args.draft == "none" else (args.draft or DEFAULT_DRAFT_URI)
+        engine = Engine.from_paths(args.target or str(default_target_dir()), draft)
+    except (ValueError, FileNotFoundError, OSError, RuntimeError) as exc:
+        print(f"draftwheel traffic: {exc}", file=sys.stderr)
+        return 1
+    summary = run_traffic(engine, workload, args.log_dir or logs_dir(), params, chat=True,
+                          progress=not args.no_progress)
+    print(json.dumps(summary, indent=2))
+    return 0 if summary["requests"] else 1
+
+
+def _mine_command(args: argparse.Namespace) -> int:
+    from draftwheel.config import load_config
+    from draftwheel.home import datasets_dir, logs_dir
+    from mining.config import MiningConfig
+    from mining.pipeline import mine
+
+    overrides = list(args.overrides) + ([f"tokenizer={args.tokenizer}"] if args.tokenizer else [])
+    config = load_config(MiningConfig, args.config, overrides)
+    try:
+        manifest = mine(args.logs or logs_dir(), args.out or datasets_dir() / "mined", config)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"draftwheel mine: {exc}", file=sys.stderr)
+        return 1
+    counts = manifest["counts"]
+    print(json.dumps({"out": str(args.out or datasets_dir() / "mined"), "counts": counts,
+                      "redactions": manifest["redactions"]["total"]}, indent=2))
+    return 0

@@ -1,0 +1,196 @@
+"""The first pass of mining: every log line once -> quarantine, per-slice stats and the request index.
+
+Files are split into contiguous groups scanned by worker processes (`python -m mining.scanpass JOB`:
+fresh interpreters, so nothing is inherited by accident and callers need no `__main__` guard); each
+writes its own index and quarantine part, and the parts are merged in file order, so the result is
+identical whatever the number of workers. One group runs in-process. Per line: skip
+blanks, validate (`mining.scan.decode_line`), quarantine bad lines with their position, apply the
+time and slice filters, compute the request's stats, and append one index row. Selection, text and
+outputs are later stages' business.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mining.config import MiningConfig
+from mining.dedupe import exact_key
+from mining.index import IndexFile
+from mining.pii import Scrubber
+from mining.scan import Quarantine, decode_line, scan_lines
+from mining.stats import SliceStats, request_stats
+from serving.records import RecordError
+
+AUTO_PARALLEL_BYTES = 256 * 2**20  # below this, starting workers costs more than it saves
+MAX_WORKERS = 8
+
+
+@dataclass
+class ScanResult:
+    counts: Counter[str] = field(default_factory=Counter)
+    stats: dict[str, SliceStats] = field(default_factory=dict)
+    slice_ids: dict[str, int] = field(default_factory=dict)
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    ts_range: tuple[float, float] = (math.inf, -math.inf)
+    quarantine_kinds: Counter[str] = field(default_factory=Counter)
+    quarantine_redactions: Counter[str] = field(default_factory=Counter)
+
+
+def sample_key(request_id: str, seed: int) -> int:
+    """Deterministic pseudo-random 32-bit key of a request: uniform samples take the smallest keys."""
+    return zlib.crc32(request_id.encode("utf-8", "surrogatepass"), zlib.crc32(seed.to_bytes(8, "little")))
+
+
+def scan_group(files: list[Path], first_file: int, scratch: Path, part: int, config: MiningConfig) -> ScanResult:
+    """Scan `files` (global indices from `first_file`) into index/quarantine part `part` under `scratch`."""
+    result = ScanResult()
+    counts = result.counts
+    since, until, wanted = config.since_ts, config.until_ts, set(config.slices)
+    lo, hi = math.inf, -math.inf
+    index = IndexFile(scratch / f"index.{part}.bin")
+    scrubber = Scrubber() if config.scrub_pii else None
+    with Quarantine(scratch / f"quarantine.{part}.jsonl", scrubber, config.quarantine_max_chars) as quarantine:
+        for file_index, path in enumerate(files, start=first_file):
+            lines = 0
+            for number, offset, line in scan_lines(path, quarantine):
+                lines += 1
+                if line.isspace():
+                    counts["blank"] += 1
+                    continue
+                try:
+                    record = decode_line(line)
+                except RecordError as exc:
+                    reason = str(exc) if line.endswith(b"\n") else f"truncated (no newline at end of file): {exc}"
+                    quarantine.add(path, number, offset, reason, line)
+                    continue
+                if (since is not None and record.ts < since) or (until is not None and record.ts >= until):
+                    counts["filtered_time"] += 1
+                    continue
+                if wanted and record.slice not in wanted:
+                    counts["filtered_slice"] += 1
+                    continue
+                rate, _, depth, codes = request_stats(record)
+                slice_id = result.slice_ids.get(record.slice)
+                if slice_id is None:
+                    slice_id = result.slice_ids[record.slice] = len(result.slice_ids)
+                    result.stats[record.slice] = SliceStats()
+                result.stats[record.slice].add(record, rate, depth, codes)
+                index.append((counts["kept"], file_index, number, offset, record.ts, slice_id, rate, depth,
+                              exact_key(record.prompt), sample_key(record.request_id, config.seed)))
+                counts["kept"] += 1
+                lo, hi = min(lo, record.ts), max(hi, record.ts)
+            counts["lines"] += lines
+            result.inputs.append({"path": str(path), "bytes": path.stat().st_size, "lines": lines})
+    index.close()
+    counts["quarantined"] = quarantine.count
+    result.quarantine_kinds = quarantine.kinds
+    result.quarantine_redactions = scrubber.counts if scrubber else Counter()
+    result.ts_range = (lo, hi)
+    return result
+
+
+def split_files(files: list[Path], groups: int) -> list[list[Path]]:
+    """Contiguous groups of roughly equal bytes (order kept, so merged output is in file order)."""
+    sizes = [p.stat().st_size for p in files]
+    target = sum(sizes) / max(groups, 1)
+    result: list[list[Path]] = [[]]
+    acc = 0.0
+    for path, size in zip(files, sizes):
+        if result[-1] and acc >= target * len(result) and len(result) < groups:
+            result.append([])
+        result[-1].append(path)
+        acc += size
+    return [group for group in result if group]
+
+
+def _workers(config: MiningConfig, files: list[Path]) -> int:
+    if config.workers:
+        return max(1, min(config.workers, len(files)))
+    if sum(p.stat().st_size for p in files) < AUTO_PARALLEL_BYTES:
+        return 1
+    return max(1, min(os.cpu_count() or 1, MAX_WORKERS, len(files)))
+
+
+def scan_pass(files: list[Path], scratch: Path, quarantine_path: Path, config: MiningConfig) -> tuple[ScanResult, IndexFile]:
+    """Scan all files (in parallel when worth it); returns the merged result and the merged index."""
+    groups = split_files(files, _workers(config, files))
+    starts = np.cumsum([0] + [len(g) for g in groups])[:-1].tolist()
+    jobs = [(group, start, scratch, part, config) for part, (group, start) in enumerate(zip(groups, starts))]
+    if len(jobs) <= 1:
+        results = [scan_group(*job) for job in jobs] or [scan_group([], 0, scratch, 0, config)]
+    else:
+        results = _run_workers(jobs, scratch)
+    return _merge(results, scratch, quarantine_path)
+
+
+def _run_workers(jobs: list[tuple], scratch: Path) -> list[ScanResult]:
+    """Run each job in its own `python -m mining.scanpass` process; results come back as pickles."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    procs = []
+    for part, job in enumerate(jobs):
+        job_path = scratch / f"job.{part}.pkl"
+        job_path.write_bytes(pickle.dumps(job))
+        procs.append(subprocess.Popen([sys.executable, "-m", "mining.scanpass", str(job_path)], env=env,
+                                      stderr=subprocess.PIPE))
+    errors = [(part, proc.communicate()[1]) for part, proc in enumerate(procs)]
+    failed = [(part, err) for (part, err), proc in zip(errors, procs) if proc.returncode != 0]
+    if failed:
+        part, err = failed[0]
+        raise RuntimeError(f"scan worker {part} failed: {err.decode(errors='replace')[-2000:]}")
+    return [pickle.loads((scratch / f"result.{part}.pkl").read_bytes()) for part in range(len(jobs))]
+
+
+def _worker_main(job_path: Path) -> None:
+    files, first_file, scratch, part, config = pickle.loads(job_path.read_bytes())
+    result = scan_group(files, first_file, scratch, part, config)
+    (scratch / f"result.{part}.pkl").write_bytes(pickle.dumps(result))
+
+
+def _merge(parts: list[ScanResult], scratch: Path, quarantine_path: Path) -> tuple[ScanResult, IndexFile]:
+    merged = ScanResult()
+    index = IndexFile(scratch / "index.bin")
+    with open(quarantine_path, "wb") as quarantine:
+        for part_no, part in enumerate(parts):
+            remap = np.zeros(max(len(part.slice_ids), 1), dtype=np.uint16)
+            for name, local in part.slice_ids.items():
+                if name not in merged.slice_ids:
+                    merged.slice_ids[name] = len(merged.slice_ids)
+                    merged.stats[name] = SliceStats()
+                remap[local] = merged.slice_ids[name]
+                merged.stats[name].merge(part.stats[name])
+            offset = merged.counts["kept"]
+            for chunk in IndexFile(scratch / f"index.{part_no}.bin", write=False).chunks():
+                chunk["row"] += offset
+                chunk["slice"] = remap[chunk["slice"]]
+                index.append_rows(chunk)
+            with open(scratch / f"quarantine.{part_no}.jsonl", "rb") as source:
+                shutil.copyfileobj(source, quarantine)
+            merged.counts.update(part.counts)
+            merged.inputs += part.inputs
+            merged.quarantine_kinds.update(part.quarantine_kinds)
+            merged.quarantine_redactions.update(part.quarantine_redactions)
+            merged.ts_range = (min(merged.ts_range[0], part.ts_range[0]), max(merged.ts_range[1], part.ts_range[1]))
+    if len(merged.slice_ids) >= 0xFFFF:
+        raise ValueError("more than 65534 distinct slices; restrict them with the `slices` filter")
+    index.close()
+    return merged, index
+
+
+if __name__ == "__main__":
+    # Import by name so pickled classes belong to `mining.scanpass`, not to `__main__`.
+    from mining.scanpass import _worker_main as worker_main
+
+    worker_main(Path(sys.argv[1]))

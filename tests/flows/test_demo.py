@@ -1,0 +1,35 @@
+"""`draftwheel demo` end to end on tiny models (slow: ~1 minute): every step runs, the flywheel
+promotes the better draft, and the after column shows it on held-out prompts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from draftwheel import tracking
+from flows.demo import demo
+from flows.flywheel import override
+from serving.models import weights_sha256
+from tests.flows.toy_world import build_models
+
+
+@pytest.mark.slow
+def test_demo_runs_the_whole_story_on_tiny_models(tmp_path, monkeypatch, prefect_server):
+    monkeypatch.setenv("DRAFTWHEEL_HOME", str(tmp_path / "home"))
+    dirs = build_models(tmp_path)
+    # The stand-in "v0": a random draft registered the way bootstrap registers one.
+    v0 = tracking.register_draft(dirs["bad"], {"target_sha256": weights_sha256(dirs["target"]), "stage": "bootstrap"})
+    tracking.promote(v0)
+    results = demo(None, [
+        f"target={dirs['target']}", "trainer=tests.flows.toy_trainers:copy_model", "min_acceptance=0.9",
+        override("train_overrides", [f"source={dirs['good']}"]), "chat_requests=6", "code_requests=10",
+        "after_requests=2", "eval_requests=3", "max_new_tokens=12",
+        override("shadow_overrides", ["max_new_tokens=12", "include_canary=false", "min_requests=2"]),
+        override("mining_overrides", ["holdout_fraction=0.4"]),
+    ])
+    meta = results["meta"]
+    assert meta["promoted"] and meta["champion_before"] == v0 and meta["champion_after"] != v0
+    assert results["after"]["code"]["acceptance_rate"] == 1.0 > results["before"]["code"]["acceptance_rate"]
+    saved = json.loads((tmp_path / "home" / "demo").glob("*/results.json").__next__().read_text())
+    assert saved["after"] == results["after"]

@@ -1,0 +1,60 @@
+"""The plain logic inside the flow tasks: retry policy, training cache key, trainer wiring."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftwheel.tracking import ArtifactError, RegistryError
+from flows import tasks
+
+
+class NotFound(Exception):
+    error_code = "RESOURCE_DOES_NOT_EXIST"
+
+
+def registry_error(cause: BaseException | None, cls=RegistryError) -> RegistryError:
+    try:
+        raise cls("registry: something failed") from cause
+    except RegistryError as exc:
+        return exc
+
+
+def test_only_transport_and_database_failures_are_retried():
+    assert tasks.is_transient(registry_error(OSError("database is locked")))
+    assert not tasks.is_transient(registry_error(NotFound()))  # a missing model stays missing
+    assert not tasks.is_transient(registry_error(None))  # e.g. "alias 'champion' is not set"
+    assert not tasks.is_transient(registry_error(OSError("x"), ArtifactError))  # corrupt files stay corrupt
+    assert not tasks.is_transient(ValueError("bug"))
+    assert not tasks.is_transient(None)
+
+
+def test_train_cache_key_follows_every_input(tmp_path):
+    config = tmp_path / "distill.yaml"
+    config.write_text("epochs: 1\n")
+    args = ["distill", "m" * 64, str(config), ["lr=1"], "c" * 64, "t" * 64]
+    key = tasks.train_cache_key(*args)
+    assert key == tasks.train_cache_key(*args)
+    for index, changed in [(0, "dpo"), (1, "n" * 64), (3, ["lr=2"]), (4, "d" * 64), (5, "u" * 64)]:
+        assert tasks.train_cache_key(*args[:index], changed, *args[index + 1:]) != key
+    config.write_text("epochs: 2\n")  # same path, new contents: a new key
+    assert tasks.train_cache_key(*args) != key
+
+
+def test_stage_overrides_point_each_trainer_at_its_data():
+    distill = tasks.stage_overrides("distill", "/d", "/champ", "/target", "/out")
+    assert {"dataset=/d/distill", "student=/champ", "target=/target", "output_dir=/out", "holdout=/d/holdout"} == set(
+        distill)
+    assert "dataset=/d/preference" in tasks.stage_overrides("dpo", "/d", "/champ", "/target", "/out")
+    assert not any(o.startswith("student=") for o in tasks.stage_overrides("medusa", "/d", "/c", "/t", "/o"))
+
+
+def test_launch_command_runs_the_trainer_module_under_the_launcher():
+    command = tasks.launch_command("accelerate launch --num_processes 2", "distill", "configs/distill.yaml", ["a=1"])
+    assert command == ["accelerate", "launch", "--num_processes", "2", "-m", "training.distill",
+                       "--config", "configs/distill.yaml", "a=1"]
+    assert tasks.launch_command("python", "dpo", "", []) == ["python", "-m", "training.dpo"]
+
+
+def test_unknown_trainer_names_the_choices():
+    with pytest.raises(ValueError, match="distill, dpo, medusa"):
+        tasks._resolve_trainer("magic")

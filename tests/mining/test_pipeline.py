@@ -1,0 +1,192 @@
+"""End-to-end mining on small synthetic logs: dataset columns, hold-out isolation, caps, PII, dedupe,
+preference-pair alignment, manifest sha256s, and the config file."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from datasets import load_from_disk
+
+from draftwheel.config import ConfigError, load_config
+from mining.config import MiningConfig
+from mining.dedupe import NearDupIndex, normalize
+from mining.outputs import path_sha256
+from mining.pipeline import mine
+from tests.mining.conftest import fast_config, make_record, write_lines
+
+ROOT = Path(__file__).resolve().parents[2]
+COLUMNS = {
+    "distill": ["prompt", "completion", "prompt_token_ids", "completion_token_ids", "slice", "weight"],
+    "preference": ["prompt", "chosen", "rejected", "prompt_token_ids", "chosen_token_ids", "rejected_token_ids", "slice"],
+    "holdout": ["request_id", "prompt", "prompt_token_ids", "slice", "max_new_tokens", "output_token_ids"],
+}
+
+
+def _records(n: int = 400) -> list[dict]:
+    records = [make_record(i, ts=2000.0 + i) for i in range(n)]
+    for i in range(0, n, 25):  # PII in some prompts
+        records[i]["prompt"] = records[i]["prompt"].replace("task", f"mail user{i}@example.com about task", 1)
+    for i in range(1, n, 40):  # exact duplicates (case/spacing differ) of an earlier prompt
+        records[i]["prompt"] = records[i - 1]["prompt"].upper().replace(" ", "  ")
+    return records
+
+
+@pytest.fixture(scope="module")
+def mined(tmp_path_factory, tokenizer_dir):
+    root = tmp_path_factory.mktemp("mined")
+    records = _records()
+    write_lines(root / "logs" / "acceptance.jsonl", records)
+    config = fast_config(tokenizer=str(tokenizer_dir), holdout_fraction=0.25, hard_quantile=0.2, plot=True)
+    manifest = mine(root / "logs", root / "out", config)
+    return root / "out", manifest, records, config
+
+
+def test_datasets_have_the_contract_columns(mined):
+    out, manifest, _, _ = mined
+    for name, columns in COLUMNS.items():
+        dataset = load_from_disk(str(out / name))
+        assert dataset.column_names == columns
+        assert len(dataset) == manifest["outputs"][name]["rows"] > 0
+
+
+def test_manifest_sha256s_match_the_files_on_disk(mined):
+    out, manifest, _, _ = mined
+    assert json.loads((out / "manifest.json").read_text())["outputs"] == manifest["outputs"]
+    for name, entry in manifest["outputs"].items():
+        assert entry["sha256"] == path_sha256(out / entry["path"]), name
+    assert (out / "acceptance_by_slice.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_holdout_is_latest_and_shares_no_prompt_or_near_duplicate_with_training(mined, tokenizer_dir):
+    out, manifest, records, config = mined
+    by_id = {r["request_id"]: r for r in records}
+    cutoff = manifest["holdout_cutoff_ts"]
+    holdout = load_from_disk(str(out / "holdout"))
+    assert all(by_id[rid]["ts"] >= cutoff for rid in holdout["request_id"])
+    assert len(holdout) == min(config.holdout_max, sum(r["ts"] >= cutoff for r in records))
+    train_prompts = load_from_disk(str(out / "distill"))["prompt"]
+    early = {normalize(r["prompt"]) for r in records if r["ts"] < cutoff}
+    assert all(normalize(p) in early or "<EMAIL>" in p for p in train_prompts)
+    near = NearDupIndex(config.near_dup_threshold, config.minhash_perm, config.shingle_words)
+    for i, prompt in enumerate(holdout["prompt"]):
+        near.add(i, near.signature(prompt))
+    assert all(near.find(near.signature(p)) is None for p in train_prompts)
+    assert not {normalize(p) for p in holdout["prompt"]} & {normalize(p) for p in train_prompts}
+
+
+def test_per_slice_caps_and_no_duplicate_training_prompts(mined):
+    out, manifest, _, config = mined
+    distill = load_from_disk(str(out / "distill"))
+    per_slice = Counter(distill["slice"])
+    for name, count in per_slice.items():
+        selected = manifest["slices"][name]["selected"]
+        assert selected["hard"] <= config.max_hard_per_slice and selected["rollback"] <= config.max_rollback_per_slice
+        assert selected["uniform"] == round(config.uniform_ratio * (selected["hard"] + selected["rollback"]))
+        assert count == sum(selected.values())
+    assert len({normalize(p) for p in distill["prompt"]}) == len(distill)
+    assert manifest["counts"]["dropped"].get("exact_duplicate", 0) + manifest["counts"].get(
+        "excluded_same_prompt_as_holdout", 0) >= 1
+
+
+def test_pii_is_scrubbed_and_ids_re_derived(mined, tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    out, manifest, _, _ = mined
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    texts = []
+    for name in COLUMNS:
+        dataset = load_from_disk(str(out / name))
+        texts += [v for col in ("prompt", "completion", "chosen", "rejected") if col in dataset.column_names
+                  for v in dataset[col]]
+        if name != "preference":
+            for row in dataset:
+                if "<EMAIL>" in row["prompt"]:  # scrubbed: ids re-tokenised from the scrubbed text
+                    assert tokenizer.decode(row["prompt_token_ids"]) == row["prompt"]
+    assert not any("@example.com" in t for t in texts)
+    assert any("<EMAIL>" in t for t in texts)
+    assert manifest["redactions"]["total"]["EMAIL"] >= 1
+
+
+def test_preference_pairs_line_up_with_the_logged_steps(mined):
+    out, _, records, _ = mined
+    by_prefix = {tuple(r["prompt_token_ids"][:30]): r for r in records}
+    preference = load_from_disk(str(out / "preference"))
+    checked = 0
+    for row in preference:
+        record = by_prefix.get(tuple(row["prompt_token_ids"][:30]))
+        if record is None or "<EMAIL>" in row["prompt"]:
+            continue
+        prefix = row["prompt_token_ids"][len(record["prompt_token_ids"]):]
+        assert record["output_token_ids"][:len(prefix)] == prefix
+        position, found = 0, False
+        for step in record["steps"]:
+            at = position + step["accepted"]
+            if at == len(prefix):
+                assert step["accepted"] < step["k"]
+                assert row["chosen_token_ids"] == [step["target_token_id"]]
+                assert row["rejected_token_ids"] == [step["draft_token_ids"][step["accepted"]]]
+                found = True
+                break
+            position = at + 1
+        assert found and row["chosen_token_ids"] != row["rejected_token_ids"]
+        checked += 1
+    assert checked > 20
+
+
+def test_without_a_tokenizer_scrubbed_requests_are_left_out_and_preference_is_empty(tmp_path):
+    write_lines(tmp_path / "logs" / "a.jsonl", _records(200))
+    manifest = mine(tmp_path / "logs", tmp_path / "out", fast_config(hard_quantile=0.5, max_hard_per_slice=100))
+    assert manifest["counts"]["preference"] == 0 and manifest["preference_note"]
+    assert manifest["counts"]["dropped"]["scrubbed_without_tokenizer"] >= 1
+    distill = load_from_disk(str(tmp_path / "out" / "distill"))
+    assert len(distill) > 0 and not any("<EMAIL>" in p or "@example.com" in p for p in distill["prompt"])
+
+
+def test_empty_logs_give_empty_loadable_datasets(tmp_path):
+    (tmp_path / "logs").mkdir()
+    manifest = mine(tmp_path / "logs", tmp_path / "out", fast_config())
+    assert manifest["counts"].get("kept", 0) == 0
+    for name in COLUMNS:
+        assert len(load_from_disk(str(tmp_path / "out" / name))) == 0
+
+
+def test_missing_logs_dir_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        mine(tmp_path / "nope", tmp_path / "out", fast_config())
+
+
+def test_default_config_file_loads_and_bad_values_name_the_field():
+    config = load_config(MiningConfig, ROOT / "configs" / "mining.yaml")
+    assert config == MiningConfig()
+    for override, field in [("holdout_fraction=1.5", "holdout_fraction"), ("hard_quantile=0", "hard_quantile"),
+                            ("since=tuesday", "since"), ("max_hard_per_slice=-1", "max_hard_per_slice")]:
+        with pytest.raises(ValueError, match=field):
+            load_config(MiningConfig, ROOT / "configs" / "mining.yaml", [override])
+    with pytest.raises(ConfigError, match="holdout_fractoin"):
+        load_config(MiningConfig, None, ["holdout_fractoin=0.2"])
+
+
+def test_request_stats_and_per_position_acceptance():
+    from mining.stats import SliceStats, request_stats
+    from tests.mining.conftest import make_record as mk
+
+    record = mk(0)
+    steps = [{"k": 4, "accepted": 4, "draft_token_ids": [1, 2, 3, 4], "target_token_id": 5},
+             {"k": 4, "accepted": 1, "draft_token_ids": [6, 7, 8, 9], "target_token_id": 10},
+             {"k": 2, "accepted": 0, "draft_token_ids": [11, 12], "target_token_id": 13},
+             {"k": 100, "accepted": 70, "draft_token_ids": [], "target_token_id": 1}]  # absurd k: folded, no crash
+    record.update(steps=steps, drafted_tokens=110, accepted_tokens=75, verify_steps=4)
+    from mining.scan import decode_line
+
+    parsed = decode_line(json.dumps(record).encode())
+    rate, length, depth, codes = request_stats(parsed)
+    assert rate == 75 / 110 and length == (75 + 4) / 4 and depth == 30
+    stats = SliceStats()
+    stats.add(parsed, rate, depth, codes)
+    per_position = stats.per_position()
+    # position 0: drafted by all 4 steps, accepted by steps 1, 2 and 4; position 1: drafted 4 times, accepted 2
+    assert per_position[:4] == pytest.approx([0.75, 0.5, 2 / 3, 2 / 3], abs=1e-6) and len(per_position) == 63
+    assert stats.to_dict()["max_rollback_depth"] == 30

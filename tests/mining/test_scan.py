@@ -1,0 +1,182 @@
+"""Scanning logs: the fast decoder agrees with serving.records.parse_record, bad lines are quarantined
+with reason and position, good lines are never dropped, gzip/rotation/truncation are handled."""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import random
+
+import pytest
+
+from mining.pipeline import mine
+from mining.scan import decode_line, list_log_files
+from serving.records import RecordError, parse_record
+from tests.mining.conftest import fast_config, make_record, write_lines
+
+
+def _outcome(fn, line: bytes):
+    try:
+        record = fn(line)
+    except RecordError as exc:
+        return "bad", str(exc)
+    return "ok", (record.request_id, record.ts, [(s.k, s.accepted) for s in record.steps])
+
+
+def _mutations(rng: random.Random, record: dict) -> dict:
+    """One random defect (or a harmless change) of the kinds a broken writer could produce."""
+    record = copy.deepcopy(record)
+    values = [None, True, 1, 1.0, 1.5, "x", [], {}, [1, "a"], -1, 2, float("nan")]
+    choice = rng.randrange(5)
+    if choice == 0:
+        del record[rng.choice(sorted(record))]
+    elif choice == 1:
+        record[rng.choice(sorted(record))] = rng.choice(values)
+    elif choice == 2 and record["steps"]:
+        step = rng.choice(record["steps"])
+        step[rng.choice(sorted(step))] = rng.choice(values)
+    elif choice == 3:
+        record["sampling"][rng.choice(["temperature", "seed", "unknown_key"])] = rng.choice(values)
+    else:
+        record[rng.choice(["target_id", "draft_id"])] = rng.choice([None, {"name": 3}, {"name": "m", "x": 1}, "m"])
+    return record
+
+
+def test_fast_decoder_agrees_with_reference_parser_on_random_defects():
+    rng = random.Random(0)
+    base = make_record(seed=1)
+    disagreements = []
+    for _ in range(600):
+        line = json.dumps(_mutations(rng, base)).encode() + b"\n"
+        if _outcome(decode_line, line) != _outcome(parse_record, line):
+            disagreements.append(line[:200])
+    assert not disagreements
+
+
+@pytest.mark.parametrize("line", [
+    b'{"a": 1} trailing\n', b"\xff\xfe not utf-8\n", b"[1, 2]\n", b"null\n", b"{}\n",
+    json.dumps(make_record(schema_version=2)).encode(), json.dumps(make_record(ts="yesterday")).encode(),
+])
+def test_bad_lines_raise_the_reference_reason(line):
+    with pytest.raises(RecordError) as fast:
+        decode_line(line)
+    with pytest.raises(RecordError) as reference:
+        parse_record(line)
+    assert str(fast.value) == str(reference.value)
+
+
+@pytest.mark.parametrize("changes", [
+    {"schema_version": 1.0},          # 1.0 == 1 for the reference parser
+    {"ts": float("nan")},             # json accepts NaN; msgspec does not, the fallback does
+    {"extra_field": {"nested": True}},  # unknown top-level fields are ignored
+])
+def test_lines_the_reference_accepts_are_never_rejected(changes):
+    line = json.dumps(make_record(**changes)).encode()
+    assert _outcome(decode_line, line)[0] == "ok"
+
+
+def test_parse_errors_outside_record_error_become_quarantine_reasons():
+    # An integer ts too large for a float: parse_record raises OverflowError, which mining must absorb.
+    text = json.dumps(make_record()).replace('"ts": 1700000000.0', '"ts": 1' + "0" * 400)
+    with pytest.raises(RecordError, match="invalid value"):
+        decode_line(text.encode())
+
+
+def _bad_log_lines() -> tuple[list, dict[str, int]]:
+    good = [make_record(i, ts=1.7e9 + i) for i in range(40)]
+    cut = json.dumps(make_record(99))[:150]
+    step_bad = make_record(98)
+    step_bad["steps"][0]["accepted"] = 9
+    bad = [
+        (cut + "\n", "not_json"),
+        (json.dumps(make_record(97, ts="noon")) + "\n", "wrong_type"),
+        (json.dumps(make_record(96, drafted_tokens=True)) + "\n", "wrong_type"),
+        (json.dumps(make_record(95, schema_version=3)) + "\n", "unknown_schema_version"),
+        (json.dumps({k: v for k, v in make_record(94).items() if k != "prompt"}) + "\n", "missing_field"),
+        ("[1, 2, 3]\n", "not_an_object"),
+        (json.dumps(step_bad) + "\n", "bad_step"),
+        (b"\xff\xfe\xfd\n", "not_json"),
+        ('{"note": "contact alice@example.com"\n', "not_json"),
+    ]
+    lines: list = []
+    for i, record in enumerate(good):
+        lines.append(record)
+        if i < len(bad):
+            lines.append(bad[i][0])
+        if i % 10 == 0:
+            lines.append("   \n")  # blank lines are counted, not quarantined
+    lines.append(cut)  # the last line, cut by a crash: no newline
+    kinds: dict[str, int] = {}
+    for _, kind in bad + [(None, "truncated")]:
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return lines, kinds
+
+
+def test_every_bad_line_kind_is_quarantined_with_position_and_no_good_line_is_lost(tmp_path):
+    lines, kinds = _bad_log_lines()
+    log = write_lines(tmp_path / "logs" / "acceptance.jsonl", lines)
+    manifest = mine(tmp_path / "logs", tmp_path / "out", fast_config())
+    counts = manifest["counts"]
+    assert counts["kept"] == 40 and counts["blank"] == 4
+    assert counts["quarantined"] == sum(kinds.values()) == 10
+    assert manifest["quarantine_by_kind"] == kinds
+    entries = [json.loads(line) for line in (tmp_path / "out" / "quarantine.jsonl").read_text().splitlines()]
+    data = log.read_bytes()
+    raw = data.split(b"\n")
+    for entry in entries:
+        assert entry["file"] == str(log)
+        assert data[entry["offset"]:].startswith(raw[entry["line"] - 1])  # line number and offset agree
+        assert entry["reason"]
+    assert entries[-1]["kind"] == "truncated" and entries[-1]["line"] == len(lines)
+    # Quarantined text is scrubbed too: nothing is written unscrubbed.
+    assert any("<EMAIL>" in e["text"] for e in entries) and not any("alice@" in e["text"] for e in entries)
+
+
+def test_rotated_gzip_logs_are_read_in_write_order_and_a_corrupt_gzip_is_quarantined(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for seq in (1, 2):
+        body = "".join(json.dumps(make_record(seq * 100 + i, ts=1.7e9 + seq * 100 + i)) + "\n" for i in range(10))
+        with gzip.open(logs / f"acceptance.{seq:06d}.20261130T0{seq}0000Z.jsonl.gz", "wt") as handle:
+            handle.write(body)
+    write_lines(logs / "acceptance.jsonl", [make_record(300 + i, ts=1.7e9 + 300 + i) for i in range(5)])
+    broken = gzip.compress(("".join(json.dumps(make_record(400 + i)) + "\n" for i in range(50))).encode())
+    (logs / "extra.jsonl.gz").write_bytes(broken[: len(broken) // 2])
+    files = list_log_files(logs)
+    assert [f.name for f in files][:3] == ["acceptance.000001.20261130T010000Z.jsonl.gz",
+                                           "acceptance.000002.20261130T020000Z.jsonl.gz", "acceptance.jsonl"]
+    manifest = mine(logs, tmp_path / "out", fast_config())
+    assert manifest["counts"]["kept"] >= 25
+    assert manifest["quarantine_by_kind"].get("truncated", 0) >= 1
+    assert [i["lines"] for i in manifest["inputs"]][:3] == [10, 10, 5]
+
+
+def test_time_window_and_slice_filters(tmp_path):
+    records = [make_record(i, ts=1000.0 + i) for i in range(60)]
+    write_lines(tmp_path / "logs" / "a.jsonl", records)
+    manifest = mine(tmp_path / "logs", tmp_path / "out",
+                    fast_config(since="1010", until="1970-01-01T00:16:40Z", slices=["code", "chat"]))
+    in_window = [r for r in records if 1010 <= r["ts"] < 1000]
+    assert not in_window  # until=1000 s: the window [1010, 1000) is empty
+    assert manifest["counts"]["filtered_time"] == 60
+    manifest = mine(tmp_path / "logs", tmp_path / "out2", fast_config(since="1010", until="1040", slices=["code", "chat"]))
+    expected = [r for r in records if 1010 <= r["ts"] < 1040]
+    assert manifest["counts"]["filtered_time"] == 60 - len(expected)
+    assert manifest["counts"]["kept"] == sum(r["slice"] in ("code", "chat") for r in expected)
+    assert set(manifest["slices"]) <= {"code", "chat"}
+
+
+def test_parallel_scan_gives_the_same_result_as_one_process(tmp_path):
+    logs = tmp_path / "logs"
+    for part in range(4):
+        lines: list = [make_record(part * 50 + i, ts=3000.0 + part * 50 + i) for i in range(50)]
+        lines.insert(7, "not json at all\n")
+        write_lines(logs / f"acceptance.{part + 1:06d}.20261130T000000Z.jsonl", lines)
+    one = mine(logs, tmp_path / "one", fast_config(workers=1))
+    two = mine(logs, tmp_path / "two", fast_config(workers=3))
+    for key in ("counts", "slices", "quarantine_by_kind", "inputs", "holdout_cutoff_ts"):
+        assert one[key] == two[key], key
+    for name in ("distill", "holdout", "quarantine"):
+        assert one["outputs"][name]["rows"] == two["outputs"][name]["rows"]
+    assert (tmp_path / "one" / "quarantine.jsonl").read_bytes() == (tmp_path / "two" / "quarantine.jsonl").read_bytes()

@@ -1,0 +1,95 @@
+"""Workloads (deterministic, offline, JSONL round trip) and traffic through the real Engine on toy models,
+mined end to end; plus the `traffic` and `mine` commands."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from draftwheel.cli import main
+from mining.pipeline import mine
+from mining.scan import decode_line, list_log_files
+from mining.traffic import run_traffic
+from mining.workloads import BUILTIN, build_workload, load_workload, read_workload, write_workload
+from serving.params import SamplingParams
+from tests.mining.conftest import fast_config
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_builtin_workloads_are_deterministic_per_seed_and_labelled(name):
+    first = build_workload(name, 12, seed=3)
+    assert first == build_workload(name, 12, seed=3)
+    assert first != build_workload(name, 12, seed=4)
+    assert len(first) == 12 and all(isinstance(i["prompt"], str) and i["prompt"] for i in first)
+    expected = {"code", "prose", "chat"} if name == "mixed" else {name}
+    assert {i["slice"] for i in first} == expected
+
+
+def test_code_and_prose_come_from_the_standard_library():
+    code = build_workload("code", 5, seed=0)
+    assert all(i["prompt"].count("def ") >= 1 and '"""' in i["prompt"] for i in code)
+    prose = build_workload("prose", 5, seed=0)
+    assert all(len(i["prompt"]) > 200 for i in prose)
+
+
+def test_jsonl_round_trip_and_errors(tmp_path):
+    items = build_workload("mixed", 6, seed=1)
+    path = write_workload(items, tmp_path / "w.jsonl")
+    assert read_workload(path) == items
+    assert load_workload(str(path), 2) == items[:2]
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "hi"}\n{"text": "no prompt"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2"):
+        read_workload(tmp_path / "bad.jsonl")
+    (tmp_path / "noslice.jsonl").write_text('{"prompt": "hi"}\n\n')
+    assert read_workload(tmp_path / "noslice.jsonl") == [{"prompt": "hi", "slice": "custom"}]
+    with pytest.raises(ValueError, match="neither a built-in"):
+        load_workload("nonexistent-workload", 3)
+
+
+@pytest.fixture(scope="module")
+def toy_models(tmp_path_factory):
+    from serving.toy import tiny_pair
+
+    return tiny_pair(tmp_path_factory.mktemp("toy"))
+
+
+def test_traffic_writes_valid_records_per_slice_and_they_mine(tmp_path, toy_models):
+    from serving.engine import Engine
+
+    target, draft = toy_models
+    engine = Engine.from_paths(target, draft)
+    workload = build_workload("chat", 4, seed=0) + [{"prompt": "def add(a, b):", "slice": "code"}] * 2
+    summary = run_traffic(engine, workload, tmp_path / "logs", SamplingParams(max_new_tokens=8))
+    assert summary["requests"] == 6 and summary["by_slice"]["chat"]["requests"] == 4
+    lines = [line for f in list_log_files(tmp_path / "logs") for line in f.read_bytes().splitlines()]
+    records = [decode_line(line) for line in lines]
+    assert sorted(r.slice for r in records) == ["chat"] * 4 + ["code"] * 2
+    assert all(r.prompt.startswith("<|im_start|>user") for r in records)  # chat template applied
+    manifest = mine(tmp_path / "logs", tmp_path / "out", fast_config(tokenizer=str(target), holdout_fraction=0.2))
+    assert manifest["counts"]["kept"] == 6 and manifest["counts"]["quarantined"] == 0
+    assert manifest["counts"]["holdout"] >= 1 and manifest["counts"]["distill"] >= 1
+
+
+def test_traffic_refuses_to_log_twice(tmp_path, toy_models):
+    from serving.engine import Engine
+    from serving.sink import JsonlSink
+
+    target, draft = toy_models
+    with JsonlSink(tmp_path / "own") as sink:
+        engine = Engine.from_paths(target, draft, sink=sink)
+        with pytest.raises(ValueError, match="log_dir"):
+            run_traffic(engine, build_workload("chat", 1), tmp_path / "logs")
+
+
+def test_traffic_and_mine_commands(tmp_path, toy_models, capsys):
+    target, draft = toy_models
+    workload = write_workload(build_workload("chat", 3, seed=2), tmp_path / "w.jsonl")
+    code = main(["traffic", "--workload", str(workload), "--target", str(target), "--draft", str(draft),
+                 "--log-dir", str(tmp_path / "logs"), "--max-new-tokens", "6", "--no-progress"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["requests"] == 3
+    code = main(["mine", "--logs", str(tmp_path / "logs"), "--out", str(tmp_path / "out"), "--tokenizer", str(target),
+                 "--set", "plot=false", "--set", "holdout_fraction=0.34"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["counts"]["kept"] == 3
+    assert (tmp_path / "out" / "manifest.json").is_file()
+    assert main(["traffic", "--workload", "nope", "--target", str(target)]) == 1

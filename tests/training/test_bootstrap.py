@@ -1,0 +1,57 @@
+"""Bootstrap on a toy target: the draft copies target layers, is distilled, registered, and re-runs skip."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from draftwheel.config import load_config
+from serving import toy
+from training.bootstrap import BootstrapConfig, bootstrap, init_draft_from_target
+
+from .conftest import PROMPTS
+
+
+def test_init_draft_copies_chosen_layers_and_shared_weights():
+    target = toy.tiny_llama(toy.build_tokenizer(), n_layers=4, seed=0, tie_embeddings=False)
+    draft = init_draft_from_target(target, [0, -1])
+    assert draft.config.num_hidden_layers == 2 and target.config.num_hidden_layers == 4
+    assert torch.equal(draft.model.layers[1].mlp.down_proj.weight, target.model.layers[3].mlp.down_proj.weight)
+    assert torch.equal(draft.model.layers[0].self_attn.q_proj.weight, target.model.layers[0].self_attn.q_proj.weight)
+    assert torch.equal(draft.lm_head.weight, target.lm_head.weight)
+    assert torch.equal(draft.model.norm.weight, target.model.norm.weight)
+    with pytest.raises(ValueError, match="init_layers"):
+        init_draft_from_target(target, [4])
+
+
+def test_bootstrap_builds_registers_and_is_idempotent(tmp_path):
+    from draftwheel.tracking import get_alias_version, get_version_tags
+    from serving.models import weights_sha256
+
+    tokenizer = toy.build_tokenizer()
+    target_dir = toy.save_model(toy.tiny_llama(tokenizer, n_layers=3, seed=0, tie_embeddings=False), tokenizer,
+                                tmp_path / "target")
+    workload = [{"prompt": p, "slice": "chat"} for p in PROMPTS]
+    config = BootstrapConfig(target=str(target_dir), init_layers=[0, 2], n_prompts=6, holdout_prompts=2,
+                             max_new_tokens=10, gen_batch_size=4, top_k=8, epochs=2, learning_rate=2e-3,
+                             tracking=False)
+    first = bootstrap(config, workload=workload)
+    assert first["built"] and first["registered"]
+    assert get_alias_version("champion") == first["version"]
+    assert get_version_tags(first["version"])["target_sha256"] == weights_sha256(target_dir)
+    draft = AutoModelForCausalLM.from_pretrained(first["draft_dir"])
+    assert draft.config.num_hidden_layers == 2
+    assert first["metrics"]["eval_agreement"] >= 0.0 and first["metrics"]["steps"] > 0
+    again = bootstrap(config, workload=workload)
+    assert not again["built"] and not again["registered"] and again["version"] == first["version"]
+
+
+def test_bootstrap_config_validation():
+    with pytest.raises(ValueError, match="init_layers"):
+        BootstrapConfig(init_layers=[])
+    with pytest.raises(ValueError, match="draft_name"):
+        BootstrapConfig(draft_name="a/b")
+    with pytest.raises(ValueError, match="n_prompts"):
+        BootstrapConfig(n_prompts=0)
+    assert load_config(BootstrapConfig, "configs/bootstrap.yaml").init_layers == [0, -1]

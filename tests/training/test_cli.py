@@ -1,0 +1,27 @@
+"""`draftwheel train ...` / `draftwheel bootstrap` argument handling (no training here)."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftwheel.cli import build_parser, main
+
+
+def test_train_subcommands_are_registered():
+    parser = build_parser()
+    for method in ("distill", "dpo", "medusa"):
+        args = parser.parse_args(["train", method, "--config", f"configs/{method}.yaml", "lr=1"])
+        assert args.method == method and args.overrides == ["lr=1"]
+    assert parser.parse_args(["bootstrap", "n_prompts=4"]).overrides == ["n_prompts=4"]
+
+
+def test_unknown_config_field_is_a_config_error_naming_it(capsys):
+    assert main(["train", "distill", "--config", "configs/distill.yaml", "no_such_field=1"]) == 2
+    assert "no_such_field" in capsys.readouterr().err
+    assert main(["bootstrap", "--config", "configs/bootstrap.yaml", "epochs=abc"]) == 2
+    assert "epochs" in capsys.readouterr().err
+
+
+def test_train_requires_a_method():
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train"])
