@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import AutoTokenizer
 
 from draftwheel.home import apply_offline_defaults, models_dir
 from serving.adaptive import speedup
@@ -29,7 +30,7 @@ from serving.engine import Engine
 from serving.kv import CachedLM
 from serving.models import from_objects, load_model
 from serving.reference import ensure_reference_target
-from serving.toy import tiny_llama, zero_extended_target
+from serving.toy import build_tokenizer, tiny_llama, zero_extended_target
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 PROMPTS = [
@@ -44,31 +45,41 @@ PROMPTS = [
 ]
 
 
-def forward_seconds(model: torch.nn.Module, n_tokens: int, context: int = 64, repeats: int = 30) -> float:
-    """Median wall time of one cached forward over `n_tokens` new tokens after `context` tokens."""
-    times = []
+def forward_seconds(model: torch.nn.Module, n_tokens: int, context: int = 64, repeats: int = 30) -> dict:
+    """Median wall and CPU time of one cached forward over `n_tokens` new tokens after `context` tokens."""
+    vocab = model.config.vocab_size
+    wall, cpu = [], []
     for _ in range(repeats):
         lm = CachedLM(model)
-        lm.forward(torch.arange(context) % 1000 + 100, keep=1)
-        lm.forward(torch.arange(n_tokens) + 200)
-        times.append(lm.last_forward_s)
-    return sorted(times)[len(times) // 2]
+        lm.forward((torch.arange(context) * 7 + 5) % vocab, keep=1)
+        new = (torch.arange(n_tokens) * 11 + 3) % vocab
+        start_wall, start_cpu = time.perf_counter(), time.process_time()
+        lm.forward(new)
+        wall.append(time.perf_counter() - start_wall)
+        cpu.append(time.process_time() - start_cpu)
+    return {"wall": sorted(wall)[repeats // 2], "cpu": sorted(cpu)[repeats // 2]}
 
 
 def pair_a(args: argparse.Namespace) -> dict:
-    tokenizer = load_model(ensure_reference_target(models_dir())).tokenizer
+    if args.vocab == "smollm2":
+        tokenizer = AutoTokenizer.from_pretrained(ensure_reference_target(models_dir()))
+    else:
+        tokenizer = build_tokenizer()
     draft = tiny_llama(tokenizer, n_layers=1, hidden=576, heads=9, seed=0, tie_embeddings=True)
     target = zero_extended_target(draft, 12)
     engine = Engine(from_objects(target, tokenizer, "zero-extended-12L"), from_objects(draft, tokenizer, "draft-1L"))
     draft_s, target_s = forward_seconds(draft, 1), forward_seconds(target, 1)
     verify_s = forward_seconds(target, args.k + 1)
-    c = draft_s / target_s
-    result = run_bench(engine, PROMPTS, args.max_new_tokens, k=args.k, chat=True)
+    c = draft_s["cpu"] / target_s["cpu"]  # CPU time: robust to other jobs on the shared cores
+    result = run_bench(engine, PROMPTS, args.max_new_tokens, k=args.k, chat=True, cpu_time=True)
     theory = speedup(1.0, args.k, c)  # E = k + 1 at acceptance 1
     result.update({
-        "measured_c": c, "draft_forward_s": draft_s, "target_forward_s": target_s,
-        "target_verify_forward_s": verify_s, "verify_cost_vs_one_token": verify_s / target_s,
+        "measured_c": c, "measured_c_wall": draft_s["wall"] / target_s["wall"],
+        "draft_forward_s": draft_s, "target_forward_s": target_s, "target_verify_forward_s": verify_s,
+        "verify_cost_vs_one_token": verify_s["cpu"] / target_s["cpu"],
+        "vocab": f"{args.vocab} ({len(tokenizer)} tokens)", "hidden": 576, "target_layers": 12, "draft_layers": 1,
         "theoretical_speedup": theory, "ratio_to_theory": result["speedup_vs_plain"] / theory,
+        "cpu_ratio_to_theory": result["cpu_speedup_vs_plain"] / theory,
         "goal_ratio_to_theory_ge_0.8": result["speedup_vs_plain"] / theory >= 0.8,
         "goal_speedup_vs_hf_assisted_gt_1.2": result["speedup_vs_hf_assisted"] > 1.2,
     })
@@ -89,7 +100,7 @@ def pair_b(args: argparse.Namespace) -> dict:
     target = load_model(ensure_reference_target(models_dir()))
     draft = first_layers_draft(target.model, args.draft_layers)
     engine = Engine(target, from_objects(draft, target.tokenizer, f"smollm2-first-{args.draft_layers}-layers"))
-    result = run_bench(engine, PROMPTS, args.max_new_tokens, k=args.k, chat=True)
+    result = run_bench(engine, PROMPTS, args.max_new_tokens, k=args.k, chat=True, cpu_time=True)
     result.update({"target": str(target.path), "target_sha256": target.model_id.sha256,
                    "draft": f"first {args.draft_layers} of {target.model.config.num_hidden_layers} target layers"})
     return result
@@ -101,16 +112,20 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--draft-layers", type=int, default=4, help="pair b: target layers kept in the draft")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    parser.add_argument("--vocab", choices=["smollm2", "toy"], default="smollm2",
+                        help="pair a: the SmolLM2 tokenizer (49152 tokens) or serving.toy's (384 tokens)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads for all four methods (default 1: on a shared 2-core machine, "
+                             "multi-threaded kernels collapse when another job takes a core)")
+    parser.add_argument("--out", type=Path, help="result JSON (default results/bench_pair_<pair>.json)")
     args = parser.parse_args()
     apply_offline_defaults()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
     start = time.time()
     result = pair_a(args) if args.pair == "a" else pair_b(args)
     result.update({"pair": args.pair, "torch_threads": torch.get_num_threads(), "wall_s": time.time() - start})
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"bench_pair_{args.pair}.json"
+    out = args.out or RESULTS / f"bench_pair_{args.pair}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     print(f"wrote {out}")

@@ -89,7 +89,7 @@ def start_server(target: Path, draft: Path, log_dir: Path) -> tuple[subprocess.P
             time.sleep(0.5)
 
 
-def measure_paths(engine, url: str, max_new_tokens: int) -> dict:
+def measure_paths(engine, url: str, max_new_tokens: int, rounds: int) -> dict:
     import openai
 
     from serving.params import SamplingParams
@@ -101,6 +101,7 @@ def measure_paths(engine, url: str, max_new_tokens: int) -> dict:
 
     def inproc(prompt: str) -> tuple[str, int]:
         completion = engine.generate([prompt], params, chat=True)[0]
+        inproc_latencies.append(completion.stats.latency_s)
         return completion.text, len(completion.token_ids)
 
     def http(prompt: str) -> tuple[str, int]:
@@ -112,24 +113,50 @@ def measure_paths(engine, url: str, max_new_tokens: int) -> dict:
                                                      stream_options={"include_usage": True}, **kwargs))
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks[-1].usage.completion_tokens
 
+    inproc_latencies: list[float] = []
+    http_walls: list[tuple[str, float]] = []  # in server order: matched to its records afterwards
     paths = {"inproc": inproc, "http": http, "http_stream": stream}
-    for fn in paths.values():  # warm-up
+    for name, fn in paths.items():  # warm-up
+        start = time.perf_counter()
         fn(PROMPTS[0])
-    seconds = {name: 0.0 for name in paths}
+        if name != "inproc":
+            http_walls.append((name, time.perf_counter() - start))
+    # Each prompt runs on every path back to back (so load drift hits all paths alike); the time per
+    # prompt and path is the median over `rounds`, which drops bursts from other jobs on the machine.
+    times: dict[str, list[list[float]]] = {name: [[] for _ in PROMPTS] for name in paths}
     outputs: dict[str, list[tuple[str, int]]] = {name: [] for name in paths}
-    for prompt in PROMPTS:  # interleaved so load drift hits every path alike
-        for name, fn in paths.items():
-            start = time.perf_counter()
-            outputs[name].append(fn(prompt))
-            seconds[name] += time.perf_counter() - start
+    for _ in range(rounds):
+        for i, prompt in enumerate(PROMPTS):
+            for name, fn in paths.items():
+                start = time.perf_counter()
+                out = fn(prompt)
+                times[name][i].append(time.perf_counter() - start)
+                if name != "inproc":
+                    http_walls.append((name, times[name][i][-1]))
+                if len(outputs[name]) <= i:
+                    outputs[name].append(out)
+    seconds = {name: sum(statistics.median(t) for t in per_prompt) for name, per_prompt in times.items()}
     tokens = {name: sum(n for _, n in outs) for name, outs in outputs.items()}
     identical = sum(outputs["inproc"][i] == outputs["http"][i] == outputs["http_stream"][i]
                     for i in range(len(PROMPTS)))
     result = {f"{name}_tokens_per_s": tokens[name] / s for name, s in seconds.items()}
     result.update({"http_vs_inproc": result["http_tokens_per_s"] / result["inproc_tokens_per_s"],
                    "stream_vs_inproc": result["http_stream_tokens_per_s"] / result["inproc_tokens_per_s"],
-                   "identical_outputs": f"{identical}/{len(PROMPTS)}", "generated_tokens": tokens["inproc"]})
+                   "identical_outputs": f"{identical}/{len(PROMPTS)}", "generated_tokens": tokens["inproc"],
+                   "inproc_median_latency_s": statistics.median(inproc_latencies), "_http_walls": http_walls})
     result.update(measure_concurrency(http, tokens["http"] / seconds["http"]))
+    return result
+
+
+def http_overheads(walls: list[tuple[str, float]], records: list[dict]) -> dict:
+    """Client wall time minus the server's own decoding time (record latency_s), per sequential request."""
+    per_path: dict[str, list[float]] = {}
+    server_latency: list[float] = []
+    for (name, wall), record in zip(walls, records):
+        per_path.setdefault(name, []).append(wall - record["latency_s"])
+        server_latency.append(record["latency_s"])
+    result = {f"{name}_overhead_ms_median": 1000 * statistics.median(v) for name, v in per_path.items()}
+    result["server_median_latency_s"] = statistics.median(server_latency)
     return result
 
 
@@ -181,7 +208,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", choices=["reference", "toy"], default="reference")
     parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=3, help="repeats per prompt and path (median taken)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads in the client and in the server")
     args = parser.parse_args()
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by the server process
+    import torch
+
+    torch.set_num_threads(args.threads)
 
     from draftwheel.home import apply_offline_defaults
     from serving.engine import Engine
@@ -193,15 +226,19 @@ def main() -> None:
         engine = Engine.from_paths(target, draft)
         proc, url = start_server(target, draft, Path(tmp, "logs"))
         try:
-            result = measure_paths(engine, url, args.max_new_tokens)
+            load_before = os.getloadavg()[0]
+            result = measure_paths(engine, url, args.max_new_tokens, args.rounds)
+            result["load_avg_1m_before_after"] = [load_before, os.getloadavg()[0]]
         finally:
             proc.terminate()
             proc.wait(timeout=60)
         lines = Path(tmp, "logs", "acceptance.jsonl").read_text().splitlines()
+    result.update(http_overheads(result.pop("_http_walls"), [json.loads(line) for line in lines]))
     result.update(measure_sink(lines[-1]))
     result["mean_request_latency_s"] = statistics.mean(json.loads(line)["latency_s"] for line in lines)
     result["sink_cost_vs_request_latency"] = 1 / result["sink_records_per_s_fsync_32"] / result["mean_request_latency_s"]
-    result.update({"pair": args.pair, "draft": draft.name, "prompts": len(PROMPTS),
+    result.update({"pair": args.pair, "draft": draft.name, "prompts": len(PROMPTS), "rounds": args.rounds,
+                   "torch_threads": args.threads,
                    "max_new_tokens": args.max_new_tokens, "server_logged_requests": len(lines)})
     out = RESULTS / f"serve_http_{args.pair}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")

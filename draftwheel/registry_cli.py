@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -47,12 +48,12 @@ def register(subparsers: Any) -> None:
 
 
 def _registry_command(action: Any) -> int:
-    """Run a registry action; a `RegistryError` becomes one line on stderr and exit code 1."""
+    """Run an action; a registry error or a missing model becomes one line on stderr and exit code 1."""
     from draftwheel.tracking import RegistryError
 
     try:
         return action()
-    except RegistryError as exc:
+    except (RegistryError, FileNotFoundError) as exc:
         print(f"draftwheel: {exc}", file=sys.stderr)
         return 1
 
@@ -136,6 +137,7 @@ def _shadow(args: argparse.Namespace) -> int:
     if args.holdout is None and not Path(holdout).is_dir():
         holdout = None  # no mined data yet: the canary set alone (the gate still needs min_requests)
     target = args.target or _default_target()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
     def action() -> int:
         report = run_shadow(args.champion, args.challenger, target, holdout, config,

@@ -168,12 +168,6 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _weights_digest(hashes: dict[str, str]) -> str:
-    """One digest for all safetensors shards (sorted by name), for display and comparison."""
-    joined = "".join(f"{name}:{digest}\n" for name, digest in sorted(hashes.items()) if name.endswith(".safetensors"))
-    return hashlib.sha256(joined.encode()).hexdigest()
-
-
 def _model_files(model_dir: Path) -> list[Path]:
     """The registrable files of a model dir; refuses a dir with no safetensors weights."""
     if not model_dir.is_dir():
@@ -196,10 +190,13 @@ def register_draft(model_dir: str | Path, tags: dict[str, Any] | None = None, na
     Only safetensors and JSON/text files are copied (pickles in the dir are left behind). Tags (dicts
     become JSON strings) go on the version together with the sha256 of every file.
     """
+    # The served draft's id carries this hash (records' draft_id.sha256), so status can be matched to logs.
+    from serving.models import weights_sha256
+
     files = _model_files(Path(model_dir))
     hashes = {p.name: file_sha256(p) for p in files}
     version_tags = {k: _tag_value(v) for k, v in (tags or {}).items()}
-    version_tags.update({FILES_TAG: json.dumps(hashes, sort_keys=True), WEIGHTS_TAG: _weights_digest(hashes)})
+    version_tags.update({FILES_TAG: json.dumps(hashes, sort_keys=True), WEIGHTS_TAG: weights_sha256(model_dir)})
     client = _client(tracking_uri)
     with _registry_call(f"registering {model_dir} as {name}"), tempfile.TemporaryDirectory() as staging:
         for path in files:

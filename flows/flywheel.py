@@ -156,7 +156,11 @@ def _turn(config: FlywheelConfig, tracker: Any, work: Path) -> dict[str, Any]:
         mined = tasks.mine_datasets(config.logs_dir or str(home.logs_dir()), str(work / "datasets"),
                                     config.mining_config, config.mining_overrides, target["dir"])
         tracker.log_params(mined["config"])
-        tracker.log_artifact(mined["path"])
+        counts = mined["manifest"].get("counts", {})
+        tracker.log_metrics({k: v for k, v in counts.items() if isinstance(v, (int, float))})
+        plot = mined["manifest"].get("outputs", {}).get("plot", {}).get("path")
+        for path in [mined["path"]] + ([work / "datasets" / plot] if plot else []):
+            tracker.log_artifact(path)
     with stage(tracker, "train"):
         trained = _train(config, tracker, work, mined, champion, target)
     with stage(tracker, "shadow"):

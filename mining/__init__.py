@@ -1,1 +1,1 @@
-"""mining package."""
+"""Mining: serving logs -> distillation, preference and hold-out datasets (see docs/mining.md)."""

@@ -53,7 +53,7 @@ class MiningConfig:
     """`weight` column of hard and rollback samples in distill/."""
     uniform_weight: float = 1.0
     """`weight` column of uniform samples in distill/."""
-    max_pairs_per_request: int = 8
+    max_pairs_per_request: int = 4
     """Preference pairs per request: the first N rejections (each gives prefix, target token, draft token)."""
     near_dup_threshold: float = 0.8
     """Estimated Jaccard similarity (word n-gram MinHash) at or above which two prompts are near-duplicates."""

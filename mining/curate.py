@@ -1,11 +1,12 @@
 """From selected candidates to the final sample lists: text-level dedupe, hold-out isolation, quotas.
 
-Reads only the candidate lines (bounded by the caps), in file order, and keeps a small summary per
-candidate (MinHash signature, normalised-text key, whether scrubbing would change it). Then it walks
-the candidates in priority order -- hold-out first, then per slice hard, rollback, uniform -- and
-keeps one unless it is an exact or near duplicate of something kept before (the hold-out included,
-so no training prompt resembles a hold-out prompt) or it needs scrubbing and no tokenizer is there
-to re-derive its ids. Writing the datasets is `mining.outputs`' job.
+Candidates are read lazily, in rounds: each round reads (in file order) just enough of every slice's
+candidate list to fill what its quota still lacks, and keeps a small summary per candidate (MinHash
+signature, normalised-text key, whether scrubbing would change it). Candidates are then admitted in
+priority order -- hold-out first, then hard, rollback and uniform samples (each per slice, best
+first) -- unless they are an exact or near duplicate of something admitted before (the hold-out
+included, so no training prompt resembles a hold-out prompt), or need scrubbing while no tokenizer is
+there to re-derive their ids. Writing the datasets is `mining.outputs`' job.
 """
 
 from __future__ import annotations
@@ -54,55 +55,69 @@ def iter_records(files: list[Path], rows: np.ndarray) -> Iterator[tuple[int, Any
             yield by_file[file_index][number], decode_line(line)
 
 
-def _summaries(files: list[Path], rows: np.ndarray, near: NearDupIndex, scrub: bool) -> dict[int, _Summary]:
-    result = {}
-    for row_id, record in iter_records(files, rows):
-        text = Scrubber().scrub(record.prompt) if scrub else record.prompt
-        changed = scrub and (text != record.prompt or contains_pii(record.output))
-        result[row_id] = _Summary(exact_key(text), near.signature(text), changed)
-    return result
+class _Curator:
+    def __init__(self, files: list[Path], config: MiningConfig, has_tokenizer: bool):
+        self.files = files
+        self.config = config
+        self.has_tokenizer = has_tokenizer
+        self.near = NearDupIndex(config.near_dup_threshold, config.minhash_perm, config.shingle_words,
+                                 seed=config.seed + 1)
+        self.summaries: dict[int, _Summary] = {}
+        self.seen: set[int] = set()
+        self.result = Curated()
+
+    def summarize(self, rows: np.ndarray) -> None:
+        for row_id, record in iter_records(self.files, rows):
+            text = Scrubber().scrub(record.prompt) if self.config.scrub_pii else record.prompt
+            changed = self.config.scrub_pii and (text != record.prompt or contains_pii(record.output))
+            self.summaries[row_id] = _Summary(exact_key(text), self.near.signature(text), changed)
+
+    def admit(self, row_id: int, origin: str) -> bool:
+        summary = self.summaries.get(row_id)
+        dropped = self.result.dropped
+        if summary is None:
+            dropped["unreadable"] += 1
+        elif summary.needs_scrub and not self.has_tokenizer:
+            dropped["scrubbed_without_tokenizer"] += 1
+        elif summary.key in self.seen:
+            dropped["exact_duplicate"] += 1
+        elif (match := self.near.find(summary.signature)) is not None:
+            dropped["near_duplicate_of_holdout" if match[0] == "holdout" else "near_duplicate"] += 1
+        else:
+            self.seen.add(summary.key)
+            self.near.add((origin, row_id), summary.signature)
+            return True
+        return False
+
+    def fill(self, category: str, lists: dict[int, np.ndarray], quotas: dict[int, int]) -> None:
+        """Admit candidates of every slice in order until its quota is met or its list runs out."""
+        cursor = {s: 0 for s in lists}
+        kept = self.result.kept
+        while True:
+            need = {s: quotas[s] - kept[s][category] for s in lists
+                    if kept[s][category] < quotas[s] and cursor[s] < len(lists[s])}
+            if not need:
+                return
+            batch = {s: lists[s][cursor[s]:cursor[s] + need[s]] for s in need}
+            self.summarize(np.concatenate(list(batch.values())))
+            for s, rows in batch.items():
+                cursor[s] += len(rows)
+                for row_id in rows["row"].tolist():
+                    if kept[s][category] < quotas[s] and self.admit(row_id, category):
+                        self.result.train[row_id] = category
+                        kept[s][category] += 1
 
 
 def curate(files: list[Path], selection: Selection, config: MiningConfig, has_tokenizer: bool) -> Curated:
-    near = NearDupIndex(config.near_dup_threshold, config.minhash_perm, config.shingle_words, seed=config.seed + 1)
-    candidate_rows = [selection.holdout] + [rows for category in selection.candidates.values() for rows in category.values()]
-    summaries = _summaries(files, np.concatenate(candidate_rows), near, config.scrub_pii)
-    curated = Curated()
-    seen: set[int] = set()
-
-    def admit(row_id: int, origin: str) -> bool:
-        summary = summaries.get(row_id)
-        if summary is None:
-            curated.dropped["unreadable"] += 1
-            return False
-        if summary.needs_scrub and not has_tokenizer:
-            curated.dropped["scrubbed_without_tokenizer"] += 1
-            return False
-        if summary.key in seen:
-            curated.dropped["exact_duplicate"] += 1
-            return False
-        match = near.find(summary.signature)
-        if match is not None:
-            curated.dropped["near_duplicate_of_holdout" if match[0] == "holdout" else "near_duplicate"] += 1
-            return False
-        seen.add(summary.key)
-        near.add((origin, row_id), summary.signature)
-        return True
-
-    for row in selection.holdout:
-        if admit(int(row["row"]), "holdout"):
-            curated.holdout.append(int(row["row"]))
-    for slice_id in sorted(selection.quotas):
-        quota = dict(selection.quotas[slice_id])
-        kept = curated.kept[slice_id]
-        for category in CATEGORIES:
-            if category == "uniform":
-                # The anti-forgetting share follows what the hard categories actually got.
-                quota["uniform"] = round(config.uniform_ratio * (kept["hard"] + kept["rollback"]))
-            for row in selection.candidates[category].get(slice_id, ()):
-                if kept[category] >= quota[category]:
-                    break
-                if admit(int(row["row"]), category):
-                    curated.train[int(row["row"])] = category
-                    kept[category] += 1
-    return curated
+    curator = _Curator(files, config, has_tokenizer)
+    curator.summarize(selection.holdout)
+    curator.result.holdout = [r for r in selection.holdout["row"].tolist() if curator.admit(r, "holdout")]
+    for category in CATEGORIES:
+        if category == "uniform":
+            # The anti-forgetting share follows what the hard categories actually got.
+            quotas = {s: round(config.uniform_ratio * (curator.result.kept[s]["hard"] + curator.result.kept[s]["rollback"]))
+                      for s in selection.quotas}
+        else:
+            quotas = {s: q[category] for s, q in selection.quotas.items()}
+        curator.fill(category, {s: selection.candidates[category].get(s, selection.holdout[:0]) for s in quotas}, quotas)
+    return curator.result

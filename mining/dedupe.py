@@ -35,20 +35,16 @@ def exact_key(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
-def _encode(word: str) -> bytes:
-    return word.encode("utf-8", "surrogatepass")
-
-
 def shingle_hashes(text: str, n: int) -> list[int]:
     """32-bit hashes of the word n-grams of the normalised text (one shingle if shorter than n words).
 
     Words are hashed once (crc32) and combined per n-gram with numpy: several times faster than hashing
     each joined n-gram string, which matters because every selected sample is signed.
     """
-    words = text.lower().split()
+    words = text.lower().encode("utf-8", "surrogatepass").split()
     if len(words) < n:
-        return [zlib.crc32(" ".join(words).encode("utf-8", "surrogatepass"))]
-    word_hashes = np.fromiter(map(zlib.crc32, map(_encode, words)), dtype=np.uint64, count=len(words))
+        return [zlib.crc32(b" ".join(words))]
+    word_hashes = np.fromiter(map(zlib.crc32, words), dtype=np.uint64, count=len(words))
     count = len(words) - n + 1
     combined = np.zeros(count, dtype=np.uint64)
     for offset in range(n):

@@ -11,6 +11,8 @@ those requests out beforehand). Preference pairs need the tokenizer to turn sing
 from __future__ import annotations
 
 import hashlib
+import itertools
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ HOLDOUT = Features({"request_id": Value("string"), "prompt": Value("string"), "p
                     "slice": Value("string"), "max_new_tokens": Value("int32"), "output_token_ids": _IDS})
 BATCH = 512
 TAIL_CHECK = 256  # characters of a preference prefix re-checked for PII
+MIN_PII_CHARS = 6
 
 
 class TextPrep:
@@ -50,8 +53,13 @@ class TextPrep:
             return None
         return clean, self.tokenizer(clean, add_special_tokens=False)["input_ids"]
 
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    def decode_many(self, sequences: list[list[int]]) -> list[str]:
+        """Decode several id lists at once (one Rust call with a fast tokenizer; no clean-up of spaces)."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            return backend.decode_batch(sequences, skip_special_tokens=False)
+        return [self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+                for ids in sequences]
 
 
 def distill_row(record: Any, prep: TextPrep, weight: float) -> dict[str, Any] | None:
@@ -96,21 +104,28 @@ def preference_rows(record: Any, prep: TextPrep, max_pairs: int) -> Iterator[dic
     prompt = prep.text_and_ids(record.prompt, record.prompt_token_ids)
     if prompt is None or prep.tokenizer is None:
         return
+    # Take a few spare rejections: pairs whose text scrubbing would change are skipped below.
+    spots = list(itertools.islice(rejections(record), 2 * max_pairs))
+    if not spots:
+        return
+    out = record.output_token_ids
+    texts = prep.decode_many([out[:at] for at, _, _ in spots] + [[t] for _, c, r in spots for t in (c, r)])
     # Matches are local: if the whole output is clean, a prefix of it can only gain a match where it was
     # cut, so its tail is all that needs checking. Otherwise check each prefix whole.
-    tail = TAIL_CHECK if prep.scrubber is None or not contains_pii(record.output) else None
+    tail = TAIL_CHECK if prep.scrubber is not None and not contains_pii(record.output) else None
     pairs = 0
-    for at, chosen_id, rejected_id in rejections(record):
+    for i, (at, chosen_id, rejected_id) in enumerate(spots):
         if pairs >= max_pairs:
             return
-        prefix_ids = record.output_token_ids[:at]
-        prefix, chosen, rejected = prep.decode(prefix_ids), prep.decode([chosen_id]), prep.decode([rejected_id])
+        prefix, chosen, rejected = texts[i], texts[len(spots) + 2 * i], texts[len(spots) + 2 * i + 1]
         # A prefix or token that scrubbing would change no longer matches its ids: skip that pair.
-        if prep.scrubber is not None and any(contains_pii(t) for t in (prefix[-tail:] if tail else prefix, chosen, rejected)):
+        # A single token shorter than the shortest PII pattern (an e-mail like a@b.cd) needs no check.
+        checks = [prefix[-tail:] if tail else prefix] + [t for t in (chosen, rejected) if len(t) >= MIN_PII_CHARS]
+        if prep.scrubber is not None and any(contains_pii(t) for t in checks):
             continue
         pairs += 1
         yield {"prompt": prompt[0] + prefix, "chosen": chosen, "rejected": rejected,
-               "prompt_token_ids": prompt[1] + list(prefix_ids), "chosen_token_ids": [chosen_id],
+               "prompt_token_ids": prompt[1] + list(out[:at]), "chosen_token_ids": [chosen_id],
                "rejected_token_ids": [rejected_id], "slice": record.slice}
 
 
@@ -142,6 +157,8 @@ class DatasetWriter:
         self._write()
         self._writer.close()
         self._sink.close()
+        if out_dir.exists():  # a previous run's shards must not survive next to this run's
+            shutil.rmtree(out_dir)
         # An empty dataset saved with zero shards cannot be loaded again: force one shard.
         Dataset.from_file(str(self.scratch)).save_to_disk(str(out_dir), num_shards=1 if self.rows == 0 else None)
         return self.rows

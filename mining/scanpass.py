@@ -115,7 +115,8 @@ def split_files(files: list[Path], groups: int) -> list[list[Path]]:
     return [group for group in result if group]
 
 
-def _workers(config: MiningConfig, files: list[Path]) -> int:
+def scan_workers(config: MiningConfig, files: list[Path]) -> int:
+    """How many scan processes `config.workers` (0 = auto) gives for these files."""
     if config.workers:
         return max(1, min(config.workers, len(files)))
     if sum(p.stat().st_size for p in files) < AUTO_PARALLEL_BYTES:
@@ -125,7 +126,7 @@ def _workers(config: MiningConfig, files: list[Path]) -> int:
 
 def scan_pass(files: list[Path], scratch: Path, quarantine_path: Path, config: MiningConfig) -> tuple[ScanResult, IndexFile]:
     """Scan all files (in parallel when worth it); returns the merged result and the merged index."""
-    groups = split_files(files, _workers(config, files))
+    groups = split_files(files, scan_workers(config, files))
     starts = np.cumsum([0] + [len(g) for g in groups])[:-1].tolist()
     jobs = [(group, start, scratch, part, config) for part, (group, start) in enumerate(zip(groups, starts))]
     if len(jobs) <= 1:

@@ -54,24 +54,36 @@ def assistant_settings(draft_model: Any, k: int) -> Iterator[None]:
         draft_model.generation_config = saved
 
 
-def _hf_generate(model: Any, ids: list[int], max_new_tokens: int, assistant: Any = None) -> tuple[list[int], float]:
+class _Clock:
+    """Wall time and this process's CPU time of a block; CPU time shows the work done even when other
+    jobs compete for the cores (wall time is what design.md's tokens/s use)."""
+
+    def __enter__(self) -> "_Clock":
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
+def _hf_generate(model: Any, ids: list[int], max_new_tokens: int, assistant: Any = None):
     input_ids = torch.tensor([ids])
-    start = time.perf_counter()
-    with torch.inference_mode():
+    with _Clock() as clock, torch.inference_mode():
         out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
                              max_new_tokens=max_new_tokens, assistant_model=assistant)
-    return out[0, len(ids):].tolist(), time.perf_counter() - start
+    return out[0, len(ids):].tolist(), clock
 
 
 def _ours(engine: Engine, prompt: Any, params: SamplingParams, chat: bool, mode: str):
-    start = time.perf_counter()
-    completion, = engine.generate([prompt], params, slice="bench", chat=chat, mode=mode)
-    return completion, time.perf_counter() - start
+    with _Clock() as clock:
+        completion, = engine.generate([prompt], params, slice="bench", chat=chat, mode=mode)
+    return completion, clock
 
 
 def run_bench(engine: Engine, prompts: list[Any], max_new_tokens: int, k: int = 4, chat: bool = False,
-              progress: bool = True) -> dict[str, Any]:
-    """Measure the four methods on `prompts`; return the design.md `bench` keys."""
+              progress: bool = True, cpu_time: bool = False) -> dict[str, Any]:
+    """Measure the four methods on `prompts`; return the design.md `bench` keys (plus `cpu_*` tokens per
+    CPU-second rates and speedups when `cpu_time`)."""
     if engine.draft is None:
         raise ValueError("bench needs a draft model")
     from tqdm import tqdm
@@ -80,26 +92,28 @@ def run_bench(engine: Engine, prompts: list[Any], max_new_tokens: int, k: int = 
     params = SamplingParams(max_new_tokens=max_new_tokens, k=k)
     tokens = dict.fromkeys(("plain", "spec", "hf_plain", "hf_assisted"), 0)
     seconds = dict.fromkeys(tokens, 0.0)
+    cpu_seconds = dict.fromkeys(tokens, 0.0)
     drafted = accepted = steps = identical = 0
     with assistant_settings(draft, k):
         # Warm-up (allocator, first-call paths) outside the timed region.
         _ours(engine, prompts[0], SamplingParams(max_new_tokens=4, k=k), chat, "draft")
         _hf_generate(target, engine.encode(prompts[0], chat)[1], 4, draft)
         for prompt in tqdm(prompts, desc="bench", disable=not progress):
-            plain, seconds_plain = _ours(engine, prompt, params, chat, "autoregressive")
-            spec, seconds_spec = _ours(engine, prompt, params, chat, "draft")
-            hf_ids, seconds_hf = _hf_generate(target, spec.prompt_token_ids, max_new_tokens)
-            hf_asst_ids, seconds_asst = _hf_generate(target, spec.prompt_token_ids, max_new_tokens, draft)
-            for name, ids, took in (("plain", plain.token_ids, seconds_plain), ("spec", spec.token_ids, seconds_spec),
-                                    ("hf_plain", hf_ids, seconds_hf), ("hf_assisted", hf_asst_ids, seconds_asst)):
+            plain, clock_plain = _ours(engine, prompt, params, chat, "autoregressive")
+            spec, clock_spec = _ours(engine, prompt, params, chat, "draft")
+            hf_ids, clock_hf = _hf_generate(target, spec.prompt_token_ids, max_new_tokens)
+            hf_asst_ids, clock_asst = _hf_generate(target, spec.prompt_token_ids, max_new_tokens, draft)
+            for name, ids, clock in (("plain", plain.token_ids, clock_plain), ("spec", spec.token_ids, clock_spec),
+                                     ("hf_plain", hf_ids, clock_hf), ("hf_assisted", hf_asst_ids, clock_asst)):
                 tokens[name] += len(ids)
-                seconds[name] += took
+                seconds[name] += clock.wall
+                cpu_seconds[name] += clock.cpu
             drafted += spec.record.drafted_tokens
             accepted += spec.record.accepted_tokens
             steps += spec.record.verify_steps
             identical += int(spec.token_ids == hf_ids)
     rate = {name: tokens[name] / seconds[name] for name in tokens}
-    return {
+    result = {
         "plain_tokens_per_s": rate["plain"], "spec_tokens_per_s": rate["spec"],
         "hf_plain_tokens_per_s": rate["hf_plain"], "hf_assisted_tokens_per_s": rate["hf_assisted"],
         "speedup_vs_plain": rate["spec"] / rate["plain"],
@@ -109,3 +123,9 @@ def run_bench(engine: Engine, prompts: list[Any], max_new_tokens: int, k: int = 
         "greedy_identical": f"{identical}/{len(prompts)}",
         "k": k, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
     }
+    if cpu_time:
+        cpu_rate = {name: tokens[name] / cpu_seconds[name] for name in tokens}
+        result.update({f"cpu_{name}_tokens_per_s": value for name, value in cpu_rate.items()})
+        result["cpu_speedup_vs_plain"] = cpu_rate["spec"] / cpu_rate["plain"]
+        result["cpu_speedup_vs_hf_assisted"] = cpu_rate["spec"] / cpu_rate["hf_assisted"]
+    return result

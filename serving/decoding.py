@@ -4,11 +4,11 @@ Each loop is a generator that advances one request, pushes the emitted tokens in
 `OutputState` and yields after every step (the engine streams text between steps). Shape comments
 follow gpt-fast. No I/O, no records: the engine turns `Request.steps` and the timings into the log.
 
-Cache discipline of the speculative loop (why nothing is ever re-encoded):
-- the target cache holds every emitted token except the last one, which is fed at the next verify;
-- the draft cache holds the emitted tokens except `pending` (1 token after a rejection, 2 after a full
-  acceptance: the last draft token, never fed to the draft, and the bonus token).
-On rejection both caches are cropped back to the accepted prefix.
+Cache discipline of the speculative loop (why nothing is ever re-encoded): each cache holds the
+prompt and emitted tokens except its `*_new` tokens, fed at the next step. For the target that is the
+last emitted token; for the draft it is 1 token after a rejection (the correction) or 2 after a full
+acceptance (the last draft token, never fed to the draft, and the bonus token). At the start both
+are the whole prompt. On rejection both caches are cropped back to the accepted prefix.
 """
 
 from __future__ import annotations
@@ -83,42 +83,40 @@ def _draft_tokens(draft: CachedLM, pending: torch.Tensor, k: int, req: Request):
 
 
 def speculative(target: CachedLM, draft: CachedLM, req: Request, controller: AdaptiveK | None) -> Iterator[None]:
+    """Draft-model speculative decoding. The first step drafts straight from the prompt and the target
+    reads prompt + drafts in one forward, so there is no separate target prefill (as in HF)."""
     params = req.params
-    prompt_logits = target.forward(req.prompt_ids, keep=1)[-1]  # [V]
-    draft.forward(req.prompt_ids, keep=1)  # fill the draft cache; its guess for the first token is unused
-    last = choose(prompt_logits, params, req.generator)
-    req.emit([last])
-    yield
-    pending = torch.tensor([last])  # tokens emitted but not yet in the draft cache
+    target_new = draft_new = req.prompt_ids  # tokens not yet in each cache
     while not req.out.finished:
         k = controller.next_k() if controller else params.k
         k = min(k, req.out.remaining - 1)  # drafts past max_new_tokens would be thrown away
         if k <= 0:
-            logits = target.forward(torch.tensor([last]), keep=1)[-1]  # [V]
-            last = choose(logits, params, req.generator)
-            req.steps.append(Step(k=0, accepted=0, draft_token_ids=[], target_token_id=last))
-            req.emit([last])
+            token = choose(target.forward(target_new, keep=1)[-1], params, req.generator)
+            req.steps.append(Step(k=0, accepted=0, draft_token_ids=[], target_token_id=token))
+            req.emit([token])
+            target_new = draft_new = torch.tensor([token])
             yield
             continue
         start = time.perf_counter()
-        drafted, q = _draft_tokens(draft, pending, k, req)  # [k], [k, V] | None
+        drafted, q = _draft_tokens(draft, draft_new, k, req)  # [k], [k, V] | None
         draft_s = time.perf_counter() - start
-        logits = target.forward(torch.cat([torch.tensor([last]), drafted]))  # [k+1, V]
+        logits = target.forward(torch.cat([target_new, drafted]), keep=k + 1)  # [k+1, V]
         if params.greedy:
             emitted, accepted = verify_greedy(drafted, logits)
         else:
             emitted, accepted = verify_sampled(drafted, q, warp(logits, params), req.generator)
         target.rollback(k - accepted)
         if accepted == k:
-            pending = emitted[-2:]  # [2]: the last draft token and the bonus token
+            draft_new = emitted[-2:]  # [2]: the last draft token (never fed to the draft) and the bonus
         else:
             draft.rollback(k - 1 - accepted)
-            pending = emitted[-1:]  # [1]: the target's correction
+            draft_new = emitted[-1:]  # [1]: the target's correction
+        target_new = emitted[-1:]  # [1]
         if controller:
             controller.update(k, accepted, draft_s, target.last_forward_s)
         emitted_list = emitted.tolist()
-        last = emitted_list[-1]
-        req.steps.append(Step(k=k, accepted=accepted, draft_token_ids=drafted.tolist(), target_token_id=last))
+        req.steps.append(Step(k=k, accepted=accepted, draft_token_ids=drafted.tolist(),
+                              target_token_id=emitted_list[-1]))
         req.emit(emitted_list)
         yield
 

@@ -88,7 +88,7 @@ class DraftWatcher:
         loaded = load_model(local_dir, device=str(param.device), dtype=param.dtype)
         check_compatible(self.engine.target, loaded)  # refuse here rather than fail inside swap_draft
         model_id = dataclasses.replace(loaded.model_id, name=self.name, version=version)
-        return dataclasses.replace(loaded, model_id=model_id)
+        return dataclasses.replace(loaded, model_id=model_id, tags=tags)
 
     def _keep(self, reason: str) -> bool:
         if reason != self.last_error:  # one log line per distinct problem, not one per poll

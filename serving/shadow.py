@@ -13,6 +13,7 @@ aliases after a passing gate is the caller's decision (see `draftwheel.registry_
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +25,8 @@ from serving.engine import Completion, Engine
 from serving.gate import ShadowConfig, gate, plot_slices, summarize
 from serving.models import LoadedModel, load_model
 from serving.params import SamplingParams
+
+log = logging.getLogger(__name__)
 
 REPORT_SCHEMA = 1
 DEFAULT_CANARY = Path(__file__).resolve().parents[1] / "configs" / "canary.jsonl"
@@ -131,6 +134,9 @@ def run_shadow(champion: str | Path | LoadedModel, challenger: str | Path | Load
         row, bad = _replay_one(engines, request, index, config)
         rows.append(row)
         mismatches += bad
+        log.info("shadow %d/%d %s [%s]: accepted length %.2f (champion) vs %.2f (challenger)%s", index + 1,
+                 len(requests), request.id, request.slice, row["champion"]["mean_accepted_length"],
+                 row["challenger"]["mean_accepted_length"], "  LOSSY" if bad else "")
     report = {"schema": REPORT_SCHEMA, "created": started, "replay_seconds": time.time() - started,
               "config": to_dict(config), "holdout": str(holdout_dir) if holdout_dir else None,
               **{name: _describe(spec, models[name]) for name, spec in

@@ -31,7 +31,7 @@ class BootstrapConfig:
 
     target: str = ""             # target model dir; "" = the reference target (converted once)
     draft_name: str = "v0-draft"  # dir under <state>/models for the v0 draft
-    init_layers: list[int] = field(default_factory=lambda: [0, -1])  # target layers copied into the draft
+    init_layers: list[int] = field(default_factory=lambda: [0, 1])  # target layers copied into the draft
     workload: str = "chat"       # mining.workloads name for the general traffic
     n_prompts: int = 24          # training prompts (target completions)
     holdout_prompts: int = 8     # hold-out prompts for the agreement evaluation
@@ -40,8 +40,8 @@ class BootstrapConfig:
     top_k: int = 64              # teacher log-probs kept per generated position
     seed: int = 0                # workload sampling seed
     loss: str = "fkl"            # distillation loss (training.losses)
-    learning_rate: float = 5e-4  # distillation learning rate
-    epochs: float = 3.0          # distillation epochs
+    learning_rate: float = 3e-3  # distillation learning rate
+    epochs: float = 8.0          # distillation epochs
     batch_size: int = 4          # distillation batch size
     max_length: int = 256        # tokens per training sequence
     register: bool = True        # register the draft and set `champion` (unless a champion exists)

@@ -105,7 +105,9 @@ def train_dpo(config: DpoConfig, tracker: Any = None) -> Path:
         callbacks.append(AgreementCallback(holdout, tracker, config.eval_k, refs))
     args = DPOConfig(**common.training_arguments_kwargs(config, out_dir.parent / f".{out_dir.name}-scratch"),
                      beta=config.beta, loss_type=[config.loss_type], max_length=config.max_length,
-                     precompute_ref_log_probs=False)
+                     precompute_ref_log_probs=False,
+                     # TRL turns recomputation on by default; a small draft has no memory to save.
+                     activation_checkpointing=False)
     trainer = TokenIdDPOTrainer(model=model, args=args, train_dataset=pairs, processing_class=start.tokenizer,
                                 callbacks=callbacks, peft_config=_peft_config(config))
     with tracker.run("train-dpo", nested=True, tags={"stage": "dpo"}):

@@ -64,7 +64,7 @@ def test_shadow_gate_registers_and_promotes(home, toy_models, tmp_path, capsys):
     champion = tracking.register_draft(bad, {"target_sha256": models["target"].model_id.sha256})
     tracking.promote(champion)
     common = ["--target", target, "--holdout", str(holdout), "--set", "include_canary=false",
-              "--set", "min_requests=4", "--set", "bootstrap_resamples=200"]
+              "--set", "min_requests=4", "--set", "max_requests=4", "--set", "bootstrap_resamples=200"]
     out = tmp_path / "pass.json"
     assert run("shadow", "--challenger", good, "--out", str(out), "--promote", *common) == 0
     assert "shadow: PROMOTE" in capsys.readouterr().out

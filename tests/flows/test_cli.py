@@ -1,4 +1,4 @@
-"""The flow commands' argument handling, in a subprocess (no Prefect server is started by these)."""
+"""The flow commands' argument handling (no Prefect server is started by these)."""
 
 from __future__ import annotations
 
@@ -6,22 +6,23 @@ import os
 import subprocess
 import sys
 
-
-def draftwheel(*args, tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
-    env["DRAFTWHEEL_HOME"] = str(tmp_path / "home")
-    return subprocess.run([sys.executable, "-m", "draftwheel", *args], capture_output=True, text=True, env=env,
-                          timeout=120)
+from draftwheel.cli import main
 
 
-def test_bad_config_fails_fast_with_the_field_named(tmp_path):
-    result = draftwheel("flywheel", "trainer=magic", tmp_path=tmp_path)
-    assert result.returncode == 2 and "trainer" in result.stderr
-    result = draftwheel("monitor", "min_acceptance=7", tmp_path=tmp_path)
-    assert result.returncode == 2 and "min_acceptance" in result.stderr
+def test_bad_config_fails_fast_with_the_field_named(capsys):
+    assert main(["flywheel", "trainer=magic"]) == 2
+    assert "trainer" in capsys.readouterr().err
+    assert main(["monitor", "min_acceptance=7"]) == 2
+    assert "min_acceptance" in capsys.readouterr().err
+    assert main(["demo", "eval_requests=0"]) == 2
+    assert "eval_requests" in capsys.readouterr().err
 
 
 def test_schedule_without_a_prefect_server_explains_what_to_start(tmp_path):
-    result = draftwheel("flywheel", "--schedule", "0 3 * * *", tmp_path=tmp_path)
+    # A subprocess: the session's Prefect test server would otherwise count as a configured API.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env["DRAFTWHEEL_HOME"] = str(tmp_path / "home")
+    result = subprocess.run([sys.executable, "-m", "draftwheel", "flywheel", "--schedule", "0 3 * * *"],
+                            capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 2
     assert "prefect server start" in result.stderr and "PREFECT_API_URL" in result.stderr

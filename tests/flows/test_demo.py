@@ -15,7 +15,7 @@ from tests.flows.toy_world import build_models
 
 
 @pytest.mark.slow
-def test_demo_runs_the_whole_story_on_tiny_models(tmp_path, monkeypatch, prefect_server):
+def test_demo_runs_the_whole_story_on_tiny_models(tmp_path, monkeypatch, prefect_server, one_torch_thread):
     monkeypatch.setenv("DRAFTWHEEL_HOME", str(tmp_path / "home"))
     dirs = build_models(tmp_path)
     # The stand-in "v0": a random draft registered the way bootstrap registers one.

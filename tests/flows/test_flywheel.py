@@ -30,7 +30,7 @@ WORDS = ("sea sky fox dog poem stack list items read write test class return imp
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory, prefect_server):
+def world(tmp_path_factory, prefect_server, one_torch_thread):
     root = tmp_path_factory.mktemp("flywheel")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DRAFTWHEEL_HOME", str(root / "home"))
@@ -121,3 +121,21 @@ def test_flywheel_config_file_and_validation(tmp_path):
         load_config(FlywheelConfig, None, [f"train_config={tmp_path / 'missing.yaml'}"])
     with pytest.raises(ConfigError, match="trainr"):
         load_config(FlywheelConfig, None, ["trainr=dpo"])
+
+
+def test_monitor_flow_reads_the_logs_and_triggers_or_not(world):
+    from flows.monitor import monitor
+
+    tracking.promote(world["versions"]["bad"])  # the champion that served the logged traffic
+    common = [f"logs_dir={world['logs']}", f"target={world['dirs']['target']}", "run_flywheel=false",
+              "window_requests=16", "min_requests=4"]
+    low = monitor(None, common + ["min_acceptance=0.5"])
+    assert low["decision"]["trigger"] and low["decision"]["requests"]["overall"] == 16
+    assert not monitor(None, common + ["min_acceptance=0.0"])["decision"]["trigger"]
+    # A new champion has served nothing yet: the old champion's records are not held against it.
+    tracking.promote(world["versions"]["good"])
+    fresh = monitor(None, common + ["min_acceptance=0.5"])
+    assert not fresh["decision"]["trigger"] and fresh["decision"]["requests"]["overall"] == 0
+    # Serving a different target than the champion was trained for triggers on its own.
+    moved = monitor(None, common[:1] + [f"target={world['dirs']['good']}", "run_flywheel=false"])
+    assert moved["decision"]["trigger"] and "target weights changed" in moved["decision"]["reasons"][0]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import random
+import numpy as np
 from pathlib import Path
 
 import pytest
@@ -14,7 +14,7 @@ from mining.synthetic import synthetic_record
 
 def make_record(index: int = 0, ts: float = 1.7e9, seed: int = 0, **overrides) -> dict:
     """A valid schema-v1 record (synthetic sizes) with fields overridden."""
-    record = synthetic_record(random.Random(seed * 1_000_003 + index), index, ts)
+    record = synthetic_record(np.random.default_rng(seed * 1_000_003 + index), index, ts)
     record.update(overrides)
     return record
 

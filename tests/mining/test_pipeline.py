@@ -190,3 +190,13 @@ def test_request_stats_and_per_position_acceptance():
     # position 0: drafted by all 4 steps, accepted by steps 1, 2 and 4; position 1: drafted 4 times, accepted 2
     assert per_position[:4] == pytest.approx([0.75, 0.5, 2 / 3, 2 / 3], abs=1e-6) and len(per_position) == 63
     assert stats.to_dict()["max_rollback_depth"] == 30
+
+
+def test_mining_again_into_the_same_dir_replaces_the_outputs(tmp_path):
+    write_lines(tmp_path / "big" / "a.jsonl", _records(120))
+    write_lines(tmp_path / "small" / "a.jsonl", _records(12))
+    mine(tmp_path / "big", tmp_path / "out", fast_config())
+    manifest = mine(tmp_path / "small", tmp_path / "out", fast_config())
+    for name in COLUMNS:
+        assert len(load_from_disk(str(tmp_path / "out" / name))) == manifest["outputs"][name]["rows"]
+        assert manifest["outputs"][name]["sha256"] == path_sha256(tmp_path / "out" / name)

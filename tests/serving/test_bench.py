@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from draftwheel.cli import main
 from serving.bench import read_prompts
@@ -13,6 +14,16 @@ BENCH_KEYS = {
     "speedup_vs_plain", "speedup_vs_hf_assisted", "acceptance_rate", "mean_accepted_length",
     "greedy_identical", "k", "prompts", "max_new_tokens",
 }
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny models run fastest on one thread, and multi-threaded kernels slow down badly when other
+    jobs share the 2 cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,16 @@ def noisy_copy(model, scale, seed=1):
     return draft
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny models run fastest on one thread, and multi-threaded kernels slow down badly when other
+    jobs share the 2 cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def pair():
     tokenizer = build_tokenizer()
@@ -92,8 +102,8 @@ def test_record_totals_consistent_with_steps(engine):
     assert record.drafted_tokens == sum(s.k for s in record.steps)
     assert record.accepted_tokens == sum(s.accepted for s in record.steps)
     assert record.verify_steps == len(record.steps)
-    # Every step emits accepted + 1 tokens; the first token comes from the prefill.
-    assert 1 + sum(s.accepted + 1 for s in record.steps) >= len(record.output_token_ids)
+    # Every step emits accepted + 1 tokens (the first step verifies drafts made from the prompt).
+    assert sum(s.accepted + 1 for s in record.steps) >= len(record.output_token_ids)
     assert completion.stats.mean_accepted_length == pytest.approx(
         (record.accepted_tokens + record.verify_steps) / record.verify_steps)
     assert 0 < record.ttft_s <= record.latency_s
@@ -151,7 +161,7 @@ def test_sampled_tokens_follow_target_distribution(engine, pair):
         return law
 
     law = joint(target)
-    n = 1200
+    n = 1000
     counts = dict.fromkeys(law, 0)
     for seed in range(n):
         completion, = engine.generate(["The quick brown"], SamplingParams(**{**params.__dict__, "seed": seed}))

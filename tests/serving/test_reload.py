@@ -108,7 +108,8 @@ def test_hot_reload_under_concurrent_requests(registry, engine):
     assert errors == []
     assert watcher.swaps == 2 and watcher.last_error is None
     by_version = {versions[n]: load_model(registry["paths"][n]).model for n in ("good", "bad")}
-    shas = {versions[n]: weights_sha256(registry["paths"][n]) for n in ("good", "bad")}
+    shas = {versions[n]: tracking.get_version_tags(versions[n])[tracking.WEIGHTS_TAG] for n in ("good", "bad")}
+    assert shas[versions["good"]] == weights_sha256(registry["paths"]["good"])
     assert {r.draft_id.version for r in records} == set(by_version)
     for record in records:
         assert record.draft_id.name == tracking.DRAFT_MODEL

@@ -34,7 +34,7 @@ def test_bootstrap_builds_registers_and_is_idempotent(tmp_path):
                                 tmp_path / "target")
     workload = [{"prompt": p, "slice": "chat"} for p in PROMPTS]
     config = BootstrapConfig(target=str(target_dir), init_layers=[0, 2], n_prompts=6, holdout_prompts=2,
-                             max_new_tokens=10, gen_batch_size=4, top_k=8, epochs=2, learning_rate=2e-3,
+                             max_new_tokens=8, gen_batch_size=8, top_k=8, epochs=1, learning_rate=2e-3,
                              tracking=False)
     first = bootstrap(config, workload=workload)
     assert first["built"] and first["registered"]
@@ -54,4 +54,4 @@ def test_bootstrap_config_validation():
         BootstrapConfig(draft_name="a/b")
     with pytest.raises(ValueError, match="n_prompts"):
         BootstrapConfig(n_prompts=0)
-    assert load_config(BootstrapConfig, "configs/bootstrap.yaml").init_layers == [0, -1]
+    assert load_config(BootstrapConfig, "configs/bootstrap.yaml").init_layers == [0, 1]

@@ -57,7 +57,7 @@ def test_full_finetune_overfits_and_saves_a_servable_dir(toy_models, toy_data, t
 
 
 def test_lora_is_merged_into_plain_weights(toy_models, toy_data, tmp_path):
-    out = train_distill(_config(toy_models, toy_data, tmp_path, lora=True, lora_r=4, max_steps=6))
+    out = train_distill(_config(toy_models, toy_data, tmp_path, lora=True, lora_r=4, max_steps=4))
     with safe_open(str(out / "model.safetensors"), "pt") as handle:
         keys = list(handle.keys())
     assert keys and not any("lora" in k for k in keys)

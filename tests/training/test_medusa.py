@@ -72,7 +72,7 @@ def test_train_medusa_improves_heads_and_decodes_losslessly(toy_models, toy_data
 
     config = MedusaConfig(target=str(toy_models["target"]), dataset=str(toy_data["distill"]),
                           holdout=str(toy_data["holdout"]), output_dir=str(tmp_path / "heads"), n_heads=2,
-                          loss="ce", learning_rate=1e-2, max_steps=25, batch_size=8, tracking=False)
+                          loss="ce", learning_rate=1e-2, max_steps=15, batch_size=8, tracking=False)
     out = train_medusa(config)
     assert is_medusa_dir(out)
     metrics = json.loads((out / "draftwheel_training.json").read_text())["metrics"]
