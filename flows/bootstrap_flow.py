@@ -36,15 +36,17 @@ def v0_version() -> str | None:
 
 @task(name="bootstrap", cache_policy=NONE)
 def bootstrap_task(config_path: str | None, overrides: list[str]) -> dict[str, Any]:
+    from flows.tasks import stage_config_path
     from training.bootstrap import BootstrapConfig, bootstrap
 
-    return bootstrap(load_config(BootstrapConfig, config_path, overrides))
+    return bootstrap(load_config(BootstrapConfig, stage_config_path(config_path or "", "bootstrap") or None, overrides))
 
 
-@flow(name="bootstrap", log_prints=True)
+@flow(name="bootstrap")
 def bootstrap_flow(config_path: str | None = None, overrides: list[str] | None = None,
                    force: bool = False) -> dict[str, Any]:
-    """Run `training.bootstrap.bootstrap` unless a champion exists (or `force`)."""
+    """Run `training.bootstrap.bootstrap` (config: `config_path`, default the shipped configs/bootstrap.yaml)
+    unless a champion exists (or `force`)."""
     if not force and not needs_bootstrap():
         print("bootstrap: a champion is registered already; nothing to do", flush=True)
         return {"skipped": True}

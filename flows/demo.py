@@ -51,8 +51,11 @@ class DemoConfig:
     """The monitor's threshold: this fraction of the acceptance the champion had on chat traffic."""
     min_acceptance: float = 0.0
     """An absolute monitor threshold instead (0 = use trigger_ratio)."""
-    mining_overrides: list[str] = field(default_factory=lambda: ["holdout_fraction=0.2"])
-    train_overrides: list[str] = field(default_factory=lambda: ["epochs=2", "batch_size=4", "learning_rate=3e-4"])
+    mining_overrides: list[str] = field(default_factory=lambda: ["holdout_fraction=0.2", "hard_quantile=0.5",
+                                                                 "uniform_ratio=1.0"])
+    """On top of configs/mining.yaml: with little traffic, train on all of it (hard half + the rest)."""
+    train_overrides: list[str] = field(default_factory=list)
+    """On top of the shipped configs/<trainer>.yaml."""
     shadow_overrides: list[str] = field(default_factory=lambda: ["max_new_tokens=32", "include_canary=false",
                                                                  "min_requests=6"])
     trainer: str = "distill"
@@ -205,7 +208,7 @@ def _log_results(config: DemoConfig, results: dict[str, Any], paths: dict[str, P
     return run_id
 
 
-@flow(name="demo", log_prints=True)
+@flow(name="demo")
 def demo(config_path: str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
     """The main job: see the module docstring."""
     return run_demo(load_config(DemoConfig, config_path, overrides))

@@ -40,15 +40,15 @@ class FlywheelConfig:
     """Target model dir ("" = the reference target in the state dir)."""
     champion_uri: str = "models:/draftwheel-draft@champion"
     mining_config: str = ""
-    """MiningConfig YAML ("" = MiningConfig defaults); `mining_overrides` are key=value on top."""
+    """MiningConfig YAML ("" = the shipped configs/mining.yaml); `mining_overrides` are key=value on top."""
     mining_overrides: list[str] = field(default_factory=list)
     train_config: str = ""
-    """The trainer's config YAML ("" = its defaults). Data, start point, target and output are set by the flow."""
+    """The trainer's YAML ("" = the shipped configs/<trainer>.yaml). Data, start, target, output: set by the flow."""
     train_overrides: list[str] = field(default_factory=list)
     launcher: str = ""
     """Run a built-in trainer as `<launcher> -m training.<trainer> ...`, e.g. "accelerate launch" ("" = in-process)."""
     shadow_config: str = ""
-    """ShadowConfig YAML (gate thresholds: min_gain, slice tolerance) ("" = defaults)."""
+    """ShadowConfig YAML, the gate's thresholds ("" = the shipped configs/shadow.yaml)."""
     shadow_overrides: list[str] = field(default_factory=list)
     promote: bool = True
     """Promote a candidate that passes the gate (False = register it as challenger only)."""
@@ -123,12 +123,14 @@ def _log_report(tracker: Any, report: dict[str, Any], report_path: str) -> None:
 
 def _train(config: FlywheelConfig, tracker: Any, work: Path, mined: dict, champion: dict,
            target: dict) -> dict[str, Any]:
-    key = tasks.train_cache_key(config.trainer, mined["sha256"], config.train_config,
+    builtin = config.trainer in BUILTIN_TRAINERS
+    config_path = tasks.stage_config_path(config.train_config, config.trainer) if builtin else config.train_config
+    key = tasks.train_cache_key(config.trainer, mined["sha256"], config_path,
                                 config.train_overrides, champion["sha256"], target["sha256"])
     out_dir = home.models_dir() / "candidates" / key[:16]
     # A cached result whose model dir was deleted is useless: retrain instead of returning it.
     train = tasks.train_candidate.with_options(refresh_cache=not (out_dir / "config.json").is_file())
-    trained = train(config.trainer, config.train_config, config.train_overrides, str(work / "datasets"),
+    trained = train(config.trainer, config_path, config.train_overrides, str(work / "datasets"),
                     champion["dir"], target["dir"], str(out_dir), key, config.launcher, tracker=tracker)
     tracker.set_tags({"candidate_dir": trained["dir"], "cache_key": key})
     return trained
@@ -206,7 +208,7 @@ def run_flywheel(config: FlywheelConfig) -> dict[str, Any]:
     return result
 
 
-@flow(name="flywheel", log_prints=True)
+@flow(name="flywheel")
 def flywheel(config_path: str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
     """mine -> train -> shadow -> register -> promote, tracked in MLflow."""
     return run_flywheel(load_config(FlywheelConfig, config_path, overrides))

@@ -155,7 +155,7 @@ def read_records(logs_dir: str | Path) -> Iterator[AcceptanceRecord]:
             continue
 
 
-@flow(name="monitor", log_prints=True)
+@flow(name="monitor")
 def monitor(config_path: str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
     """Check recent acceptance and the target's hash; run the flywheel when either says so."""
     return run_monitor(load_config(MonitorConfig, config_path, overrides))

@@ -5,6 +5,10 @@ on its inputs (trainer, dataset manifest sha256, config, starting draft, target)
 on unchanged data does not retrain. Each stage opens its MLflow run in the flow (see `flows.flywheel`);
 the tasks themselves hold no state and never move tensors between them. Stage packages are imported
 inside the tasks, so importing this module stays cheap.
+
+No flow here uses Prefect's `log_prints`: its patched `print` bypasses the `sys.stdout` capture that
+dill (used by `datasets` to hash functions) reads globals from, which floods the logs with bytecode.
+Progress goes to stdout with plain prints; task states and durations are in the Prefect UI.
 """
 
 from __future__ import annotations
@@ -32,6 +36,16 @@ TRAINERS = {
     "medusa": ("training.medusa_train", "MedusaConfig", "train_medusa"),
 }
 TARGET_SHA_TAG = "target_sha256"
+SHIPPED_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def stage_config_path(path: str, name: str) -> str:
+    """A stage's config file: `path` when given, else the shipped `configs/<name>.yaml` (tuned defaults)
+    when this checkout has it, else "" (the config dataclass's own defaults)."""
+    if path:
+        return path
+    shipped = SHIPPED_CONFIGS / f"{name}.yaml"
+    return str(shipped) if shipped.is_file() else ""
 
 
 def is_transient(exc: BaseException | None) -> bool:
@@ -83,7 +97,7 @@ def mine_datasets(logs_dir: str, out_dir: str, config_path: str, overrides: list
     from mining.config import MiningConfig
     from mining.pipeline import mine
 
-    config = load_config(MiningConfig, config_path or None, overrides)
+    config = load_config(MiningConfig, stage_config_path(config_path, "mining") or None, overrides)
     if config.tokenizer is None:  # the target's tokenizer decodes preference tokens, unless one is configured
         config = dataclasses.replace(config, tokenizer=target_dir)
     manifest = mine(Path(logs_dir), Path(out_dir), config)
@@ -160,7 +174,7 @@ def shadow_compare(champion_dir: str, challenger_dir: str, target_dir: str, hold
     """Replay the hold-out (+ canaries) through champion and challenger; the report carries the gate's decision."""
     from serving.shadow import ShadowConfig, run_shadow
 
-    config = load_config(ShadowConfig, config_path or None, overrides)
+    config = load_config(ShadowConfig, stage_config_path(config_path, "shadow") or None, overrides)
     return run_shadow(champion_dir, challenger_dir, target_dir, holdout_dir, config, tracker=tracker, out=report_path)
 
 

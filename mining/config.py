@@ -57,7 +57,7 @@ class MiningConfig:
     """Preference pairs per request: the first N rejections (each gives prefix, target token, draft token)."""
     near_dup_threshold: float = 0.8
     """Estimated Jaccard similarity (word n-gram MinHash) at or above which two prompts are near-duplicates."""
-    minhash_perm: int = 64
+    minhash_perm: int = 128
     """MinHash permutations (more = more exact, slower)."""
     shingle_words: int = 3
     """Word n-gram size of the MinHash shingles."""

@@ -24,6 +24,7 @@ from mining.dedupe import NearDupIndex, exact_key
 from mining.pii import Scrubber, contains_pii
 from mining.scan import decode_line, fetch_lines
 from mining.select import Selection
+from serving.records import RecordError
 
 CATEGORIES = ("hard", "rollback", "uniform")
 
@@ -44,15 +45,24 @@ class _Summary:
 
 
 def iter_records(files: list[Path], rows: np.ndarray) -> Iterator[tuple[int, Any]]:
-    """(row id, decoded record) for the given index rows, reading each file once in file order."""
-    by_file: dict[int, dict[int, int]] = defaultdict(dict)
+    """(row id, decoded record) for the given index rows, reading each file once in file order.
+
+    A line that no longer decodes to the indexed request (the active log rotated or was rewritten
+    since the scan) is skipped, so the caller sees it as unreadable instead of mining a stranger."""
+    by_file: dict[int, dict[int, tuple[int, int]]] = defaultdict(dict)
     positions: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for row in rows:
-        by_file[int(row["file"])][int(row["line"])] = int(row["row"])
+        by_file[int(row["file"])][int(row["line"])] = (int(row["row"]), int(row["key"]))
         positions[int(row["file"])].append((int(row["line"]), int(row["offset"])))
     for file_index in sorted(positions):
         for number, line in fetch_lines(files[file_index], positions[file_index]):
-            yield by_file[file_index][number], decode_line(line)
+            row_id, key = by_file[file_index][number]
+            try:
+                record = decode_line(line)
+            except RecordError:
+                continue
+            if exact_key(record.prompt) == key:
+                yield row_id, record
 
 
 class _Curator:

@@ -141,7 +141,8 @@ def medusa(target: CachedLM, heads: torch.nn.Module, req: Request) -> Iterator[N
             yield
             continue
         with torch.inference_mode():
-            head_logits = heads(hidden.view(1, 1, -1))[:k, 0, 0]  # [k, V]; head i guesses last's (i+1)-th successor
+            # [k, V]: head i guesses the (i+1)-th token after `last`
+            head_logits = heads(hidden.view(1, 1, -1))[:k, 0, 0].cpu()
         if params.greedy:
             drafted, q = head_logits.argmax(-1), None  # [k]
         else:

@@ -18,6 +18,7 @@ class CachedLM:
     def __init__(self, model: torch.nn.Module):
         self.model = model
         self.cache = DynamicCache(config=model.config)
+        self.device = next(model.parameters()).device
         self.last_forward_s = 0.0
 
     @property
@@ -29,15 +30,17 @@ class CachedLM:
     def forward(self, input_ids: torch.Tensor, keep: int = 0, hidden: bool = False):
         """Append input_ids[T] to the cache; return logits[T', V] for the last `keep` positions (0 = all).
 
-        With `hidden=True` also return the last hidden state[T, H] (Medusa heads read it).
+        With `hidden=True` also return the last hidden state[T, H] (Medusa heads read it; it stays on
+        the model's device). Logits come back on the CPU, where verification and sampling run with the
+        request's CPU generator (a no-op copy for CPU models).
         """
         start = time.perf_counter()
         out = self.model(
-            input_ids=input_ids.unsqueeze(0), cache=self.cache, use_cache=True,
+            input_ids=input_ids.to(self.device).unsqueeze(0), cache=self.cache, use_cache=True,
             logits_to_keep=keep, output_hidden_states=hidden,
         )
         self.last_forward_s = time.perf_counter() - start
-        logits = out.logits[0]  # [T', V]
+        logits = out.logits[0].cpu()  # [T', V]
         return (logits, out.hidden_states[-1][0]) if hidden else logits
 
     def rollback(self, n_tokens: int) -> None:

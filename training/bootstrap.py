@@ -48,14 +48,14 @@ class BootstrapConfig:
     tracking: bool = True        # log the distillation run to MLflow
 
     def __post_init__(self) -> None:
-        common._require(bool(self.init_layers), "init_layers", "must name at least one target layer")
-        common._require(bool(self.draft_name) and "/" not in self.draft_name, "draft_name",
+        common.require(bool(self.init_layers), "init_layers", "must name at least one target layer")
+        common.require(bool(self.draft_name) and "/" not in self.draft_name, "draft_name",
                         f"must be a plain dir name, got {self.draft_name!r}")
         for name in ("n_prompts", "max_new_tokens", "gen_batch_size", "top_k", "batch_size", "max_length"):
-            common._require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
-        common._require(self.holdout_prompts >= 0, "holdout_prompts", f"must be >= 0, got {self.holdout_prompts}")
-        common._require(self.learning_rate > 0, "learning_rate", f"must be > 0, got {self.learning_rate}")
-        common._require(self.epochs > 0, "epochs", f"must be > 0, got {self.epochs}")
+            common.require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+        common.require(self.holdout_prompts >= 0, "holdout_prompts", f"must be >= 0, got {self.holdout_prompts}")
+        common.require(self.learning_rate > 0, "learning_rate", f"must be > 0, got {self.learning_rate}")
+        common.require(self.epochs > 0, "epochs", f"must be > 0, got {self.epochs}")
 
 
 def init_draft_from_target(target: Any, layers: list[int]) -> Any:

@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from draftwheel import home
 from draftwheel.config import to_dict
 
@@ -23,7 +21,7 @@ INFO_FILE = "draftwheel_training.json"
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def _require(condition: bool, name: str, message: str) -> None:
+def require(condition: bool, name: str, message: str) -> None:
     if not condition:
         raise ValueError(f"{name}: {message}")
 
@@ -49,15 +47,15 @@ class TrainCommon:
     eval_max_samples: int = 64   # hold-out sequences evaluated each epoch (0 = all)
 
     def __post_init__(self) -> None:
-        _require(self.learning_rate > 0, "learning_rate", f"must be > 0, got {self.learning_rate}")
-        _require(self.epochs > 0, "epochs", f"must be > 0, got {self.epochs}")
-        _require(self.max_steps == -1 or self.max_steps > 0, "max_steps", f"must be -1 or > 0, got {self.max_steps}")
+        require(self.learning_rate > 0, "learning_rate", f"must be > 0, got {self.learning_rate}")
+        require(self.epochs > 0, "epochs", f"must be > 0, got {self.epochs}")
+        require(self.max_steps == -1 or self.max_steps > 0, "max_steps", f"must be -1 or > 0, got {self.max_steps}")
         for name in ("batch_size", "grad_accum", "max_length", "logging_steps", "eval_k"):
-            _require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+            require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         for name in ("warmup_steps", "eval_max_samples"):
-            _require(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
-        _require(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
-        _require(self.device in ("cpu", "auto"), "device", f"must be 'cpu' or 'auto', got {self.device!r}")
+            require(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
+        require(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
+        require(self.device in ("cpu", "auto"), "device", f"must be 'cpu' or 'auto', got {self.device!r}")
 
 
 @dataclass
@@ -71,10 +69,10 @@ class LoraFields:
     lora_target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
 
     def check_lora(self) -> None:
-        _require(self.lora_r >= 1, "lora_r", f"must be >= 1, got {self.lora_r}")
-        _require(self.lora_alpha >= 1, "lora_alpha", f"must be >= 1, got {self.lora_alpha}")
-        _require(0 <= self.lora_dropout < 1, "lora_dropout", f"must be in [0, 1), got {self.lora_dropout}")
-        _require(bool(self.lora_target_modules), "lora_target_modules", "must not be empty")
+        require(self.lora_r >= 1, "lora_r", f"must be >= 1, got {self.lora_r}")
+        require(self.lora_alpha >= 1, "lora_alpha", f"must be >= 1, got {self.lora_alpha}")
+        require(0 <= self.lora_dropout < 1, "lora_dropout", f"must be in [0, 1), got {self.lora_dropout}")
+        require(bool(self.lora_target_modules), "lora_target_modules", "must not be empty")
 
 
 def resolve_target(spec: str) -> str:
@@ -93,10 +91,11 @@ def resolve_output_dir(output_dir: str, stage: str) -> Path:
     return home.models_dir() / "candidates" / f"{stage}-{stamp}"
 
 
-def training_arguments_kwargs(config: TrainCommon, scratch_dir: Path) -> dict[str, Any]:
-    """Keyword arguments for `transformers.TrainingArguments` (or a TRL config subclassing it)."""
+def training_arguments_kwargs(config: TrainCommon, out_dir: Path) -> dict[str, Any]:
+    """Keyword arguments for `transformers.TrainingArguments` (or a TRL config subclassing it). The Trainer
+    writes nothing into `out_dir` itself (`save_strategy="no"`, no report_to); we save the candidate there."""
     return dict(
-        output_dir=str(scratch_dir), per_device_train_batch_size=config.batch_size,
+        output_dir=str(out_dir), per_device_train_batch_size=config.batch_size,
         gradient_accumulation_steps=config.grad_accum, learning_rate=config.learning_rate,
         num_train_epochs=config.epochs, max_steps=config.max_steps, warmup_steps=config.warmup_steps,
         weight_decay=config.weight_decay, lr_scheduler_type="cosine", logging_steps=config.logging_steps,
@@ -157,8 +156,3 @@ def read_training_info(model_dir: str | Path) -> dict[str, Any]:
 
 def seconds_since(start: float) -> float:
     return time.perf_counter() - start
-
-
-def model_dtype_device(model: Any) -> tuple[torch.dtype, torch.device]:
-    param = next(model.parameters())
-    return param.dtype, param.device

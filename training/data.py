@@ -74,16 +74,19 @@ def _align_topk(per_completion: list[list[Any]], n_tokens: int, prompt_len: int,
     return rows
 
 
-def tokenize_distill(dataset: Any, max_length: int, use_weights: bool = True, with_teacher: bool = False) -> Any:
+def tokenize_distill(dataset: Any, max_length: int, use_weights: bool = True, with_teacher: bool = False,
+                     prompt_loss: bool = False) -> Any:
     """Map a `distill/` dataset to `input_ids`, `loss_mask`, `weight` rows (other columns dropped).
 
-    `with_teacher` also keeps the rows' cached teacher top-k, aligned to the logits positions.
+    `with_teacher` also keeps the rows' cached teacher top-k, aligned to the logits positions;
+    `prompt_loss` counts prompt positions too (more teacher signal per sequence; needs a full teacher).
     """
 
     def encode(row: dict[str, Any]) -> dict[str, Any]:
         ids, prompt_len = join_and_truncate(row["prompt_token_ids"], row["completion_token_ids"], max_length)
         weight = float(row.get("weight", 1.0)) if use_weights else 1.0
-        out = {"input_ids": ids, "loss_mask": loss_mask_for(len(ids), prompt_len), "weight": weight}
+        mask = loss_mask_for(len(ids), 1 if prompt_loss else prompt_len)
+        out = {"input_ids": ids, "loss_mask": mask, "weight": weight}
         if with_teacher:
             out["teacher_topk_values"] = _align_topk(row["teacher_topk_values"], len(ids), prompt_len, 0.0)
             out["teacher_topk_indices"] = _align_topk(row["teacher_topk_indices"], len(ids), prompt_len, 0)

@@ -48,17 +48,18 @@ class DistillConfig(common.TrainCommon, common.LoraFields):
     top_k: int = 64              # cached mode: teacher log-probs kept per position
     freeze_embeddings: bool = True  # keep the (target-shared) embeddings and LM head frozen
     use_weights: bool = True     # weight each sequence's loss by the dataset's `weight` column
+    prompt_loss: bool = False    # also learn the target's distribution on prompt tokens (not only completions)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.check_lora()
-        common._require(self.loss in losses.LOSSES, "loss", f"must be one of {sorted(losses.LOSSES)}, got {self.loss!r}")
-        common._require(0.0 <= self.beta <= 1.0, "beta", f"must be in [0, 1], got {self.beta}")
-        common._require(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
-        common._require(self.teacher_mode in ("online", "cached"), "teacher_mode",
+        common.require(self.loss in losses.LOSSES, "loss", f"must be one of {sorted(losses.LOSSES)}, got {self.loss!r}")
+        common.require(0.0 <= self.beta <= 1.0, "beta", f"must be in [0, 1], got {self.beta}")
+        common.require(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
+        common.require(self.teacher_mode in ("online", "cached"), "teacher_mode",
                         f"must be 'online' or 'cached', got {self.teacher_mode!r}")
-        common._require(self.top_k >= 1, "top_k", f"must be >= 1, got {self.top_k}")
-        common._require(bool(self.student), "student", "must name a model dir or models:/ URI")
+        common.require(self.top_k >= 1, "top_k", f"must be >= 1, got {self.top_k}")
+        common.require(bool(self.student), "student", "must name a model dir or models:/ URI")
 
 
 def _completion_logits(model: Any, head: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -119,8 +120,10 @@ def _prepare_student(config: DistillConfig, loaded: Any) -> Any:
 def _train_dataset(config: DistillConfig, dataset_dir: Path, teacher: Any, teacher_sha: str, pad_id: int) -> Any:
     """Tokenized rows; in cached mode with the teacher's top-k, from the dataset itself or a disk cache."""
     dataset = load_dataset_dir(dataset_dir, DISTILL_COLUMNS)
-    stored = config.teacher_mode == "cached" and has_teacher_topk(dataset)
-    encoded = tokenize_distill(dataset, config.max_length, config.use_weights, with_teacher=stored)
+    # Top-k stored with the data covers completion positions only, so prompt_loss needs a full teacher.
+    stored = config.teacher_mode == "cached" and has_teacher_topk(dataset) and not config.prompt_loss
+    encoded = tokenize_distill(dataset, config.max_length, config.use_weights, with_teacher=stored,
+                               prompt_loss=config.prompt_loss)
     if config.teacher_mode == "online" or stored:
         return encoded
     cache_dir = dataset_dir.parent / "teacher_cache" / cache_key(encoded, teacher_sha, config.top_k, config.max_length)
@@ -147,7 +150,7 @@ def train_distill(config: DistillConfig, tracker: Any = None) -> Path:
     if holdout:
         refs = target_references(target.model, holdout)
         callbacks.append(AgreementCallback(holdout, tracker, config.eval_k, refs))
-    args = TrainingArguments(**common.training_arguments_kwargs(config, out_dir.parent / f".{out_dir.name}-scratch"))
+    args = TrainingArguments(**common.training_arguments_kwargs(config, out_dir))
     trainer = DistillTrainer(
         model=model, args=args, train_dataset=train_set, data_collator=DistillCollator(pad_id),
         callbacks=callbacks, teacher=None if config.teacher_mode == "cached" else target.model,

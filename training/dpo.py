@@ -47,9 +47,9 @@ class DpoConfig(common.TrainCommon, common.LoraFields):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.check_lora()
-        common._require(self.beta > 0, "beta", f"must be > 0, got {self.beta}")
-        common._require(bool(self.loss_type), "loss_type", "must not be empty")
-        common._require(bool(self.student), "student", "must name a model dir or models:/ URI")
+        common.require(self.beta > 0, "beta", f"must be > 0, got {self.beta}")
+        common.require(bool(self.loss_type), "loss_type", "must not be empty")
+        common.require(bool(self.student), "student", "must name a model dir or models:/ URI")
 
 
 class TokenIdDPOTrainer(DPOTrainer):
@@ -103,7 +103,7 @@ def train_dpo(config: DpoConfig, tracker: Any = None) -> Path:
     if holdout:
         refs = target_references(target.model, holdout) if target else None
         callbacks.append(AgreementCallback(holdout, tracker, config.eval_k, refs))
-    args = DPOConfig(**common.training_arguments_kwargs(config, out_dir.parent / f".{out_dir.name}-scratch"),
+    args = DPOConfig(**common.training_arguments_kwargs(config, out_dir),
                      beta=config.beta, loss_type=[config.loss_type], max_length=config.max_length,
                      precompute_ref_log_probs=False,
                      # TRL turns recomputation on by default; a small draft has no memory to save.

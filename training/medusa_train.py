@@ -47,10 +47,10 @@ class MedusaConfig(common.TrainCommon):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        common._require(self.n_heads >= 1, "n_heads", f"must be >= 1, got {self.n_heads}")
-        common._require(self.n_layers >= 1, "n_layers", f"must be >= 1, got {self.n_layers}")
-        common._require(self.loss in ("kl", "ce"), "loss", f"must be 'kl' or 'ce', got {self.loss!r}")
-        common._require(0 < self.head_decay <= 1, "head_decay", f"must be in (0, 1], got {self.head_decay}")
+        common.require(self.n_heads >= 1, "n_heads", f"must be >= 1, got {self.n_heads}")
+        common.require(self.n_layers >= 1, "n_layers", f"must be >= 1, got {self.n_layers}")
+        common.require(self.loss in ("kl", "ce"), "loss", f"must be 'kl' or 'ce', got {self.loss!r}")
+        common.require(0 < self.head_decay <= 1, "head_decay", f"must be in (0, 1], got {self.head_decay}")
 
 
 class MedusaModel(nn.Module):
@@ -164,7 +164,7 @@ def train_medusa(config: MedusaConfig, tracker: Any = None) -> Path:
     train_set = tokenize_distill(load_dataset_dir(dataset_dir, ("prompt_token_ids", "completion_token_ids")),
                                  config.max_length, use_weights=False)
     holdout = load_holdout(holdout_dir, config.eval_max_samples, config.max_length) if holdout_dir else []
-    args = TrainingArguments(**common.training_arguments_kwargs(config, out_dir.parent / f".{out_dir.name}-scratch"))
+    args = TrainingArguments(**common.training_arguments_kwargs(config, out_dir))
     trainer = MedusaTrainer(model=model, args=args, train_dataset=train_set, data_collator=DistillCollator(pad_id),
                             callbacks=[TrackerCallback(tracker)], loss_name=config.loss, head_decay=config.head_decay)
     with tracker.run("train-medusa", nested=True, tags={"stage": "medusa"}):

@@ -200,3 +200,42 @@ def test_mining_again_into_the_same_dir_replaces_the_outputs(tmp_path):
     for name in COLUMNS:
         assert len(load_from_disk(str(tmp_path / "out" / name))) == manifest["outputs"][name]["rows"]
         assert manifest["outputs"][name]["sha256"] == path_sha256(tmp_path / "out" / name)
+
+
+def test_lines_that_changed_after_the_scan_are_skipped_not_mined(tmp_path):
+    from mining.curate import iter_records
+    from mining.index import IndexFile
+    from mining.scanpass import scan_pass
+
+    log = write_lines(tmp_path / "logs" / "a.jsonl", [make_record(i) for i in range(5)])
+    files = [log]
+    scan, index = scan_pass(files, tmp_path, tmp_path / "q.jsonl", fast_config())
+    rows = next(IndexFile(tmp_path / "index.bin", write=False).chunks())
+    assert [r for r, _ in iter_records(files, rows)] == [0, 1, 2, 3, 4]
+    write_lines(log, [make_record(i + 10) for i in range(5)])  # rotated away: same path, other requests
+    assert list(iter_records(files, rows)) == []
+
+
+def _near_copies(n: int) -> list[dict]:
+    """n requests whose prompts are one-word edits of three base prompts (Jaccard of 3-grams ~0.97)."""
+    records = []
+    for i in range(n):
+        record = make_record(i, ts=5000.0 + i)
+        base = make_record(i % 3)["prompt"].split(" ")
+        base[10 + i % 50] = f"edit{i}"
+        record["prompt"] = " ".join(base)
+        records.append(record)
+    return records
+
+
+def test_near_duplicates_collapse_in_training_and_never_shadow_the_holdout(tmp_path):
+    write_lines(tmp_path / "logs" / "a.jsonl", _near_copies(60))
+    config = fast_config(holdout_fraction=0.0, hard_quantile=1.0, max_hard_per_slice=100, uniform_ratio=0.0)
+    manifest = mine(tmp_path / "logs", tmp_path / "out", config)
+    # One per base prompt, give or take a MinHash estimate under the threshold (128 permutations).
+    assert 3 <= manifest["counts"]["distill"] <= 5
+    assert manifest["counts"]["dropped"]["near_duplicate"] >= 55
+    manifest = mine(tmp_path / "logs", tmp_path / "out2", fast_config(holdout_fraction=0.5, hard_quantile=1.0,
+                                                                       max_hard_per_slice=100, holdout_max=100))
+    assert 3 <= manifest["counts"]["holdout"] <= 5 and manifest["counts"]["distill"] <= 2
+    assert manifest["counts"]["dropped"]["near_duplicate_of_holdout"] >= 25

@@ -291,3 +291,42 @@ def test_engine_from_paths_with_medusa_dir(pair, heads, tmp_path):
     completion, = engine.generate(["Hello! How can"], SamplingParams(max_new_tokens=12))
     assert completion.record.draft_id.name == "heads" and len(completion.record.draft_id.sha256) == 64
     assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 12)
+
+
+def test_adaptive_k_choice_follows_acceptance_and_cost():
+    from serving.adaptive import AdaptiveK, best_k, expected_tokens
+
+    assert expected_tokens(0.0, 5) == 1.0 and expected_tokens(1.0, 5) == 6.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert best_k(0.95, 0.05, 8) == 8  # cheap, accurate draft: draft as far as allowed
+    assert best_k(0.2, 0.3, 8) == 1  # poor draft: the shortest chain
+    assert best_k(0.8, 0.9, 8) == 1  # draft nearly as slow as the target
+    assert 1 < best_k(0.8, 0.1, 8) < 8
+    controller = AdaptiveK(k_max=8)
+    for _ in range(20):  # every draft token rejected, draft cost 10% of the target
+        controller.update(k=controller.next_k(), accepted=0, draft_s=0.01, target_s=0.1)
+    assert controller.a < 0.1 and controller.next_k() == 1
+    for _ in range(40):  # now all accepted
+        k = controller.next_k()
+        controller.update(k=k, accepted=k, draft_s=0.01 * k, target_s=0.1)
+    assert controller.a > 0.9 and controller.next_k() == 8
+    assert controller.c == pytest.approx(0.1, rel=1e-4)
+
+
+def test_adaptive_k_in_engine_logs_each_step_k(engine, pair):
+    _, target, _ = pair
+    completion, = engine.generate(["The quick brown"], SamplingParams(max_new_tokens=40, k=6, adaptive_k=True))
+    ks = [s.k for s in completion.record.steps]
+    assert all(0 <= k <= 6 for k in ks) and len(set(ks)) > 1  # the controller moved k
+    assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 40)
+
+
+def test_stream_holds_back_a_possible_stop_prefix(pair):
+    from serving.stopping import OutputState
+
+    tokenizer, _, _ = pair
+    out = OutputState(tokenizer, eos_ids=set(), stop=["END"], max_new_tokens=100)
+    out.extend(tokenizer("hello EN")["input_ids"])
+    assert out.stable_text() == "hello "  # "EN" could become "END"
+    out.extend(tokenizer("D more")["input_ids"])
+    assert out.finished and out.text == "hello " and out.finish_reason == "stop"

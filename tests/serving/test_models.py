@@ -98,3 +98,20 @@ def test_reference_conversion_loads_and_generates(tmp_path):
     assert target.model.config.num_hidden_layers == 30
     completion, = Engine(target).generate(["What is 2+2?"], SamplingParams(max_new_tokens=8), chat=True)
     assert completion.text.strip()
+
+
+def test_registry_uri_loads_version_with_tags(dirs, tmp_path, monkeypatch):
+    """`models:/NAME@ALIAS` goes through draftwheel.tracking (a throwaway sqlite registry)."""
+    from draftwheel import tracking
+
+    monkeypatch.setenv("DRAFTWHEEL_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    target_dir, draft_dir = dirs
+    target = load_model(target_dir)
+    version = tracking.register_draft(draft_dir, tags={"target_sha256": target.model_id.sha256})
+    tracking.set_alias(version, "champion")
+    draft = load_model("models:/draftwheel-draft@champion")
+    assert (draft.model_id.name, draft.model_id.version) == ("draftwheel-draft", str(version))
+    assert draft.model_id.sha256 == weights_sha256(draft_dir) == draft.tags["weights_sha256"]
+    assert draft.tags["target_sha256"] == target.model_id.sha256
+    Engine(target, draft)  # trained for this target: accepted

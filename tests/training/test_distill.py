@@ -92,6 +92,11 @@ def test_stored_teacher_topk_is_aligned_with_completion_tokens(toy_data):
                 assert row["teacher_topk_indices"][t][0] == row["input_ids"][t + 1]
 
 
+def test_prompt_loss_counts_every_position_with_a_next_token(toy_data):
+    row = tokenize_distill(load_dataset_dir(toy_data["distill"], ()), 64, prompt_loss=True)[0]
+    assert row["loss_mask"] == [1] * (len(row["input_ids"]) - 1) + [0]
+
+
 def test_loss_mask_covers_completion_tokens_only():
     ids, prompt_len = join_and_truncate([1, 2, 3], [4, 5], max_length=10)
     assert ids == [1, 2, 3, 4, 5] and prompt_len == 3
