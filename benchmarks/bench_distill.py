@@ -37,6 +37,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timing-steps", type=int, default=4, help="steps per teacher-mode timing run (0 = skip)")
     parser.add_argument("--config", default=str(ROOT / "configs" / "distill.yaml"), help="distillation config")
     parser.add_argument("overrides", nargs="*", help="distill config overrides, key=value")
+    parser.add_argument("--boot", action="append", default=[], metavar="KEY=VALUE",
+                        help="configs/bootstrap.yaml override (repeatable), e.g. a toy target for a dry run")
     parser.add_argument("--out", default=str(ROOT / "results" / "bench_distill.json"))
     return parser.parse_args(argv)
 
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     from training.traffic import save_traffic, target_traffic
 
     home.apply_offline_defaults()
-    boot_config = load_config(BootstrapConfig, ROOT / "configs" / "bootstrap.yaml")
+    boot_config = load_config(BootstrapConfig, ROOT / "configs" / "bootstrap.yaml", args.boot)
     boot = bootstrap(boot_config)
     target = load_model(boot["target_dir"])
     v0 = load_model(boot["draft_dir"])

@@ -30,6 +30,7 @@ from serving.bench import run_bench
 from serving.engine import Engine
 from serving.kv import CachedLM
 from serving.models import from_objects, load_model
+from serving.params import SamplingParams
 from serving.reference import ensure_reference_target
 from serving.toy import build_tokenizer, tiny_llama, zero_extended_target
 
@@ -99,11 +100,24 @@ def first_layers_draft(target: torch.nn.Module, n_layers: int) -> torch.nn.Modul
     return draft
 
 
+def adaptive_run(engine: Engine, max_new_tokens: int, k_max: int) -> dict:
+    """Our speculative decoding with the adaptive-k controller on the same prompts: speed and chosen k."""
+    params = SamplingParams(max_new_tokens=max_new_tokens, k=k_max, adaptive_k=True)
+    start = time.perf_counter()
+    completions = engine.generate(PROMPTS, params, slice="bench", chat=True)
+    seconds = time.perf_counter() - start
+    ks = [step.k for c in completions for step in c.record.steps]
+    return {"adaptive_spec_tokens_per_s": sum(len(c.token_ids) for c in completions) / seconds,
+            "adaptive_k_max": k_max, "adaptive_mean_k": sum(ks) / len(ks),
+            "adaptive_k_histogram": {str(k): ks.count(k) for k in sorted(set(ks))}}
+
+
 def pair_b(args: argparse.Namespace) -> dict:
     target = load_model(ensure_reference_target(models_dir()))
     draft = first_layers_draft(target.model, args.draft_layers)
     engine = Engine(target, from_objects(draft, target.tokenizer, f"smollm2-first-{args.draft_layers}-layers"))
     result = run_bench(engine, PROMPTS, args.max_new_tokens, k=args.k, chat=True, cpu_time=True)
+    result.update(adaptive_run(engine, args.max_new_tokens, k_max=8))
     result.update({"target": str(target.path), "target_sha256": target.model_id.sha256,
                    "draft": f"first {args.draft_layers} of {target.model.config.num_hidden_layers} target layers"})
     return result

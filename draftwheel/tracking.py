@@ -243,6 +243,8 @@ def get_alias_version(alias: str, name: str = DRAFT_MODEL, tracking_uri: str | N
 
 
 def set_alias(version: str | int, alias: str, name: str = DRAFT_MODEL, tracking_uri: str | None = None) -> None:
+    if alias not in ALIASES:  # a typo here would silently detach serving from the promotion flow
+        raise ValueError(f"alias: {alias!r} is not one of {', '.join(ALIASES)}")
     client = _client(tracking_uri)
     with _registry_call(f"setting {name}@{alias} -> {version}"):
         client.get_model_version(name, str(version))  # a clear error for a version that does not exist

@@ -328,10 +328,17 @@ def create_app(engine: Any, config: ServeConfig | None = None, watcher: Any = No
         service.validate(request)
         return await (service.stream(request) if request.stream else service.chat(request))
 
+    model_card = {"id": service.model_name, "object": "model", "created": started, "owned_by": "draftwheel"}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": service.model_name, "object": "model", "created": started,
-                                            "owned_by": "draftwheel"}]}
+        return {"object": "list", "data": [model_card]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        if model_id != service.model_name:
+            raise ApiError(404, f"model: {model_id!r} is not served here", "model", code="model_not_found")
+        return model_card
 
     @app.get("/metrics")
     async def prometheus() -> Response:

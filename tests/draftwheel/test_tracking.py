@@ -74,6 +74,8 @@ def test_promote_and_rollback_move_aliases(registry, tmp_path):
     assert tracking.promote(v1, name) == {"champion": v1}
     assert tracking.promote(v2, name) == {"champion": v2, "previous": v1}
     tracking.set_alias(v3, "challenger", name)
+    with pytest.raises(ValueError, match="champoin"):
+        tracking.set_alias(v3, "champoin", name)
     assert tracking.get_alias_version("challenger", name) == v3
     assert tracking.rollback(name) == {"champion": v1, "previous": v2, "challenger": v3}
     # A second rollback undoes the first.

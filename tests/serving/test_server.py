@@ -72,6 +72,9 @@ def hf_greedy(engine: Engine, prompt_ids: list[int], n: int) -> list[int]:
 
 def test_models_and_healthz_report_the_served_pair(stack, client, model_dirs):
     assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert client.models.retrieve("tiny").owned_by == "draftwheel"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
     health = httpx.get(stack[2] + "/healthz").json()
     assert health["status"] == "ok" and health["mode"] == "draft" and health["model"] == "tiny"
     assert health["target"]["name"] == "target" and health["target"]["sha256"] == weights_sha256(model_dirs[0])
@@ -318,3 +321,30 @@ def test_engine_without_metrics_gets_one_for_the_endpoint(model_dirs):
         assert _metric(url, "draftwheel_generated_tokens_total") == 6
         assert _metric(url, "draftwheel_spec_drafts_total") == 0
         assert text == engine.generate(["def add(a, b):"], SamplingParams(max_new_tokens=6))[0].text
+
+
+@pytest.mark.slow
+def test_reference_target_chat_over_http_matches_hf_generate(tmp_path):
+    """SmolLM2-135M-Instruct (converted from the GGUF, ~30 s) with its own chat template, a draft made of its
+    first 2 layers: the greedy chat completion over HTTP equals HF generate on the templated prompt."""
+    from serving.models import from_objects, load_model
+    from serving.reference import ensure_reference_target
+
+    target = load_model(ensure_reference_target(tmp_path))
+    draft = copy.deepcopy(target.model)
+    draft.model.layers = draft.model.layers[:2]
+    draft.config.num_hidden_layers = 2
+    engine = Engine(target, from_objects(draft, target.tokenizer, "first-2-layers"), metrics=Metrics())
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    with background_server(create_app(engine, ServeConfig())) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=300)
+        response = client.chat.completions.create(model="smollm2-135m-instruct", messages=messages,
+                                                  max_tokens=24, temperature=0)
+    prompt_ids = target.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                      return_dict=True)["input_ids"]
+    expected = hf_greedy(engine, list(prompt_ids), 24)
+    eos = target.tokenizer.eos_token_id
+    expected_text = target.tokenizer.decode([t for t in expected if t != eos], skip_special_tokens=True)
+    assert response.choices[0].message.content == expected_text
+    assert "Paris" in expected_text
+    assert response.usage.completion_tokens == len(expected)
