@@ -2,7 +2,7 @@
 
 Generates logs with `mining.synthetic` (prompts of 100-400 tokens, outputs of 64-128 tokens built from
 k=4 verification steps, ~7 KB a line; 0.1% broken lines, 1% prompts with an e-mail address), rotated
-every 100k records, then runs `mining.pipeline.mine` with the default config (plus a toy tokenizer so
+at 64 MiB like the serving sink, then runs `mining.pipeline.mine` with the default config (plus a toy tokenizer so
 preference pairs and re-tokenisation run) in a fresh child process per size, so each peak RSS is that
 run's alone. Prints records/s and peak RSS per size and the 1M/100k ratios; saves results/bench_mining.json.
 
@@ -26,7 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-ROTATE_EVERY = 100_000
+ROTATE_BYTES = 64 * 2**20  # serving.sink.JsonlSink's default max_bytes
 
 
 def generate(logs: Path, n: int, seed: int = 0) -> float:
@@ -39,13 +39,13 @@ def generate(logs: Path, n: int, seed: int = 0) -> float:
     logs.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     encoder = msgspec.json.Encoder()
-    handle = None
+    handle, seq = None, 0
     for i in range(n):
-        if i % ROTATE_EVERY == 0:
+        if handle is None or handle.tell() >= ROTATE_BYTES:
             if handle:
                 handle.close()
-            handle = open(logs / f"acceptance.{i // ROTATE_EVERY + 1:06d}.20261130T000000Z.jsonl", "wb",
-                          buffering=1 << 22)
+            seq += 1
+            handle = open(logs / f"acceptance.{seq:06d}.20261130T000000Z.jsonl", "wb", buffering=1 << 22)
         record = synthetic_record(rng, i, 1.7e9 + i * 0.05)
         if i % 100 == 0:
             record["prompt"] = record["prompt"].replace("task", f"from user{i}@example.com: task", 1)
@@ -60,8 +60,6 @@ def child(logs: Path, out: Path, tokenizer: Path) -> None:
     """Run one mining pass and print its figures as JSON (in a fresh process: honest peak RSS)."""
     from mining.config import MiningConfig
     from mining.pipeline import mine
-    from mining.scan import list_log_files
-    from mining.scanpass import scan_workers
 
     config = MiningConfig(tokenizer=str(tokenizer))
     start = time.perf_counter()
@@ -70,17 +68,19 @@ def child(logs: Path, out: Path, tokenizer: Path) -> None:
     counts = manifest["counts"]
     own, workers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = own.ru_utime + own.ru_stime + workers.ru_utime + workers.ru_stime
-    n_workers = scan_workers(config, list_log_files(logs))
-    worker_rss = workers.ru_maxrss / 1024 if n_workers > 1 else 0.0
+    # Workers report their own peak (VmHWM after exec); ru_maxrss of a child would include the parent's
+    # pages it shared between fork and exec.
+    worker_peaks = manifest["scan_worker_peak_rss_mib"]
     print(json.dumps({
         "records": counts["kept"], "lines": counts["lines"], "quarantined": counts["quarantined"],
         "seconds": round(seconds, 2), "records_per_s": round(counts["kept"] / seconds),
         # CPU seconds of this process and its scan workers (imports included): the figure that does not
         # depend on how busy the shared machine was.
-        "cpu_s": round(cpu, 2), "records_per_cpu_s": round(counts["kept"] / cpu), "scan_workers": n_workers,
-        "peak_rss_mib": round(own.ru_maxrss / 1024, 1), "worker_peak_rss_mib": round(worker_rss, 1),
+        "cpu_s": round(cpu, 2), "records_per_cpu_s": round(counts["kept"] / cpu),
+        "scan_workers": manifest["scan_workers"], "log_files": len(manifest["inputs"]),
+        "peak_rss_mib": round(own.ru_maxrss / 1024, 1), "worker_peak_rss_mib": max(worker_peaks, default=0.0),
         # Workers run at the same time as the parent: the sum of the peaks bounds the total.
-        "peak_rss_total_mib": round(own.ru_maxrss / 1024 + n_workers * worker_rss, 1),
+        "peak_rss_total_mib": round(own.ru_maxrss / 1024 + sum(worker_peaks), 1),
         "load_avg_1m": os.getloadavg()[0],
         "log_bytes": sum(i["bytes"] for i in manifest["inputs"]), "timings": manifest["timings"],
         "outputs": {k: counts[k] for k in ("distill", "preference", "holdout")},

@@ -67,7 +67,8 @@ def pair_a(args: argparse.Namespace) -> dict:
         tokenizer = AutoTokenizer.from_pretrained(ensure_reference_target(models_dir()))
     else:
         tokenizer = build_tokenizer()
-    draft = tiny_llama(tokenizer, n_layers=1, hidden=576, heads=9, seed=0, tie_embeddings=True)
+    draft = tiny_llama(tokenizer, n_layers=1, hidden=args.hidden, heads=max(1, args.hidden // 64), seed=0,
+                       tie_embeddings=True)
     target = zero_extended_target(draft, 12)
     engine = Engine(from_objects(target, tokenizer, "zero-extended-12L"), from_objects(draft, tokenizer, "draft-1L"))
     draft_s, target_s = forward_seconds(draft, 1), forward_seconds(target, 1)
@@ -81,7 +82,7 @@ def pair_a(args: argparse.Namespace) -> dict:
         "verify_cost_vs_one_token": verify_s["cpu"] / target_s["cpu"],
         # The textbook model prices the (k+1)-token verify like a 1-token forward; on this CPU it is not.
         "theoretical_speedup_with_measured_verify_cost": (args.k + 1) / (verify_s["cpu"] / target_s["cpu"] + args.k * c),
-        "vocab": f"{args.vocab} ({len(tokenizer)} tokens)", "hidden": 576, "target_layers": 12, "draft_layers": 1,
+        "vocab": f"{args.vocab} ({len(tokenizer)} tokens)", "hidden": args.hidden, "target_layers": 12, "draft_layers": 1,
         "theoretical_speedup": theory, "ratio_to_theory": result["speedup_vs_plain"] / theory,
         "cpu_ratio_to_theory": result["cpu_speedup_vs_plain"] / theory,
         "goal_ratio_to_theory_ge_0.8": result["speedup_vs_plain"] / theory >= 0.8,
@@ -131,6 +132,7 @@ def main() -> None:
     parser.add_argument("--draft-layers", type=int, default=4, help="pair b: target layers kept in the draft")
     parser.add_argument("--vocab", choices=["smollm2", "toy"], default="smollm2",
                         help="pair a: the SmolLM2 tokenizer (49152 tokens) or serving.toy's (384 tokens)")
+    parser.add_argument("--hidden", type=int, default=576, help="pair a: model width (576 = SmolLM2-135M's)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads for all four methods (default 1: on a shared 2-core machine, "
                              "multi-threaded kernels collapse when another job takes a core)")

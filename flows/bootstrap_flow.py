@@ -34,6 +34,18 @@ def v0_version() -> str | None:
     return versions[-1] if versions else None
 
 
+def bootstrap_prompts(config_path: str | None = None) -> set[str]:
+    """The prompts bootstrap trains the v0 draft on (its config's workload, size and seed), so that a
+    caller can keep them out of anything it measures."""
+    from flows.tasks import stage_config_path
+    from mining.workloads import build_workload
+    from training.bootstrap import BootstrapConfig
+
+    config = load_config(BootstrapConfig, stage_config_path(config_path or "", "bootstrap") or None)
+    return {row["prompt"] for row in build_workload(config.workload, config.n_prompts + config.holdout_prompts,
+                                                    config.seed)}
+
+
 @task(name="bootstrap", cache_policy=NONE)
 def bootstrap_task(config_path: str | None, overrides: list[str]) -> dict[str, Any]:
     from flows.tasks import stage_config_path

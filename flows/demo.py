@@ -6,10 +6,10 @@ acceptance fall and runs the flywheel (mine -> train -> shadow -> promote) -> th
 code traffic -> measure again. The table (acceptance rate, mean accepted length, tokens/s, speedup vs
 plain decoding, per slice) is printed and saved (JSON, markdown, PNG) and logged to MLflow.
 
-The evaluation prompts are built with a different seed from the served traffic and any prompt that
-was also served is dropped, so the "after" figures are on prompts the flywheel never trained on. The
-plain-decoding baseline is measured once (it does not depend on the draft). Everything runs on CPU,
-Prefect's temporary server and MLflow sqlite in the state dir; sizes come from `DemoConfig`.
+Served traffic, evaluation prompts and the prompts bootstrap trained the v0 draft on are pairwise
+disjoint, so no figure is measured on a prompt some draft was trained on. The plain-decoding baseline
+is measured once (it does not depend on the draft). Everything runs on CPU, Prefect's temporary
+server and MLflow sqlite in the state dir; sizes come from `DemoConfig`.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ CHAMPION = "models:/draftwheel-draft@champion"
 class DemoConfig:
     """Sizes and thresholds of the demo (configs/demo.yaml mirrors these defaults)."""
 
-    chat_requests: int = 24
+    chat_requests: int = 16
     """Chat requests served before the shift."""
-    code_requests: int = 40
+    code_requests: int = 48
     """Code requests served after the shift (the flywheel's training material)."""
     after_requests: int = 8
     """Code requests served by the new champion at the end (0 = skip)."""
@@ -51,11 +51,10 @@ class DemoConfig:
     """The monitor's threshold: this fraction of the acceptance the champion had on chat traffic."""
     min_acceptance: float = 0.0
     """An absolute monitor threshold instead (0 = use trigger_ratio)."""
-    mining_overrides: list[str] = field(default_factory=lambda: ["holdout_fraction=0.2", "hard_quantile=0.5",
-                                                                 "uniform_ratio=1.0"])
-    """On top of configs/mining.yaml: with little traffic, train on all of it (hard half + the rest)."""
-    train_overrides: list[str] = field(default_factory=list)
-    """On top of the shipped configs/<trainer>.yaml."""
+    mining_overrides: list[str] = field(default_factory=lambda: ["holdout_fraction=0.2", "hard_quantile=1.0"])
+    """On top of configs/mining.yaml: with this little traffic, every request counts as a training sample."""
+    train_overrides: list[str] = field(default_factory=lambda: ["epochs=6"])
+    """On top of the shipped configs/<trainer>.yaml: a few more passes over the small mined set."""
     shadow_overrides: list[str] = field(default_factory=lambda: ["max_new_tokens=32", "include_canary=false",
                                                                  "min_requests=6"])
     trainer: str = "distill"
@@ -83,21 +82,29 @@ def banner(step: int, text: str, started: float) -> None:
     print(f"\n[{step}/{STEPS}] {text}   (t+{time.perf_counter() - started:.0f}s)", flush=True)
 
 
-def workloads(config: DemoConfig) -> dict[str, list[dict[str, str]]]:
-    """Served traffic per phase and held-out eval prompts per slice, disjoint from everything served."""
+def fresh_prompts(name: str, n: int, seed: int, exclude: set[str]) -> list[dict[str, str]]:
+    """`n` distinct prompts of workload `name`, none of them in `exclude`."""
     from mining.workloads import build_workload
 
-    served = {"chat": build_workload("chat", config.chat_requests, config.seed),
-              "code": build_workload("code", config.code_requests, config.seed),
-              "after": build_workload("code", config.after_requests, config.seed + 1) if config.after_requests else []}
-    seen = {row["prompt"] for rows in served.values() for row in rows}
-    evals = {}
-    for name in SLICES:
-        candidates = build_workload(name, config.eval_requests * 4, config.seed + 1000)
-        evals[name] = [row for row in candidates if row["prompt"] not in seen][:config.eval_requests]
-        if not evals[name]:
-            raise ValueError(f"eval_requests: no {name} prompts left that were not also served")
-    return {**served, **{f"eval_{name}": rows for name, rows in evals.items()}}
+    candidates = build_workload(name, 2 * n + len(exclude), seed)  # enough even if most are excluded
+    unique = {row["prompt"]: row for row in candidates if row["prompt"] not in exclude}
+    if len(unique) < n:
+        raise ValueError(f"{name}: only {len(unique)} fresh prompts for {n} requests; use fewer requests")
+    return list(unique.values())[:n]
+
+
+def workloads(config: DemoConfig, exclude: set[str]) -> dict[str, list[dict[str, str]]]:
+    """Served traffic per phase and held-out eval prompts per slice: disjoint from each other and from
+    `exclude` (the prompts the v0 draft was trained on), so no figure is measured on training prompts."""
+    seen = set(exclude)
+    rows: dict[str, list[dict[str, str]]] = {}
+    plan = [("chat", "chat", config.chat_requests, config.seed), ("code", "code", config.code_requests, config.seed),
+            ("after", "code", config.after_requests, config.seed + 1),
+            *[(f"eval_{name}", name, config.eval_requests, config.seed + 1000) for name in SLICES]]
+    for key, name, n, seed in plan:
+        rows[key] = fresh_prompts(name, n, seed, seen) if n else []
+        seen |= {row["prompt"] for row in rows[key]}
+    return rows
 
 
 def measure(engine: Any, rows: list[dict[str, str]], params: Any, mode: str, label: str) -> list[Any]:
@@ -150,7 +157,7 @@ class DemoRun:
 def _start(config: DemoConfig) -> DemoRun:
     """Bootstrap if needed, start from the v0 draft, load the models once, build the prompts."""
     from flows import tasks
-    from flows.bootstrap_flow import bootstrap_flow, v0_version
+    from flows.bootstrap_flow import bootstrap_flow, bootstrap_prompts, v0_version
     from serving.engine import Engine
     from serving.models import load_model
     from serving.params import SamplingParams
@@ -166,7 +173,7 @@ def _start(config: DemoConfig) -> DemoRun:
     target_dir = tasks.resolve_target(config.target)["dir"]
     run.engine = Engine(load_model(target_dir), load_model(CHAMPION))  # run_traffic gives it a sink per phase
     print(f"target {target_dir}; champion {CHAMPION} = version {run.engine.draft.model_id.version}", flush=True)
-    run.rows = workloads(config)
+    run.rows = workloads(config, bootstrap_prompts())
     run.params = SamplingParams(max_new_tokens=config.max_new_tokens, k=config.k, seed=config.seed)
     measure(run.engine, run.rows["eval_chat"][:1], run.params, "draft", "warm-up")
     return run

@@ -20,10 +20,11 @@ from prefect import flow
 
 from draftwheel import home
 from draftwheel.config import load_config, to_dict
+from draftwheel.tracking import DRAFT_MODEL
 from flows import tasks
 
 BUILTIN_TRAINERS = tuple(tasks.TRAINERS)
-DRAFT_MODEL, MEDUSA_MODEL = "draftwheel-draft", "draftwheel-medusa"
+MEDUSA_MODEL = "draftwheel-medusa"
 MEDUSA_NOTE = ("medusa: shadow replay compares draft models, so Medusa heads are registered as challenger of "
                f"{MEDUSA_MODEL} and not promoted by the flywheel; promote them explicitly")
 

@@ -179,7 +179,7 @@ def shadow_compare(champion_dir: str, challenger_dir: str, target_dir: str, hold
 
 
 @task(name="register", cache_policy=NONE, **REGISTRY_RETRIES)
-def register_candidate(model_dir: str, tags: dict[str, Any], name: str = "draftwheel-draft") -> str:
+def register_candidate(model_dir: str, tags: dict[str, Any], name: str) -> str:
     """Register the candidate as a new version of `name` and point `challenger` at it."""
     from draftwheel.tracking import register_draft, set_alias
 

@@ -131,6 +131,8 @@ def mine(logs_dir: str | Path, out_dir: str | Path, config: MiningConfig | None 
         "redactions": {**redactions, "total": dict(total)},
         "outputs": outputs,
         "timings": {name: round(value, 3) for name, value in timings.items()},
+        "scan_workers": max(1, len(scan.worker_peak_rss_mib)),
+        "scan_worker_peak_rss_mib": scan.worker_peak_rss_mib,
     }
     _write_json(out / "manifest.json", manifest)
     return manifest

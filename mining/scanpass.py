@@ -46,6 +46,7 @@ class ScanResult:
     ts_range: tuple[float, float] = (math.inf, -math.inf)
     quarantine_kinds: Counter[str] = field(default_factory=Counter)
     quarantine_redactions: Counter[str] = field(default_factory=Counter)
+    worker_peak_rss_mib: list[float] = field(default_factory=list)
 
 
 def sample_key(request_id: str, seed: int) -> int:
@@ -154,9 +155,24 @@ def _run_workers(jobs: list[tuple], scratch: Path) -> list[ScanResult]:
     return [pickle.loads((scratch / f"result.{part}.pkl").read_bytes()) for part in range(len(jobs))]
 
 
+def peak_rss_mib() -> float | None:
+    """This process's peak resident memory since its last exec (Linux VmHWM), in MiB.
+
+    Unlike getrusage's ru_maxrss it does not carry over the parent's resident pages from before exec."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
 def _worker_main(job_path: Path) -> None:
     files, first_file, scratch, part, config = pickle.loads(job_path.read_bytes())
     result = scan_group(files, first_file, scratch, part, config)
+    peak = peak_rss_mib()
+    result.worker_peak_rss_mib = [round(peak, 1)] if peak is not None else []
     (scratch / f"result.{part}.pkl").write_bytes(pickle.dumps(result))
 
 
@@ -183,6 +199,7 @@ def _merge(parts: list[ScanResult], scratch: Path, quarantine_path: Path) -> tup
             merged.inputs += part.inputs
             merged.quarantine_kinds.update(part.quarantine_kinds)
             merged.quarantine_redactions.update(part.quarantine_redactions)
+            merged.worker_peak_rss_mib += part.worker_peak_rss_mib
             merged.ts_range = (min(merged.ts_range[0], part.ts_range[0]), max(merged.ts_range[1], part.ts_range[1]))
     if len(merged.slice_ids) >= 0xFFFF:
         raise ValueError("more than 65534 distinct slices; restrict them with the `slices` filter")

@@ -155,15 +155,14 @@ def test_rotated_gzip_logs_are_read_in_write_order_and_a_corrupt_gzip_is_quarant
 def test_time_window_and_slice_filters(tmp_path):
     records = [make_record(i, ts=1000.0 + i) for i in range(60)]
     write_lines(tmp_path / "logs" / "a.jsonl", records)
-    manifest = mine(tmp_path / "logs", tmp_path / "out",
-                    fast_config(since="1010", until="1970-01-01T00:16:40Z", slices=["code", "chat"]))
-    in_window = [r for r in records if 1010 <= r["ts"] < 1000]
-    assert not in_window  # until=1000 s: the window [1010, 1000) is empty
-    assert manifest["counts"]["filtered_time"] == 60
+    # ISO 8601 bounds: until = 1970-01-01T00:16:40Z = 1000 s, before every record.
+    manifest = mine(tmp_path / "logs", tmp_path / "out", fast_config(until="1970-01-01T00:16:40Z"))
+    assert manifest["counts"]["filtered_time"] == 60 and manifest["counts"].get("kept", 0) == 0
     manifest = mine(tmp_path / "logs", tmp_path / "out2", fast_config(since="1010", until="1040", slices=["code", "chat"]))
     expected = [r for r in records if 1010 <= r["ts"] < 1040]
     assert manifest["counts"]["filtered_time"] == 60 - len(expected)
     assert manifest["counts"]["kept"] == sum(r["slice"] in ("code", "chat") for r in expected)
+    assert manifest["counts"]["filtered_slice"] == len(expected) - manifest["counts"]["kept"] > 0
     assert set(manifest["slices"]) <= {"code", "chat"}
 
 
@@ -180,3 +179,5 @@ def test_parallel_scan_gives_the_same_result_as_one_process(tmp_path):
     for name in ("distill", "holdout", "quarantine"):
         assert one["outputs"][name]["rows"] == two["outputs"][name]["rows"]
     assert (tmp_path / "one" / "quarantine.jsonl").read_bytes() == (tmp_path / "two" / "quarantine.jsonl").read_bytes()
+    assert one["scan_workers"] == 1 and two["scan_workers"] == 3
+    assert all(0 < peak < 1024 for peak in two["scan_worker_peak_rss_mib"])
