@@ -14,28 +14,28 @@ import sys
 from typing import Any
 
 
-def _add_config_args(parser: argparse.ArgumentParser, default_file: str) -> None:
+def _add_config_args(parser: argparse.ArgumentParser, default_file: str, example: str) -> None:
     parser.add_argument("--config", default=None, metavar="FILE",
                         help=f"YAML config (e.g. {default_file}); default: the built-in defaults, which it mirrors")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. trainer=dpo")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=f"config overrides, e.g. {example}")
 
 
 def register(subparsers: Any) -> None:
     flywheel = subparsers.add_parser("flywheel", help="one turn of mine -> train -> shadow -> promote (Prefect flow)")
-    _add_config_args(flywheel, "configs/flywheel.yaml")
+    _add_config_args(flywheel, "configs/flywheel.yaml", "trainer=dpo")
     flywheel.add_argument("--schedule", metavar="CRON", help="serve a deployment on this cron schedule "
                                                               "(needs `prefect server start` and PREFECT_API_URL)")
     flywheel.set_defaults(func=_flywheel)
 
     monitor = subparsers.add_parser("monitor", help="check recent acceptance; run the flywheel if it fell")
-    _add_config_args(monitor, "configs/monitor.yaml")
+    _add_config_args(monitor, "configs/monitor.yaml", "min_acceptance=0.4")
     monitor.add_argument("--schedule", metavar="CRON", help="serve a deployment on this cron schedule "
                                                              "(needs `prefect server start` and PREFECT_API_URL)")
     monitor.set_defaults(func=_monitor)
 
     demo = subparsers.add_parser("demo", help="the whole loop end to end on embedded defaults, "
                                               "with a before/after table")
-    _add_config_args(demo, "configs/demo.yaml")
+    _add_config_args(demo, "configs/demo.yaml", "code_requests=24")
     demo.set_defaults(func=_demo)
 
 

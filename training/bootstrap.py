@@ -99,6 +99,7 @@ def _traffic(config: BootstrapConfig, target: Any, data_dir: Path, workload: lis
                           config.gen_batch_size, top_k=config.top_k)
     tmp = data_dir.with_name(data_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
     save_traffic(rows[: config.n_prompts], rows[config.n_prompts:], tmp)
     tmp.rename(data_dir)  # all-or-nothing: an interrupted run never leaves half a dataset behind
     return {"distill": data_dir / "distill", "holdout": data_dir / "holdout"}
@@ -158,7 +159,9 @@ def bootstrap(config: BootstrapConfig | None = None, workload: list[dict] | None
         print(f"bootstrap: v0 draft exists at {draft_dir}", flush=True)
         result["built"] = False
     else:
-        data = _traffic(config, target, home.datasets_dir() / "bootstrap", workload)
+        # Keyed by what shapes the traffic, so a changed config never silently reuses stale data.
+        key = f"{config.workload}-{config.n_prompts}-{config.holdout_prompts}-{config.max_new_tokens}-{config.seed}"
+        data = _traffic(config, target, home.datasets_dir() / "bootstrap" / key, workload)
         _build_draft(config, target, data, draft_dir, get_tracker(config.tracking))
         result["built"] = True
     result["metrics"] = common.read_training_info(draft_dir).get("metrics", {})

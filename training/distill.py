@@ -14,6 +14,7 @@ It does not mine data, register models or decide promotion.
 from __future__ import annotations
 
 import argparse
+import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from draftwheel.config import load_config, to_dict
 from draftwheel.tracking import get_tracker
 from training import common, losses
 from training.data import (DistillCollator, build_teacher_cache, cache_key, has_teacher_topk, load_dataset_dir,
-                           load_holdout, tokenize_distill)
+                           load_holdout, loss_mask_for, tokenize_distill)
 from training.evaluate import AgreementCallback, TrackerCallback, target_references
 
 DISTILL_COLUMNS = ("prompt_token_ids", "completion_token_ids")
@@ -49,6 +50,7 @@ class DistillConfig(common.TrainCommon, common.LoraFields):
     freeze_embeddings: bool = True  # keep the (target-shared) embeddings and LM head frozen
     use_weights: bool = True     # weight each sequence's loss by the dataset's `weight` column
     prompt_loss: bool = False    # also learn the target's distribution on prompt tokens (not only completions)
+    on_policy_fraction: float = 0.0  # share of batches whose completions the student samples itself (GKD's lmbda)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -60,6 +62,11 @@ class DistillConfig(common.TrainCommon, common.LoraFields):
                         f"must be 'online' or 'cached', got {self.teacher_mode!r}")
         common.require(self.top_k >= 1, "top_k", f"must be >= 1, got {self.top_k}")
         common.require(bool(self.student), "student", "must name a model dir or models:/ URI")
+        common.require(0.0 <= self.on_policy_fraction <= 1.0, "on_policy_fraction",
+                       f"must be in [0, 1], got {self.on_policy_fraction}")
+        if self.on_policy_fraction > 0:  # student-written text has no stored or cached teacher
+            common.require(self.teacher_mode == "online" and not self.prompt_loss, "on_policy_fraction",
+                           "needs teacher_mode: online and prompt_loss: false")
 
 
 def _completion_logits(model: Any, head: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -70,13 +77,42 @@ def _completion_logits(model: Any, head: Any, input_ids: torch.Tensor, attention
     return head(outputs.hidden_states[-1][mask])
 
 
+def on_policy_batch(model: Any, inputs: dict[str, torch.Tensor], pad_id: int) -> dict[str, torch.Tensor]:
+    """The batch with each row's completion replaced by the student's own sampled continuation of its
+    prompt (at most as long as the original), as in GKD / DistillSpec's on-policy data."""
+    rows, budgets = [], []
+    for mask, attention, ids in zip(inputs["loss_mask"], inputs["attention_mask"], inputs["input_ids"]):
+        prompt_len = int(mask.nonzero()[0]) + 1  # the first counted logits position predicts token prompt_len
+        rows.append(ids[:prompt_len].tolist())
+        budgets.append(int(mask.sum()))
+    width = max(len(r) for r in rows)
+    device = inputs["input_ids"].device
+    padded = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows], device=device)
+    attention = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+    with torch.no_grad():
+        generated = model.generate(input_ids=padded, attention_mask=attention, do_sample=True,
+                                   max_new_tokens=max(budgets), pad_token_id=pad_id)[:, width:]
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
+    examples = []
+    for i, prompt in enumerate(rows):
+        completion = generated[i, :budgets[i]].tolist()
+        ends = [j for j, token in enumerate(completion) if token in eos_ids]
+        completion = completion[: ends[0] + 1] if ends else completion  # what follows EOS is padding
+        examples.append({"input_ids": prompt + completion, "weight": float(inputs["weight"][i]),
+                         "loss_mask": loss_mask_for(len(prompt) + len(completion), len(prompt))})
+    return {k: v.to(device) for k, v in DistillCollator(pad_id)(examples).items()}
+
+
 class DistillTrainer(Trainer):
     """A Trainer whose loss is a divergence from the frozen teacher on completion tokens."""
 
     def __init__(self, *args: Any, teacher: Any = None, loss_name: str = "fkl", beta: float = 0.5,
-                 temperature: float = 1.0, **kwargs: Any):
+                 temperature: float = 1.0, on_policy_fraction: float = 0.0, pad_id: int = 0, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.teacher, self.loss_name, self.beta, self.temperature = teacher, loss_name, beta, temperature
+        self.on_policy_fraction, self.pad_id = on_policy_fraction, pad_id
+        self._rng = random.Random(self.args.seed)
 
     def _teacher_logits(self, inputs: dict[str, torch.Tensor], mask: torch.Tensor, vocab: int) -> torch.Tensor:
         if "teacher_topk_values" in inputs:
@@ -88,8 +124,11 @@ class DistillTrainer(Trainer):
                                       inputs["attention_mask"], mask)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        unwrapped = self.accelerator.unwrap_model(model)
+        if self.on_policy_fraction and self._rng.random() < self.on_policy_fraction:
+            inputs = on_policy_batch(unwrapped, inputs, self.pad_id)
         mask = inputs["loss_mask"]
-        head = self.accelerator.unwrap_model(model).get_output_embeddings()
+        head = unwrapped.get_output_embeddings()
         student = _completion_logits(model, head, inputs["input_ids"], inputs["attention_mask"], mask)
         teacher = self._teacher_logits(inputs, mask, student.shape[-1])
         per_token = losses.divergence(self.loss_name, student, teacher, temperature=self.temperature,
@@ -155,6 +194,7 @@ def train_distill(config: DistillConfig, tracker: Any = None) -> Path:
         model=model, args=args, train_dataset=train_set, data_collator=DistillCollator(pad_id),
         callbacks=callbacks, teacher=None if config.teacher_mode == "cached" else target.model,
         loss_name=config.loss, beta=config.beta, temperature=config.temperature,
+        on_policy_fraction=config.on_policy_fraction, pad_id=pad_id,
     )
     with tracker.run("train-distill", nested=True, tags={"stage": "distill"}):
         tracker.log_params({**to_dict(config), **common.count_parameters(model)})

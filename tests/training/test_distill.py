@@ -13,7 +13,7 @@ from draftwheel.config import ConfigError, load_config
 from training import losses
 from training.data import DatasetError, DistillCollator, join_and_truncate, load_dataset_dir, loss_mask_for, \
     tokenize_distill
-from training.distill import DistillConfig, main, train_distill
+from training.distill import DistillConfig, main, on_policy_batch, train_distill
 
 
 def _mean_fkl(model_dir, target_dir, distill_dir) -> float:
@@ -132,3 +132,23 @@ def test_module_entry_point_runs_with_config_and_overrides(toy_models, toy_data,
                  f"output_dir={tmp_path / 'cli'}", "max_steps=2", "tracking=false"]) == 0
     assert str(tmp_path / "cli") in capsys.readouterr().out
     assert (tmp_path / "cli" / "model.safetensors").is_file()
+
+
+def test_on_policy_batch_keeps_prompts_and_lets_the_student_write(toy_models, toy_data):
+    torch.manual_seed(0)
+    student = AutoModelForCausalLM.from_pretrained(toy_models["student"]).eval()
+    rows = list(tokenize_distill(load_dataset_dir(toy_data["distill"], ()), 64))[:3]
+    batch = on_policy_batch(student, DistillCollator(0)(rows), pad_id=0)
+    for i, row in enumerate(rows):
+        prompt_len = row["loss_mask"].index(1) + 1
+        n = int(batch["attention_mask"][i].sum())
+        assert batch["input_ids"][i, :prompt_len].tolist() == row["input_ids"][:prompt_len]
+        assert 1 <= n - prompt_len <= sum(row["loss_mask"])
+        assert int(batch["loss_mask"][i].sum()) == n - prompt_len
+
+
+def test_on_policy_training_runs_with_an_online_teacher(toy_models, toy_data, tmp_path):
+    out = train_distill(_config(toy_models, toy_data, tmp_path, on_policy_fraction=1.0, max_steps=2, holdout=""))
+    assert json.loads((out / "draftwheel_training.json").read_text())["metrics"]["train_loss"] > 0
+    with pytest.raises(ValueError, match="on_policy_fraction"):
+        DistillConfig(on_policy_fraction=0.5, teacher_mode="cached")
