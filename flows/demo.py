@@ -1,14 +1,15 @@
 """`draftwheel demo`: the whole loop on the embedded defaults, ending in a before/after table.
 
-bootstrap (if there is no champion) -> measure the champion on held-out chat and code prompts -> serve
-`chat` traffic -> the monitor sees nothing wrong -> traffic shifts to `code` -> the monitor sees
-acceptance fall and runs the flywheel (mine -> train -> shadow -> promote) -> the new champion serves
-code traffic -> measure again. The table (acceptance rate, mean accepted length, tokens/s, speedup vs
-plain decoding, per slice) is printed and saved (JSON, markdown, PNG) and logged to MLflow.
+bootstrap (if there is no champion) -> serve `chat` traffic -> the monitor sees nothing wrong -> traffic
+shifts to `code` -> the monitor sees acceptance fall and runs the flywheel (mine -> train -> shadow ->
+promote) -> the new champion serves code traffic -> plain decoding, the old and the new champion on
+held-out chat and code prompts, interleaved prompt by prompt so machine load cannot favour either. The
+table (acceptance rate, mean accepted length, tokens/s, speedup vs plain decoding, per slice) is
+printed and saved (JSON, markdown, PNG) and logged to MLflow.
 
 Served traffic, evaluation prompts and the prompts bootstrap trained the v0 draft on are pairwise
 disjoint, so no figure is measured on a prompt some draft was trained on. The plain-decoding baseline
-is measured once (it does not depend on the draft). Everything runs on CPU, Prefect's temporary
+is shared by both columns (it does not depend on the draft). Everything runs on CPU, Prefect's temporary
 server and MLflow sqlite in the state dir; sizes come from `DemoConfig`.
 """
 
@@ -27,7 +28,7 @@ from flows import report
 from flows.flywheel import override
 
 SLICES = ("chat", "code")
-STEPS = 8
+STEPS = 7
 CHAMPION = "models:/draftwheel-draft@champion"
 
 
@@ -107,12 +108,20 @@ def workloads(config: DemoConfig, exclude: set[str]) -> dict[str, list[dict[str,
     return rows
 
 
-def measure(engine: Any, rows: list[dict[str, str]], params: Any, mode: str, label: str) -> list[Any]:
-    """Per-request stats of `rows` through `engine` in `mode` (nothing is logged), with a progress bar."""
+def measure(engines: dict[str, Any], rows: list[dict[str, str]], params: Any) -> dict[str, list[Any]]:
+    """Per-request stats of every prompt through each engine (mode "plain" = target alone), taking the
+    engines in turn prompt by prompt, so a change in machine load hits all of them alike. Nothing is logged."""
     from tqdm import tqdm
 
-    return [engine.generate([row["prompt"]], params, slice=row["slice"], chat=True, mode=mode)[0].stats
-            for row in tqdm(rows, desc=label, unit="req", leave=False)]
+    names = list(engines)
+    stats: dict[str, list[Any]] = {name: [] for name in names}
+    for index, row in enumerate(tqdm(rows, desc=f"measure {rows[0]['slice'] if rows else ''}", unit="prompt",
+                                     leave=False)):
+        for name in names[index % len(names):] + names[:index % len(names)]:  # rotate who goes first
+            mode = "autoregressive" if name == "plain" else "draft"
+            stats[name].append(engines[name].generate([row["prompt"]], params, slice=row["slice"], chat=True,
+                                                      mode=mode)[0].stats)
+    return stats
 
 
 def monitor_overrides(config: DemoConfig, logs_dir: Path, threshold: float, run_flywheel: bool) -> list[str]:
@@ -149,10 +158,6 @@ class DemoRun:
         print(f"served {summary['requests']} requests in {summary['seconds']:.0f}s; acceptance {rates}", flush=True)
         return summary
 
-    def figures(self, plain: dict[str, list[Any]]) -> dict[str, dict[str, float]]:
-        return {s: report.figures(measure(self.engine, self.rows[f"eval_{s}"], self.params, "draft", f"spec {s}"),
-                                  plain[s]) for s in SLICES}
-
 
 def _start(config: DemoConfig) -> DemoRun:
     """Bootstrap if needed, start from the v0 draft, load the models once, build the prompts."""
@@ -175,7 +180,6 @@ def _start(config: DemoConfig) -> DemoRun:
     print(f"target {target_dir}; champion {CHAMPION} = version {run.engine.draft.model_id.version}", flush=True)
     run.rows = workloads(config, bootstrap_prompts())
     run.params = SamplingParams(max_new_tokens=config.max_new_tokens, k=config.k, seed=config.seed)
-    measure(run.engine, run.rows["eval_chat"][:1], run.params, "draft", "warm-up")
     return run
 
 
@@ -184,17 +188,17 @@ def _shift_and_flywheel(run: DemoRun) -> dict[str, Any]:
     from flows.monitor import MonitorConfig, acceptance_by_slice, monitor, read_records, window
 
     config = run.config
-    banner(3, f"serve {config.chat_requests} chat requests with the champion", run.started)
+    banner(2, f"serve {config.chat_requests} chat requests with the champion", run.started)
     run.serve(run.rows["chat"])
     chat_rate = acceptance_by_slice(window(read_records(run.logs_dir), MonitorConfig(
         window_requests=config.chat_requests, min_requests=1)))["overall"].acceptance_rate
     threshold = config.min_acceptance or config.trigger_ratio * chat_rate
     rule = "" if config.min_acceptance else f" = {config.trigger_ratio} x the chat acceptance {chat_rate:.3f}"
-    banner(4, f"monitor: is the champion keeping up? (alert below {threshold:.3f}{rule})", run.started)
+    banner(3, f"monitor: is the champion keeping up? (alert below {threshold:.3f}{rule})", run.started)
     monitor(None, monitor_overrides(config, run.logs_dir, threshold, run_flywheel=False))
-    banner(5, f"traffic shifts: serve {config.code_requests} code requests", run.started)
+    banner(4, f"traffic shifts: serve {config.code_requests} code requests", run.started)
     run.serve(run.rows["code"])
-    banner(6, "monitor: acceptance on code -> flywheel (mine -> train -> shadow -> promote)", run.started)
+    banner(5, "monitor: acceptance on code -> flywheel (mine -> train -> shadow -> promote)", run.started)
     outcome = monitor(None, monitor_overrides(config, run.logs_dir, threshold, run_flywheel=True))
     outcome["threshold"] = threshold
     return outcome
@@ -221,34 +225,45 @@ def demo(config_path: str | None = None, overrides: list[str] | None = None) -> 
     return run_demo(load_config(DemoConfig, config_path, overrides))
 
 
+def _before_after(run: DemoRun, before: Any, after: Any) -> dict[str, Any]:
+    """Plain decoding, the old champion and the new one on the held-out prompts of each slice."""
+    from serving.engine import Engine
+
+    engines = {"plain": run.engine, "before": Engine(run.engine.target, before),
+               "after": Engine(run.engine.target, after)}  # one target in memory, shared
+    results: dict[str, Any] = {"before": {}, "after": {}}
+    for name in SLICES:
+        stats = measure(engines, run.rows[f"eval_{name}"], run.params)
+        for phase in report.PHASES:
+            results[phase][name] = report.figures(stats[phase], stats["plain"])
+    return results
+
+
 def run_demo(config: DemoConfig) -> dict[str, Any]:
     from flows.monitor import monitor
     from serving.models import load_model
 
     run = _start(config)
-    champion_before = run.engine.draft.model_id.version
-    banner(2, f"measure the champion (before): {config.eval_requests} held-out prompts per slice", run.started)
-    plain = {s: measure(run.engine, run.rows[f"eval_{s}"], run.params, "autoregressive", f"plain {s}")
-             for s in SLICES}
-    before = run.figures(plain)
+    old = run.engine.draft
     outcome = _shift_and_flywheel(run)
     run.engine.swap_draft(load_model(CHAMPION))
-    champion_after = run.engine.draft.model_id.version
+    new = run.engine.draft
     if config.after_requests:
-        banner(7, f"the champion (version {champion_after}) serves {config.after_requests} code requests",
+        banner(6, f"the champion (version {new.model_id.version}) serves {config.after_requests} code requests",
                run.started)
         run.serve(run.rows["after"])
         monitor(None, monitor_overrides(config, run.logs_dir, outcome["threshold"], run_flywheel=False))
-    banner(8, f"measure the champion (after): version {champion_after}", run.started)
-    after = run.figures(plain)
+    banner(7, f"before / after: plain decoding, version {old.model_id.version} and version {new.model_id.version} "
+              f"on {config.eval_requests} held-out prompts per slice", run.started)
+    results = _before_after(run, old, new)
     flywheel_result = outcome.get("flywheel") or {}
-    results = {"before": before, "after": after, "meta": {
-        "champion_before": champion_before, "champion_after": champion_after,
+    results["meta"] = {
+        "champion_before": old.model_id.version, "champion_after": new.model_id.version,
         "monitor": outcome["decision"], "promoted": flywheel_result.get("promoted", False),
         "decision": (flywheel_result.get("decision") or {}).get("reasons"),
         "shadow_report": flywheel_result.get("report_path"), "k": config.k,
         "max_new_tokens": config.max_new_tokens, "eval_requests_per_slice": config.eval_requests,
-        "wall_time_s": round(time.perf_counter() - run.started, 1), "logs_dir": str(run.logs_dir)}}
+        "wall_time_s": round(time.perf_counter() - run.started, 1), "logs_dir": str(run.logs_dir)}
     paths = report.save(results, run.run_dir)
     run_id = _log_results(config, results, paths)
     print()

@@ -39,7 +39,6 @@ class OutputState:
         """Append one step's tokens, stopping at EOS (kept in token_ids), max tokens or a stop string."""
         if self.finished:
             return
-        start = len(self.token_ids)
         for token in tokens:
             self.token_ids.append(token)
             if token in self.eos_ids:
@@ -50,15 +49,16 @@ class OutputState:
                 break
         self._text = self._decode(self.token_ids)
         if self.stop:
-            self._cut_at_stop(start)
+            self._cut_at_stop()
 
-    def _cut_at_stop(self, start: int) -> None:
+    def _cut_at_stop(self) -> None:
         positions = [p for p in (self._text.find(s) for s in self.stop) if p >= 0]
         if not positions:
             return
-        # Keep the fewest tokens whose text reaches the stop string, so token ids match the text.
+        # Keep the fewest tokens whose text reaches the stop string, so token ids match the text. The
+        # stop string may have begun in an earlier step's tokens (it was incomplete then).
         cut = min(positions)
-        for n in range(start + 1, len(self.token_ids) + 1):
+        for n in range(1, len(self.token_ids) + 1):
             if len(self._decode(self.token_ids[:n])) > cut:
                 del self.token_ids[n:]
                 break

@@ -2,8 +2,9 @@
 
 `train_distill(config)` loads the student (current champion, or any model dir) and the target, and
 trains the student with a `transformers.Trainer` whose only change is `compute_loss`: a divergence from
-`training.losses` between target and student next-token distributions on completion tokens only,
-weighted per sequence. Teacher logits come either from a forward pass of the frozen target each step
+`training.losses` between target and student next-token distributions on completion tokens,
+weighted per sequence (`prompt_loss` adds prompt tokens; `on_policy_fraction` lets the student write
+some completions itself, GKD-style). Teacher logits come either from a forward pass of the frozen target each step
 (`teacher_mode: online`) or from a top-k log-prob cache on disk built once (`teacher_mode: cached`).
 Full fine-tune or LoRA (merged before saving). Runs in-process or as
 `accelerate launch -m training.distill --config F` (the Trainer handles the accelerate state).
@@ -45,12 +46,15 @@ class DistillConfig(common.TrainCommon, common.LoraFields):
     loss: str = "fkl"            # fkl | rkl | jsd | tvd
     beta: float = 0.5            # jsd interpolation (TRL convention: 0 = forward KL, 1 = reverse KL)
     temperature: float = 1.0     # softmax temperature applied to both distributions
-    teacher_mode: str = "online"  # online: target forward each step | cached: top-k log-probs on disk
+    teacher_mode: str = "cached"  # cached: top-k log-probs (stored with the data or on disk) | online: target forward each step
     top_k: int = 64              # cached mode: teacher log-probs kept per position
     freeze_embeddings: bool = True  # keep the (target-shared) embeddings and LM head frozen
     use_weights: bool = True     # weight each sequence's loss by the dataset's `weight` column
     prompt_loss: bool = False    # also learn the target's distribution on prompt tokens (not only completions)
     on_policy_fraction: float = 0.0  # share of batches whose completions the student samples itself (GKD's lmbda)
+    learning_rate: float = 1e-3
+    epochs: float = 3.0
+    max_length: int = 256
 
     def __post_init__(self) -> None:
         super().__post_init__()

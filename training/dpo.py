@@ -42,7 +42,10 @@ class DpoConfig(common.TrainCommon, common.LoraFields):
     beta: float = 0.1            # DPO inverse temperature (strength of the KL tie to the reference)
     loss_type: str = "sigmoid"   # TRL DPO loss: sigmoid | hinge | ipo | robust ...
     freeze_embeddings: bool = True  # keep the (target-shared) embeddings and LM head frozen
-    learning_rate: float = 5e-6
+    learning_rate: float = 5e-5
+    lora: bool = True
+    batch_size: int = 8
+    max_length: int = 256
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -44,6 +44,9 @@ class MedusaConfig(common.TrainCommon):
     loss: str = "kl"             # kl: match the target's distribution | ce: its emitted token
     head_decay: float = 0.8      # weight of head i's loss is head_decay ** i
     learning_rate: float = 1e-3
+    epochs: float = 2.0
+    max_length: int = 256
+    eval_max_samples: int = 32
 
     def __post_init__(self) -> None:
         super().__post_init__()

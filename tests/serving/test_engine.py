@@ -328,5 +328,8 @@ def test_stream_holds_back_a_possible_stop_prefix(pair):
     out = OutputState(tokenizer, eos_ids=set(), stop=["END"], max_new_tokens=100)
     out.extend(tokenizer("hello EN")["input_ids"])
     assert out.stable_text() == "hello "  # "EN" could become "END"
+    first = list(out.token_ids)
     out.extend(tokenizer("D more")["input_ids"])
     assert out.finished and out.text == "hello " and out.finish_reason == "stop"
+    # The stop string began in the first step's tokens: the cut reaches back into them.
+    assert out.token_ids == first[: len(out.token_ids)] and "more" not in tokenizer.decode(out.token_ids)

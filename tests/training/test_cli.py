@@ -25,3 +25,16 @@ def test_unknown_config_field_is_a_config_error_naming_it(capsys):
 def test_train_requires_a_method():
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train"])
+
+
+def test_shipped_yaml_files_equal_the_dataclass_defaults():
+    """A config loaded without a file (as the flows do by default) behaves like the shipped YAML."""
+    from draftwheel.config import load_config
+    from training.bootstrap import BootstrapConfig
+    from training.distill import DistillConfig
+    from training.dpo import DpoConfig
+    from training.medusa_train import MedusaConfig
+
+    for cls, name in [(DistillConfig, "distill"), (DpoConfig, "dpo"), (MedusaConfig, "medusa"),
+                      (BootstrapConfig, "bootstrap")]:
+        assert load_config(cls, f"configs/{name}.yaml") == cls(), name
