@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -103,8 +104,16 @@ def setup_mlflow(tracking_uri: str | None = None) -> str:
     uri = tracking_uri or home.tracking_uri()
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    # MLflow exports the URIs to os.environ (for subprocesses); undo that so the state dir stays the
+    # default for the next call (a later test, or a DRAFTWHEEL_HOME change) and a user's own setting wins.
+    saved = {key: os.environ.get(key) for key in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     return uri
 
 

@@ -126,7 +126,7 @@ def _train(config: FlywheelConfig, tracker: Any, work: Path, mined: dict, champi
            target: dict) -> dict[str, Any]:
     builtin = config.trainer in BUILTIN_TRAINERS
     config_path = tasks.stage_config_path(config.train_config, config.trainer) if builtin else config.train_config
-    key = tasks.train_cache_key(config.trainer, mined["sha256"], config_path,
+    key = tasks.train_cache_key(config.trainer, mined["data_sha256"], config_path,
                                 config.train_overrides, champion["sha256"], target["sha256"])
     out_dir = home.models_dir() / "candidates" / key[:16]
     # A cached result whose model dir was deleted is useless: retrain instead of returning it.

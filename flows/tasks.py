@@ -1,7 +1,7 @@
 """Prefect tasks: thin wrappers around the stage functions, passing paths, URIs and small dicts.
 
 Registry I/O gets retries (a sqlite lock or a remote MLflow hiccup is transient); training is cached
-on its inputs (trainer, dataset manifest sha256, config, starting draft, target), so re-running a flow
+on its inputs (trainer, mined data sha256, config, starting draft, target), so re-running a flow
 on unchanged data does not retrain. Each stage opens its MLflow run in the flow (see `flows.flywheel`);
 the tasks themselves hold no state and never move tensors between them. Stage packages are imported
 inside the tasks, so importing this module stays cheap.
@@ -69,6 +69,18 @@ def file_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def datasets_sha256(root: str | Path, names: tuple[str, ...] = ("distill", "preference", "holdout")) -> str:
+    """sha256 of the mined datasets' contents: every file but `state.json`, whose fingerprint is random
+    per save (and the manifest carries a timestamp), so identical data always gives the same digest."""
+    digest = hashlib.sha256()
+    for name in names:
+        folder = Path(root) / name
+        for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "state.json"):
+            digest.update(f"{path.relative_to(root)}\0".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
 @task(name="resolve-target", cache_policy=NONE)
 def resolve_target(spec: str) -> dict[str, str]:
     """The target model dir ("" = the reference target, converted once) and its weights sha256."""
@@ -103,14 +115,14 @@ def mine_datasets(logs_dir: str, out_dir: str, config_path: str, overrides: list
     manifest = mine(Path(logs_dir), Path(out_dir), config)
     manifest_path = Path(out_dir) / "manifest.json"
     return {"manifest": manifest, "path": str(manifest_path), "sha256": file_sha256(manifest_path),
-            "config": to_dict(config)}
+            "data_sha256": datasets_sha256(out_dir), "config": to_dict(config)}
 
 
-def train_cache_key(trainer: str, manifest_sha: str, config_path: str, overrides: list[str],
+def train_cache_key(trainer: str, data_sha: str, config_path: str, overrides: list[str],
                     init_sha: str, target_sha: str) -> str:
-    """Training's cache key: everything that determines the candidate (the config by content, not path)."""
+    """Training's cache key: everything that determines the candidate (data and config by content)."""
     config_text = Path(config_path).read_text() if config_path else ""
-    payload = json.dumps([trainer, manifest_sha, config_text, list(overrides), init_sha, target_sha])
+    payload = json.dumps([trainer, data_sha, config_text, list(overrides), init_sha, target_sha])
     return hashlib.sha256(payload.encode()).hexdigest()
 
 

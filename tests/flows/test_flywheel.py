@@ -49,10 +49,10 @@ def world(tmp_path_factory, prefect_server, one_torch_thread):
         yield {"root": root, "dirs": dirs, "versions": versions, "logs": logs}
 
 
-def run_flywheel(world, trainer=TRAINER, source="good"):
+def run_flywheel(world, trainer=TRAINER, source="good", extra=()):
     return flywheel(None, [
         f"trainer={trainer}", f"target={world['dirs']['target']}", f"logs_dir={world['logs']}",
-        override("train_overrides", [f"source={world['dirs'][source]}"]),
+        override("train_overrides", [f"source={world['dirs'][source]}", *extra]),
         override("mining_overrides", ["holdout_fraction=0.5"]),
         override("shadow_overrides", ["max_new_tokens=12", "min_requests=4", "include_canary=false"]),
     ])
@@ -139,3 +139,13 @@ def test_monitor_flow_reads_the_logs_and_triggers_or_not(world):
     # Serving a different target than the champion was trained for triggers on its own.
     moved = monitor(None, common[:1] + [f"target={world['dirs']['good']}", "run_flywheel=false"])
     assert moved["decision"]["trigger"] and "target weights changed" in moved["decision"]["reasons"][0]
+
+
+def test_training_is_cached_on_unchanged_data_and_config(world):
+    tracking.promote(world["versions"]["bad"])
+    calls = world["root"] / "calls.txt"
+    first = run_flywheel(world, source="good", extra=[f"calls={calls}"])
+    tracking.promote(world["versions"]["bad"])  # same champion, same logs, same config
+    second = run_flywheel(world, source="good", extra=[f"calls={calls}"])
+    assert len(calls.read_text().splitlines()) == 1  # the second run reused the candidate
+    assert second["candidate_dir"] == first["candidate_dir"] and second["promoted"]

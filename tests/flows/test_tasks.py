@@ -58,3 +58,15 @@ def test_launch_command_runs_the_trainer_module_under_the_launcher():
 def test_unknown_trainer_names_the_choices():
     with pytest.raises(ValueError, match="distill, dpo, medusa"):
         tasks._resolve_trainer("magic")
+
+
+def test_datasets_sha256_ignores_the_random_fingerprint_only(tmp_path):
+    for name in ("distill", "preference", "holdout"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "data-00000.arrow").write_bytes(name.encode())
+        (tmp_path / name / "state.json").write_text('{"_fingerprint": "a"}')
+    digest = tasks.datasets_sha256(tmp_path)
+    (tmp_path / "distill" / "state.json").write_text('{"_fingerprint": "b"}')
+    assert tasks.datasets_sha256(tmp_path) == digest
+    (tmp_path / "holdout" / "data-00000.arrow").write_bytes(b"changed")
+    assert tasks.datasets_sha256(tmp_path) != digest

@@ -1,7 +1,8 @@
 """Custom trainers ("package.module:function") for flow tests: deterministic stand-ins for training.
 
-`copy_model` returns a copy of a prepared model dir (override `source=DIR`), so a test decides whether
-the candidate is better or worse than the champion; `broken` fails the way a crashed trainer does.
+`copy_model` returns a copy of a prepared model dir (override `source=DIR`; `calls=FILE` logs each
+call), so a test decides whether the candidate is better or worse than the champion; `broken` fails
+the way a crashed trainer does.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from typing import Any
 
 def copy_model(config_path: str, overrides: list[str], dataset_dir: str, init_dir: str, target_dir: str,
                out_dir: str, tracker: Any = None) -> Path:
-    source = dict(item.split("=", 1) for item in overrides)["source"]
+    options = dict(item.split("=", 1) for item in overrides)
     assert (Path(dataset_dir) / "distill").is_dir(), "the flow must hand the trainer the mined datasets"
-    shutil.copytree(source, out_dir, dirs_exist_ok=True)
+    shutil.copytree(options["source"], out_dir, dirs_exist_ok=True)
+    if "calls" in options:  # a log of calls, so a test can tell a cached result from a new one
+        with open(options["calls"], "a") as log:
+            log.write(f"{out_dir}\n")
     return Path(out_dir)
 
 
