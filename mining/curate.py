@@ -113,6 +113,8 @@ class _Curator:
             for s, rows in batch.items():
                 cursor[s] += len(rows)
                 for row_id in rows["row"].tolist():
+                    if row_id in self.result.train:  # an earlier category's over-sampled tail took it
+                        continue
                     if kept[s][category] < quotas[s] and self.admit(row_id, category):
                         self.result.train[row_id] = category
                         kept[s][category] += 1

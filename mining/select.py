@@ -99,8 +99,10 @@ def _by_rand(rows: np.ndarray) -> tuple:
     return (rows["rand"],)
 
 
-def _row_ids(groups: dict[int, np.ndarray]) -> np.ndarray:
-    return np.concatenate([rows["row"] for rows in groups.values()] + [np.zeros(0, dtype="<u8")])
+def _row_ids(groups: dict[int, np.ndarray], quotas: dict[int, dict[str, int]], category: str) -> np.ndarray:
+    """Row ids of the first `quota` rows of each group's list."""
+    heads = [rows["row"][:quotas[group][category]] for group, rows in groups.items()]
+    return np.concatenate(heads + [np.zeros(0, dtype="<u8")])
 
 
 def _train_counts(index: IndexFile, cutoff: float) -> dict[int, int]:
@@ -130,11 +132,13 @@ def select(index: IndexFile, kept: int, ts_range: tuple[float, float], config: M
     threshold = config.hard_threshold if config.hard_threshold is not None else 1.0
     hard = top_rows(index, {s: OVERSAMPLE * q["hard"] for s, q in quotas.items()},
                     lambda c: (c["ts"] < cutoff) & (c["rate"] <= threshold), _by_rate)
-    taken = _row_ids(hard)
+    # Only the head of a list (its quota) is expected to be kept; the over-sampled tail stays available to
+    # the next category, and curation skips a request a previous category already took.
+    taken = _row_ids(hard, quotas, "hard")
     rollback = top_rows(index, {s: OVERSAMPLE * q["rollback"] for s, q in quotas.items()},
                         lambda c: (c["ts"] < cutoff) & (c["depth"] >= config.min_rollback_depth)
                         & ~np.isin(c["row"], taken), _by_depth)
-    taken = np.concatenate([taken, _row_ids(rollback)])
+    taken = np.concatenate([taken, _row_ids(rollback, quotas, "rollback")])
     for s, q in quotas.items():
         q["uniform"] = math.ceil(config.uniform_ratio * (q["hard"] + q["rollback"]))
     uniform = top_rows(index, {s: OVERSAMPLE * q["uniform"] for s, q in quotas.items()},

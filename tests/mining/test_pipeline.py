@@ -87,8 +87,18 @@ def test_per_slice_caps_and_no_duplicate_training_prompts(mined):
         assert selected["uniform"] == round(config.uniform_ratio * (selected["hard"] + selected["rollback"]))
         assert count == sum(selected.values())
     assert len({normalize(p) for p in distill["prompt"]}) == len(distill)
-    assert manifest["counts"]["dropped"].get("exact_duplicate", 0) + manifest["counts"].get(
-        "excluded_same_prompt_as_holdout", 0) >= 1
+
+
+def test_exact_duplicates_collapse_to_one_sample(tmp_path):
+    records = [make_record(i, ts=7000.0 + i) for i in range(80)]
+    for i, record in enumerate(records):  # five prompts, repeated with case and spacing changes
+        base = make_record(i % 5)["prompt"]
+        record["prompt"] = base.upper() if i % 2 else base.replace(" ", "   ")
+    write_lines(tmp_path / "logs" / "a.jsonl", records)
+    config = fast_config(holdout_fraction=0.0, hard_quantile=1.0, max_hard_per_slice=100, uniform_ratio=1.0)
+    manifest = mine(tmp_path / "logs", tmp_path / "out", config)
+    distill = load_from_disk(str(tmp_path / "out" / "distill"))
+    assert len(distill) == 5 and len({normalize(p) for p in distill["prompt"]}) == 5
 
 
 def test_pii_is_scrubbed_and_ids_re_derived(mined, tokenizer_dir):

@@ -81,6 +81,8 @@ def test_parse_errors_outside_record_error_become_quarantine_reasons():
     text = json.dumps(make_record()).replace('"ts": 1700000000.0', '"ts": 1' + "0" * 400)
     with pytest.raises(RecordError, match="invalid value"):
         decode_line(text.encode())
+    with pytest.raises(RecordError):  # json's RecursionError on absurd nesting
+        decode_line(b"[" * 100_000)
 
 
 def _bad_log_lines() -> tuple[list, dict[str, int]]:
