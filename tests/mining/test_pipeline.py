@@ -98,7 +98,7 @@ def test_exact_duplicates_collapse_to_one_sample(tmp_path):
     config = fast_config(holdout_fraction=0.0, hard_quantile=1.0, max_hard_per_slice=100, uniform_ratio=1.0)
     manifest = mine(tmp_path / "logs", tmp_path / "out", config)
     distill = load_from_disk(str(tmp_path / "out" / "distill"))
-    assert len(distill) == 5 and len({normalize(p) for p in distill["prompt"]}) == 5
+    assert len(distill) == 5 == manifest["counts"]["distill"] and len({normalize(p) for p in distill["prompt"]}) == 5
 
 
 def test_pii_is_scrubbed_and_ids_re_derived(mined, tokenizer_dir):
