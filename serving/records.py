@@ -173,4 +173,9 @@ def parse_record(line: str | bytes) -> AcceptanceRecord:
         data = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RecordError(f"not JSON: {exc.msg if hasattr(exc, 'msg') else exc}") from exc
-    return record_from_dict(data)
+    except RecursionError as exc:  # absurdly deep nesting: malformed, not a crash
+        raise RecordError("not JSON: nested too deeply") from exc
+    try:
+        return record_from_dict(data)
+    except OverflowError as exc:  # e.g. a 400-digit integer `ts` that float() cannot hold
+        raise RecordError(f"number out of range: {exc}") from exc
