@@ -11,7 +11,6 @@ below the trackers. Nothing else in the project imports `mlflow`.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from draftwheel import home
+from draftwheel.hashing import file_sha256, weights_sha256
 
 EXPERIMENT = "draftwheel"
 
@@ -169,14 +169,6 @@ def _client(tracking_uri: str | None):
         return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _model_files(model_dir: Path) -> list[Path]:
     """The registrable files of a model dir; refuses a dir with no safetensors weights."""
     if not model_dir.is_dir():
@@ -200,7 +192,6 @@ def register_draft(model_dir: str | Path, tags: dict[str, Any] | None = None, na
     become JSON strings) go on the version together with the sha256 of every file.
     """
     # The served draft's id carries this hash (records' draft_id.sha256), so status can be matched to logs.
-    from serving.models import weights_sha256
 
     files = _model_files(Path(model_dir))
     hashes = {p.name: file_sha256(p) for p in files}

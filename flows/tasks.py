@@ -27,6 +27,7 @@ from prefect.cache_policies import NONE
 
 from draftwheel import home
 from draftwheel.config import load_config, to_dict
+from draftwheel.hashing import file_sha256, tree_sha256
 
 # Built-in trainers: name -> (module, config class, train function). Anything else must be
 # "package.module:function" (see `train_candidate`).
@@ -65,20 +66,9 @@ def _retry_registry(_task: Any, _task_run: Any, state: Any) -> bool:
 REGISTRY_RETRIES = dict(retries=3, retry_delay_seconds=2, retry_condition_fn=_retry_registry)
 
 
-def file_sha256(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def datasets_sha256(root: str | Path, names: tuple[str, ...] = ("distill", "preference", "holdout")) -> str:
-    """sha256 of the mined datasets' contents: every file but `state.json`, whose fingerprint is random
-    per save (and the manifest carries a timestamp), so identical data always gives the same digest."""
-    digest = hashlib.sha256()
-    for name in names:
-        folder = Path(root) / name
-        for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "state.json"):
-            digest.update(f"{path.relative_to(root)}\0".encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
+    """sha256 of the mined datasets' contents (the manifest carries a timestamp, so it is not the key)."""
+    return tree_sha256([Path(root) / name for name in names], root=root)
 
 
 @task(name="resolve-target", cache_policy=NONE)

@@ -10,7 +10,6 @@ those requests out beforehand). Preference pairs need the tokenizer to turn sing
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import shutil
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 from datasets import Dataset, Features, List, Value
 
+from draftwheel.hashing import tree_sha256
 from mining.pii import Scrubber, contains_pii
 
 _IDS = List(Value("int32"))
@@ -165,13 +165,6 @@ class DatasetWriter:
 
 
 def path_sha256(path: Path) -> str:
-    """sha256 of a file, or of a directory's files (sorted relative paths and their bytes)."""
-    digest = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    for file in files:
-        if path.is_dir():
-            digest.update(str(file.relative_to(path)).encode() + b"\0")
-        with open(file, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
+    """sha256 of a file, or of a directory's files (sorted relative paths and their bytes, without the
+    `datasets` fingerprint file, so identical data gives an identical digest)."""
+    return tree_sha256([path])

@@ -25,7 +25,7 @@ from serving.kv import CachedLM
 from serving.models import LoadedModel, check_compatible, load_model
 from serving.params import SamplingParams
 from serving.records import MODES, AcceptanceRecord, ModelId, Sampling
-from serving.reference import file_sha256
+from draftwheel.hashing import file_sha256
 from serving.sampling import make_generator
 from serving.stopping import OutputState
 

@@ -8,13 +8,13 @@ resolved when given explicitly, and hub access follows HF_HUB_OFFLINE.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from draftwheel.hashing import weights_sha256  # noqa: F401 - re-exported: part of this module's API
 from serving.records import ModelId
 
 REGISTRY_PREFIX = "models:/"
@@ -33,27 +33,6 @@ class LoadedModel:
     path: Path
     tags: dict[str, str] = field(default_factory=dict)
     """Registry version tags (models:/ URIs only), e.g. `target_sha256` of the target it was trained for."""
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def weights_sha256(model_dir: str | Path) -> str:
-    """One digest of a model dir's safetensors shards: sha256 of the lines "name:sha256(file)", sorted.
-
-    The same construction as the registry's `weights_sha256` version tag (draftwheel.tracking), so a
-    registered version and the dir it came from report the same id.
-    """
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
-    joined = "".join(f"{path.name}:{_file_sha256(path)}\n" for path in files)
-    return hashlib.sha256(joined.encode()).hexdigest()
 
 
 def _resolve(spec: str) -> tuple[Path, ModelId | None, dict[str, str]]:

