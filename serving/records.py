@@ -178,4 +178,4 @@ def parse_record(line: str | bytes) -> AcceptanceRecord:
     try:
         return record_from_dict(data)
     except OverflowError as exc:  # e.g. a 400-digit integer `ts` that float() cannot hold
-        raise RecordError(f"number out of range: {exc}") from exc
+        raise RecordError(f"invalid value: number out of range: {exc}") from exc
