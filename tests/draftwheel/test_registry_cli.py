@@ -18,13 +18,9 @@ from tests.serving.test_shadow import toy_models  # noqa: F401 - module-scoped f
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory):
-    path = tmp_path_factory.mktemp("home")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DRAFTWHEEL_HOME", str(path))
-        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
-        mp.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-        yield path
+def home(module_home):
+    """This module's own state dir, hence its own sqlite registry."""
+    return module_home
 
 
 def run(*argv: str) -> int:

@@ -18,13 +18,9 @@ from draftwheel.tracking import ArtifactError, RegistryError
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory):
-    home = tmp_path_factory.mktemp("home")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DRAFTWHEEL_HOME", str(home))
-        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
-        mp.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-        yield home
+def registry(module_home):
+    """This module's own state dir, hence its own sqlite registry."""
+    return module_home
 
 
 def fake_model_dir(root: Path, weights: bytes = b"weights-1", extra: dict[str, bytes] | None = None) -> Path:

@@ -30,15 +30,3 @@ def prefect_server():
     # The default 30 s start-up limit is too tight on a busy 2-core machine.
     with prefect_test_harness(server_startup_timeout=180):
         yield
-
-
-@pytest.fixture(scope="module")
-def one_torch_thread():
-    """Tiny models run 3-5x faster on one thread when the 2-core machine is shared: the per-op work is too
-    small to split, and spinning threads contend with the other processes."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)

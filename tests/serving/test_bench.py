@@ -3,11 +3,10 @@
 import json
 
 import pytest
-import torch
 
 from draftwheel.cli import main
 from serving.bench import read_prompts
-from serving.toy import tiny_pair
+
 
 BENCH_KEYS = {
     "plain_tokens_per_s", "spec_tokens_per_s", "hf_plain_tokens_per_s", "hf_assisted_tokens_per_s",
@@ -16,19 +15,6 @@ BENCH_KEYS = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models run fastest on one thread, and multi-threaded kernels slow down badly when other
-    jobs share the 2 cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def dirs(tmp_path_factory):
-    return tiny_pair(tmp_path_factory.mktemp("pair"))
 
 
 def test_bench_writes_exactly_the_design_keys(dirs, tmp_path, capsys, monkeypatch):

@@ -28,15 +28,6 @@ def noisy_copy(model, scale, seed=1):
     return draft
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models run fastest on one thread, and multi-threaded kernels slow down badly when other
-    jobs share the 2 cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def pair():

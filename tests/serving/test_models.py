@@ -8,22 +8,9 @@ import torch
 from serving import reference
 from serving.engine import Engine
 from serving.models import IncompatibleModelsError, check_compatible, load_model, weights_sha256
-from serving.toy import build_tokenizer, save_model, tiny_llama, tiny_pair
+from serving.toy import build_tokenizer, save_model, tiny_llama
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models run fastest on one thread, and multi-threaded kernels slow down badly when other
-    jobs share the 2 cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def dirs(tmp_path_factory):
-    return tiny_pair(tmp_path_factory.mktemp("pair"))
 
 
 def test_load_local_dir_with_weights_hash(dirs):

@@ -27,23 +27,18 @@ PARAMS = SamplingParams(max_new_tokens=12, k=3)
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory):
+def registry(module_home, tmp_path_factory):
     """Registry with v(good), v(bad) for the toy target, a wrong-target version and a corrupt one."""
-    home = tmp_path_factory.mktemp("home")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DRAFTWHEEL_HOME", str(home))
-        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
-        mp.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-        paths = build_toy_models(tmp_path_factory.mktemp("toy"))
-        target_sha = weights_sha256(paths["target"])
-        versions = {name: tracking.register_draft(paths[name], {"target_sha256": target_sha})
-                    for name in ("good", "bad")}
-        versions["wrong_target"] = tracking.register_draft(paths["good"], {"target_sha256": "0" * 64})
-        versions["corrupt"] = tracking.register_draft(paths["good"], {"target_sha256": target_sha})
-        row = next(r for r in tracking.list_versions() if r["version"] == versions["corrupt"])
-        (Path(row["source"].removeprefix("file://")) / "model.safetensors").write_bytes(b"truncated")
-        tracking.promote(versions["good"])
-        yield {"paths": paths, "versions": versions}
+    paths = build_toy_models(tmp_path_factory.mktemp("toy"))
+    target_sha = weights_sha256(paths["target"])
+    versions = {name: tracking.register_draft(paths[name], {"target_sha256": target_sha})
+                for name in ("good", "bad")}
+    versions["wrong_target"] = tracking.register_draft(paths["good"], {"target_sha256": "0" * 64})
+    versions["corrupt"] = tracking.register_draft(paths["good"], {"target_sha256": target_sha})
+    row = next(r for r in tracking.list_versions() if r["version"] == versions["corrupt"])
+    (Path(row["source"].removeprefix("file://")) / "model.safetensors").write_bytes(b"truncated")
+    tracking.promote(versions["good"])
+    return {"paths": paths, "versions": versions}
 
 
 @pytest.fixture
