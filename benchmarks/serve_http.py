@@ -32,16 +32,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
-PROMPTS = [
-    "Write a Python function that reverses a linked list.",
-    "Explain why the sky is blue in two sentences.",
-    "List three uses of a hash map.",
-    "What is the capital of France and what is it known for?",
-    "Summarise the plot of Romeo and Juliet.",
-    "def fibonacci(n):",
-    "Give me a haiku about autumn rain.",
-    "How do I sort a dictionary by value in Python?",
-]
+# The same prompts as the engine benchmark, so the two sets of figures compare.
+from bench_serving import PROMPTS  # noqa: E402 - benchmarks/ is on sys.path when run as a script
 
 
 def save_pair(pair: str, root: Path) -> tuple[Path, Path]:

@@ -69,38 +69,37 @@ def _serve(flow_obj: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def _flywheel(args: argparse.Namespace) -> int:
-    from flows.flywheel import FlywheelConfig, StageError, flywheel
+def _run_scheduled_flow(args: argparse.Namespace, flow_obj: Any, config_cls: type, failure: str,
+                        summarise: Any) -> int:
+    """Validate the config, then serve `flow_obj` on `--schedule` or run it once and print `summarise(result)`."""
+    from flows.flywheel import StageError
 
-    if not _check_config(args, FlywheelConfig):
+    if not _check_config(args, config_cls):
         return 2
     if args.schedule:
-        return _serve(flywheel, args)
+        return _serve(flow_obj, args)
     try:
-        result = flywheel(args.config, list(args.overrides))
+        result = flow_obj(args.config, list(args.overrides))
     except StageError as exc:
-        print(f"draftwheel flywheel: {exc}. The champion is unchanged.", file=sys.stderr)
+        print(f"draftwheel {args.command}: {failure}: {exc}. The champion is unchanged.", file=sys.stderr)
         return 1
-    print(json.dumps({k: result[k] for k in ("champion_before", "challenger_version", "promoted", "report_path")},
-                     indent=2))
+    print(json.dumps(summarise(result), indent=2))
     return 0
+
+
+def _flywheel(args: argparse.Namespace) -> int:
+    from flows.flywheel import FlywheelConfig, flywheel
+
+    return _run_scheduled_flow(
+        args, flywheel, FlywheelConfig, "a stage failed",
+        lambda result: {k: result[k] for k in ("champion_before", "challenger_version", "promoted", "report_path")})
 
 
 def _monitor(args: argparse.Namespace) -> int:
-    from flows.flywheel import StageError
     from flows.monitor import MonitorConfig, monitor
 
-    if not _check_config(args, MonitorConfig):
-        return 2
-    if args.schedule:
-        return _serve(monitor, args)
-    try:
-        result = monitor(args.config, list(args.overrides))
-    except StageError as exc:
-        print(f"draftwheel monitor: the triggered flywheel failed: {exc}. The champion is unchanged.", file=sys.stderr)
-        return 1
-    print(json.dumps(result["decision"], indent=2))
-    return 0
+    return _run_scheduled_flow(args, monitor, MonitorConfig, "the triggered flywheel failed",
+                               lambda result: result["decision"])
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -156,3 +156,20 @@ def read_training_info(model_dir: str | Path) -> dict[str, Any]:
 
 def seconds_since(start: float) -> float:
     return time.perf_counter() - start
+
+
+def module_main(train: Any, config_cls: type, description: str, config_file: str,
+                argv: list[str] | None = None) -> int:
+    """The `python -m training.X` / `accelerate launch -m training.X` entry point shared by the trainers:
+    `--config F` plus `key=value` overrides, offline defaults, prints the output dir."""
+    import argparse
+
+    from draftwheel.config import load_config
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", default=None, help=f"YAML config ({config_file})")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides")
+    args = parser.parse_args(argv)
+    home.apply_offline_defaults()
+    print(train(load_config(config_cls, args.config, args.overrides)))
+    return 0

@@ -14,7 +14,6 @@ It does not mine data, register models or decide promotion.
 
 from __future__ import annotations
 
-import argparse
 import random
 import time
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 from draftwheel import home
-from draftwheel.config import load_config, to_dict
+from draftwheel.config import to_dict
 from draftwheel.tracking import get_tracker
 from training import common, losses
 from training.data import (DistillCollator, build_teacher_cache, cache_key, has_teacher_topk, load_dataset_dir,
@@ -222,13 +221,7 @@ def train_distill(config: DistillConfig, tracker: Any = None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `python -m training.distill` / `accelerate launch -m training.distill`."""
-    parser = argparse.ArgumentParser(description="Distil a draft model from the target.")
-    parser.add_argument("--config", default=None, help="YAML config (configs/distill.yaml)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides")
-    args = parser.parse_args(argv)
-    home.apply_offline_defaults()
-    print(train_distill(load_config(DistillConfig, args.config, args.overrides)))
-    return 0
+    return common.module_main(train_distill, DistillConfig, "Distil a draft model from the target.", "configs/distill.yaml", argv)
 
 
 if __name__ == "__main__":

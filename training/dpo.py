@@ -14,7 +14,6 @@ It does not mine pairs or register the result.
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 from trl import DPOConfig, DPOTrainer
 
 from draftwheel import home
-from draftwheel.config import load_config, to_dict
+from draftwheel.config import to_dict
 from draftwheel.tracking import get_tracker
 from training import common
 from training.data import load_dataset_dir, load_holdout
@@ -134,13 +133,7 @@ def train_dpo(config: DpoConfig, tracker: Any = None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `python -m training.dpo` / `accelerate launch -m training.dpo`."""
-    parser = argparse.ArgumentParser(description="DPO-tune the draft on accept/reject pairs.")
-    parser.add_argument("--config", default=None, help="YAML config (configs/dpo.yaml)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides")
-    args = parser.parse_args(argv)
-    home.apply_offline_defaults()
-    print(train_dpo(load_config(DpoConfig, args.config, args.overrides)))
-    return 0
+    return common.module_main(train_dpo, DpoConfig, "DPO-tune the draft on accept/reject pairs.", "configs/dpo.yaml", argv)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ It does not decode with the heads (the Engine's `medusa` mode does) or register 
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from torch import nn
 from transformers import Trainer, TrainingArguments
 
 from draftwheel import home
-from draftwheel.config import load_config, to_dict
+from draftwheel.config import to_dict
 from draftwheel.tracking import get_tracker
 from serving.medusa import MedusaHeads
 from training import common, losses
@@ -193,13 +192,7 @@ def train_medusa(config: MedusaConfig, tracker: Any = None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `python -m training.medusa_train` / `accelerate launch -m training.medusa_train`."""
-    parser = argparse.ArgumentParser(description="Train Medusa heads on the frozen target.")
-    parser.add_argument("--config", default=None, help="YAML config (configs/medusa.yaml)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides")
-    args = parser.parse_args(argv)
-    home.apply_offline_defaults()
-    print(train_medusa(load_config(MedusaConfig, args.config, args.overrides)))
-    return 0
+    return common.module_main(train_medusa, MedusaConfig, "Train Medusa heads on the frozen target.", "configs/medusa.yaml", argv)
 
 
 if __name__ == "__main__":
