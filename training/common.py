@@ -140,6 +140,19 @@ def save_candidate(model: Any, tokenizer: Any, out_dir: Path, stage: str, config
     return write_training_info(out_dir, stage, config, metrics, extra)
 
 
+def finish_training(trainer: Any, tracker: Any, metrics: dict[str, Any], eval_history: list[dict[str, Any]],
+                    tokenizer: Any, out_dir: Path, stage: str, config: Any, extra: dict[str, Any]) -> None:
+    """Log the final metrics (with the last hold-out evaluation) and, on the main process only, save the
+    merged candidate with its training info and attach that info to the run."""
+    if eval_history:
+        metrics.update({f"eval_{k}": v for k, v in eval_history[-1].items()})
+    tracker.log_metrics({k: float(v) for k, v in metrics.items()})
+    if trainer.is_world_process_zero():
+        save_candidate(merged(trainer.model), tokenizer, out_dir, stage, config, metrics,
+                       {**extra, "eval_history": eval_history})
+        tracker.log_artifact(out_dir / INFO_FILE)
+
+
 def write_training_info(out_dir: Path, stage: str, config: Any, metrics: dict[str, Any],
                         extra: dict[str, Any] | None = None) -> Path:
     """`draftwheel_training.json`: what produced this dir (stage, config, metrics, provenance)."""

@@ -207,21 +207,16 @@ def train_distill(config: DistillConfig, tracker: Any = None) -> Path:
                    "train_tokens": tokens, "train_tokens_per_s": tokens / max(result.metrics["train_runtime"], 1e-9),
                    "teacher_cache_s": cache_s, "steps": trainer.state.global_step}
         eval_history = callbacks[-1].history if holdout else []  # the AgreementCallback, appended last
-        if eval_history:
-            metrics.update({f"eval_{k}": v for k, v in eval_history[-1].items()})
-        tracker.log_metrics({k: float(v) for k, v in metrics.items()})
-        if trainer.is_world_process_zero():
-            common.save_candidate(common.merged(trainer.model), student.tokenizer, out_dir, "distill", config,
-                                  metrics, {"target": str(target.path), "target_sha256": target.model_id.sha256,
-                                            "student": config.student, "dataset": str(dataset_dir),
-                                            "eval_history": eval_history})
-            tracker.log_artifact(out_dir / common.INFO_FILE)
+        common.finish_training(trainer, tracker, metrics, eval_history, student.tokenizer, out_dir, "distill", config,
+                               {"target": str(target.path), "target_sha256": target.model_id.sha256,
+                                "student": config.student, "dataset": str(dataset_dir)})
     return out_dir
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `python -m training.distill` / `accelerate launch -m training.distill`."""
-    return common.module_main(train_distill, DistillConfig, "Distil a draft model from the target.", "configs/distill.yaml", argv)
+    return common.module_main(train_distill, DistillConfig, "Distil a draft model from the target.",
+                              "configs/distill.yaml", argv)
 
 
 if __name__ == "__main__":

@@ -118,22 +118,16 @@ def train_dpo(config: DpoConfig, tracker: Any = None) -> Path:
         metrics = {"train_loss": result.training_loss, "train_runtime_s": result.metrics["train_runtime"],
                    "pairs": len(pairs), "steps": trainer.state.global_step}
         eval_history = callbacks[-1].history if holdout else []  # the AgreementCallback, appended last
-        if eval_history:
-            metrics.update({f"eval_{k}": v for k, v in eval_history[-1].items()})
-        tracker.log_metrics({k: float(v) for k, v in metrics.items()})
-        if trainer.is_world_process_zero():
-            info = common.read_training_info(start.path)
-            target_sha = target.model_id.sha256 if target else info.get("target_sha256")
-            common.save_candidate(common.merged(trainer.model), start.tokenizer, out_dir, "dpo", config, metrics,
-                                  {"student": config.student, "dataset": str(dataset_dir),
-                                   "target_sha256": target_sha, "eval_history": eval_history})
-            tracker.log_artifact(out_dir / common.INFO_FILE)
+        target_sha = target.model_id.sha256 if target else common.read_training_info(start.path).get("target_sha256")
+        common.finish_training(trainer, tracker, metrics, eval_history, start.tokenizer, out_dir, "dpo", config,
+                               {"student": config.student, "dataset": str(dataset_dir), "target_sha256": target_sha})
     return out_dir
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `python -m training.dpo` / `accelerate launch -m training.dpo`."""
-    return common.module_main(train_dpo, DpoConfig, "DPO-tune the draft on accept/reject pairs.", "configs/dpo.yaml", argv)
+    return common.module_main(train_dpo, DpoConfig, "DPO-tune the draft on accept/reject pairs.",
+                              "configs/dpo.yaml", argv)
 
 
 if __name__ == "__main__":

@@ -192,7 +192,8 @@ def train_medusa(config: MedusaConfig, tracker: Any = None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `python -m training.medusa_train` / `accelerate launch -m training.medusa_train`."""
-    return common.module_main(train_medusa, MedusaConfig, "Train Medusa heads on the frozen target.", "configs/medusa.yaml", argv)
+    return common.module_main(train_medusa, MedusaConfig, "Train Medusa heads on the frozen target.",
+                              "configs/medusa.yaml", argv)
 
 
 if __name__ == "__main__":
