@@ -4,7 +4,14 @@ All four methods run in ONE process on the same prompt token ids, interleaved pr
 load changes on a shared machine hit them alike: our autoregressive loop, our draft speculative loop,
 HF `generate(do_sample=False)` and HF `generate(assistant_model=draft, do_sample=False)` with the
 same k (constant schedule, no confidence cut-off). Greedy only: that is where identity is defined.
-The result has exactly the keys of design.md's `bench` table. No I/O besides reading prompts.
+The result has the keys of design.md's `bench` table. No I/O besides reading prompts.
+
+Which weights HF runs: the engine serves CPU models with oneDNN-packed linear layers (serving.prepack),
+which HF `generate` does not do. Pass the unpacked models as `hf_models` to measure HF as users run it
+(the design.md keys then compare our engine with stock HF); a fifth method, HF assisted generation on
+the engine's own packed models, is then added (`hf_assisted_same_kernels_tokens_per_s` and
+`speedup_vs_hf_assisted_same_kernels`), so the kernels' share of the gain is visible. Without
+`hf_models` HF runs on the engine's models, and `hf_kernels` says which kernels those were.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import torch
 
 from serving.engine import Engine
 from serving.params import SamplingParams
+from serving.prepack import PackedLinear
 
 
 def read_prompts(path: str | Path) -> list[str]:
@@ -80,31 +88,46 @@ def _ours(engine: Engine, prompt: Any, params: SamplingParams, chat: bool, mode:
     return completion, clock
 
 
+def _kernels(model: Any) -> str:
+    return "oneDNN prepacked" if any(isinstance(m, PackedLinear) for m in model.modules()) else "stock"
+
+
 def run_bench(engine: Engine, prompts: list[Any], max_new_tokens: int, k: int = 4, chat: bool = False,
-              progress: bool = True, cpu_time: bool = False) -> dict[str, Any]:
-    """Measure the four methods on `prompts`; return the design.md `bench` keys (plus `cpu_*` tokens per
-    CPU-second rates and speedups when `cpu_time`)."""
+              progress: bool = True, cpu_time: bool = False,
+              hf_models: tuple[Any, Any] | None = None) -> dict[str, Any]:
+    """Measure the methods on `prompts`; return the design.md `bench` keys, `hf_kernels`, the
+    same-kernels HF figures when `hf_models` (stock target, stock draft) are given, and `cpu_*` tokens
+    per CPU-second rates and speedups when `cpu_time`."""
     if engine.draft is None:
         raise ValueError("bench needs a draft model")
     from tqdm import tqdm
 
-    target, draft = engine.target.model, engine.draft.model
+    ours = (engine.target.model, engine.draft.model)
+    hf_target, hf_draft = hf_models or ours
+    baselines = {"hf_assisted": (hf_target, hf_draft)}
+    if hf_models is not None:
+        baselines["hf_assisted_same_kernels"] = ours
     params = SamplingParams(max_new_tokens=max_new_tokens, k=k)
-    tokens = dict.fromkeys(("plain", "spec", "hf_plain", "hf_assisted"), 0)
+    tokens = dict.fromkeys(("plain", "spec", "hf_plain", *baselines), 0)
     seconds = dict.fromkeys(tokens, 0.0)
     cpu_seconds = dict.fromkeys(tokens, 0.0)
     drafted = accepted = steps = identical = 0
-    with assistant_settings(draft, k):
+    with contextlib.ExitStack() as stack:
+        for _, assistant in baselines.values():
+            stack.enter_context(assistant_settings(assistant, k))
         # Warm-up (allocator, first-call paths) outside the timed region.
         _ours(engine, prompts[0], SamplingParams(max_new_tokens=4, k=k), chat, "draft")
-        _hf_generate(target, engine.encode(prompts[0], chat)[1], 4, draft)
+        for model, assistant in baselines.values():
+            _hf_generate(model, engine.encode(prompts[0], chat)[1], 4, assistant)
         for prompt in tqdm(prompts, desc="bench", disable=not progress):
             plain, clock_plain = _ours(engine, prompt, params, chat, "autoregressive")
             spec, clock_spec = _ours(engine, prompt, params, chat, "draft")
-            hf_ids, clock_hf = _hf_generate(target, spec.prompt_token_ids, max_new_tokens)
-            hf_asst_ids, clock_asst = _hf_generate(target, spec.prompt_token_ids, max_new_tokens, draft)
-            for name, ids, clock in (("plain", plain.token_ids, clock_plain), ("spec", spec.token_ids, clock_spec),
-                                     ("hf_plain", hf_ids, clock_hf), ("hf_assisted", hf_asst_ids, clock_asst)):
+            hf_ids, clock_hf = _hf_generate(hf_target, spec.prompt_token_ids, max_new_tokens)
+            runs = [("plain", plain.token_ids, clock_plain), ("spec", spec.token_ids, clock_spec),
+                    ("hf_plain", hf_ids, clock_hf)]
+            for name, (model, assistant) in baselines.items():
+                runs.append((name, *_hf_generate(model, spec.prompt_token_ids, max_new_tokens, assistant)))
+            for name, ids, clock in runs:
                 tokens[name] += len(ids)
                 seconds[name] += clock.wall
                 cpu_seconds[name] += clock.cpu
@@ -122,7 +145,11 @@ def run_bench(engine: Engine, prompts: list[Any], max_new_tokens: int, k: int = 
         "mean_accepted_length": (accepted + steps) / steps if steps else 0.0,
         "greedy_identical": f"{identical}/{len(prompts)}",
         "k": k, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
+        "engine_kernels": _kernels(ours[0]), "hf_kernels": _kernels(hf_target),
     }
+    if "hf_assisted_same_kernels" in rate:
+        result["hf_assisted_same_kernels_tokens_per_s"] = rate["hf_assisted_same_kernels"]
+        result["speedup_vs_hf_assisted_same_kernels"] = rate["spec"] / rate["hf_assisted_same_kernels"]
     if cpu_time:
         cpu_rate = {name: tokens[name] / cpu_seconds[name] for name in tokens}
         result.update({f"cpu_{name}_tokens_per_s": value for name, value in cpu_rate.items()})

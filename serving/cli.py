@@ -50,13 +50,17 @@ def register(subparsers: Any) -> None:
     bench.set_defaults(func=_bench_command)
 
 
-def _load_engine(args: argparse.Namespace, with_draft: bool):
-    from serving.engine import Engine
+def _model_refs(args: argparse.Namespace, with_draft: bool) -> tuple[str, str | None]:
     from serving.reference import DEFAULT_DRAFT_URI, default_target_dir
 
     target = args.target or str(default_target_dir())
-    draft = (args.draft or DEFAULT_DRAFT_URI) if with_draft else None
-    return Engine.from_paths(target, draft)
+    return target, ((args.draft or DEFAULT_DRAFT_URI) if with_draft else None)
+
+
+def _load_engine(args: argparse.Namespace, with_draft: bool):
+    from serving.engine import Engine
+
+    return Engine.from_paths(*_model_refs(args, with_draft))
 
 
 def _fail(command: str, exc: Exception) -> int:
@@ -84,11 +88,14 @@ def _generate_command(args: argparse.Namespace) -> int:
 
 def _bench_command(args: argparse.Namespace) -> int:
     from serving.bench import read_prompts, run_bench
+    from serving.models import load_model
 
     try:
         prompts = read_prompts(args.prompts)
         engine = _load_engine(args, with_draft=True)
-        result = run_bench(engine, prompts, args.max_new_tokens, k=args.k, chat=args.chat)
+        # HF generate runs on a second, unpacked copy: HF as users run it (see serving.bench).
+        hf_models = tuple(load_model(ref).model for ref in _model_refs(args, with_draft=True))
+        result = run_bench(engine, prompts, args.max_new_tokens, k=args.k, chat=args.chat, hf_models=hf_models)
     except (ValueError, OSError, RuntimeError) as exc:
         return _fail("bench", exc)
     text = json.dumps(result, indent=2)

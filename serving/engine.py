@@ -24,6 +24,7 @@ from serving.decoding import Request, autoregressive, medusa, speculative
 from serving.kv import CachedLM
 from serving.models import LoadedModel, check_compatible, load_model
 from serving.params import SamplingParams
+from serving.prepack import prepack_linears
 from serving.records import MODES, AcceptanceRecord, ModelId, Sampling
 from draftwheel.hashing import file_sha256
 from serving.sampling import make_generator
@@ -72,9 +73,14 @@ def _eos_ids(loaded: LoadedModel) -> set[int]:
 
 class Engine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, medusa: Any = None,
-                 sink: Any = None, metrics: Any = None, medusa_id: ModelId | None = None):
+                 sink: Any = None, metrics: Any = None, medusa_id: ModelId | None = None, prepack: bool = True):
+        """With `prepack` (the default), CPU models get oneDNN-packed linear layers, in place
+        (serving.prepack): the engine owns the models it is given."""
         if draft is not None:
             check_compatible(target, draft)
+        self.prepack = prepack
+        for loaded in (target, draft):
+            self._prepack(loaded)
         self.target = target
         self._draft = draft
         self.medusa = medusa
@@ -86,7 +92,7 @@ class Engine:
     @classmethod
     def from_paths(cls, target: str | Path, draft: str | Path | None = None, medusa: str | Path | None = None,
                    device: str = "cpu", dtype: torch.dtype = torch.float32, sink: Any = None,
-                   metrics: Any = None) -> "Engine":
+                   metrics: Any = None, prepack: bool = True) -> "Engine":
         target_model = load_model(target, device, dtype)
         draft_model = load_model(draft, device, dtype) if draft is not None else None
         heads = heads_id = None
@@ -95,7 +101,11 @@ class Engine:
 
             heads = MedusaHeads.load(medusa, target_model.model).to(device=device, dtype=dtype).eval()
             heads_id = ModelId(name=Path(medusa).resolve().name, sha256=file_sha256(Path(medusa) / WEIGHTS_FILE))
-        return cls(target_model, draft_model, heads, sink=sink, metrics=metrics, medusa_id=heads_id)
+        return cls(target_model, draft_model, heads, sink=sink, metrics=metrics, medusa_id=heads_id, prepack=prepack)
+
+    def _prepack(self, loaded: LoadedModel | None) -> None:
+        if self.prepack and loaded is not None:
+            prepack_linears(loaded.model)
 
     @property
     def draft(self) -> LoadedModel | None:
@@ -104,6 +114,7 @@ class Engine:
     def swap_draft(self, loaded: LoadedModel) -> None:
         """Serve a new draft from the next request on; running requests keep the draft they started with."""
         check_compatible(self.target, loaded)
+        self._prepack(loaded)
         # A single reference assignment is atomic; every request reads self._draft once at its start.
         self._draft = loaded
 

@@ -13,11 +13,12 @@ BENCH_KEYS = {
     "speedup_vs_plain", "speedup_vs_hf_assisted", "acceptance_rate", "mean_accepted_length",
     "greedy_identical", "k", "prompts", "max_new_tokens",
 }
+# Beyond design.md: which kernels each side ran, and HF assisted on the engine's own (packed) models.
+KERNEL_KEYS = {"engine_kernels", "hf_kernels", "hf_assisted_same_kernels_tokens_per_s",
+               "speedup_vs_hf_assisted_same_kernels"}
 
 
-
-
-def test_bench_writes_exactly_the_design_keys(dirs, tmp_path, capsys, monkeypatch):
+def test_bench_writes_the_design_keys_and_compares_with_stock_hf(dirs, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("DRAFTWHEEL_HOME", str(tmp_path / "home"))
     target, draft = dirs
     prompts = tmp_path / "prompts.jsonl"
@@ -26,7 +27,8 @@ def test_bench_writes_exactly_the_design_keys(dirs, tmp_path, capsys, monkeypatc
     assert main(["bench", "--target", str(target), "--draft", str(draft), "--prompts", str(prompts),
                  "--max-new-tokens", "12", "--k", "3", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert set(result) == BENCH_KEYS
+    assert set(result) == BENCH_KEYS | KERNEL_KEYS
+    assert (result["engine_kernels"], result["hf_kernels"]) == ("oneDNN prepacked", "stock")
     assert result["greedy_identical"] == "2/2"
     assert (result["k"], result["prompts"], result["max_new_tokens"]) == (3, 2, 12)
     assert 0.0 <= result["acceptance_rate"] <= 1.0 and 1.0 <= result["mean_accepted_length"] <= 4.0

@@ -1,0 +1,105 @@
+"""oneDNN weight prepacking (serving.prepack): same results as the stock model, never stale, and
+greedy decoding through the packed engine equals HF generate on an unpacked copy."""
+
+import copy
+import pickle
+
+import pytest
+import torch
+from torch import nn
+
+from serving.engine import Engine
+from serving.models import from_objects
+from serving.params import SamplingParams
+from serving.prepack import PackedLinear, prepack_linears
+from serving.toy import build_tokenizer, tiny_llama
+
+PROMPTS = ["The quick brown", "Hello! How can", "import os\n", "def add(a, b):"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+def logits(model, ids):
+    with torch.inference_mode():
+        return model(input_ids=ids).logits
+
+
+def test_packed_model_matches_stock_and_keeps_its_parameters(tokenizer):
+    stock = tiny_llama(tokenizer, n_layers=2, seed=0, tie_embeddings=True)
+    packed = copy.deepcopy(stock)
+    keys = set(stock.state_dict())
+    linears = sum(type(m) is nn.Linear for m in stock.modules())
+    assert prepack_linears(packed) == linears > 0
+    assert prepack_linears(packed) == 0  # already packed: nothing left to swap
+    assert not any(type(m) is nn.Linear for m in packed.modules())
+    assert set(packed.state_dict()) == keys
+    assert packed.lm_head.weight is packed.model.embed_tokens.weight  # tying survives
+    ids = torch.tensor([[5, 17, 42, 7, 99]])
+    torch.testing.assert_close(logits(packed, ids), logits(stock, ids), rtol=1e-4, atol=1e-4)
+
+
+def test_weights_changed_in_place_are_repacked(tokenizer):
+    model = tiny_llama(tokenizer, n_layers=1, seed=1)
+    prepack_linears(model)
+    ids = torch.tensor([[3, 4, 5]])
+    before = logits(model, ids)
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(3.0)  # like an optimizer step
+    after = logits(model, ids)
+    assert not torch.allclose(before, after)
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits  # grad mode off but not inference: still packed path
+    torch.testing.assert_close(after, expected)
+    stock = copy.deepcopy(model)
+    for module in stock.modules():  # reference: the stock op on the same weights
+        if isinstance(module, PackedLinear):
+            module.forward = lambda x, m=module: nn.functional.linear(x, m.weight, m.bias)
+    torch.testing.assert_close(after, logits(stock, ids), rtol=1e-4, atol=1e-4)
+
+
+def test_training_through_a_packed_model_gets_gradients(tokenizer):
+    model = tiny_llama(tokenizer, n_layers=1, seed=2)
+    prepack_linears(model)
+    loss = model(input_ids=torch.tensor([[3, 4, 5, 6]]), labels=torch.tensor([[3, 4, 5, 6]])).loss
+    loss.backward()
+    grad = model.model.layers[0].self_attn.q_proj.weight.grad
+    assert grad is not None and grad.abs().sum() > 0
+
+
+def test_copies_and_pickles_pack_again(tokenizer):
+    model = tiny_llama(tokenizer, n_layers=1, seed=3)
+    prepack_linears(model)
+    ids = torch.tensor([[8, 9, 10]])
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert clone.lm_head._packed is None
+        torch.testing.assert_close(logits(clone, ids), logits(model, ids))
+        assert clone.lm_head._packed is not None
+
+
+def test_unpackable_dtype_is_left_alone(tokenizer):
+    model = tiny_llama(tokenizer, n_layers=1, seed=4).to(torch.float16)
+    assert prepack_linears(model) == 0
+    assert any(type(m) is nn.Linear for m in model.modules())
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_packed_engine_greedy_equals_hf_generate_on_stock_copy(tokenizer, k):
+    target = tiny_llama(tokenizer, n_layers=2, seed=0, tie_embeddings=False)
+    draft = tiny_llama(tokenizer, n_layers=1, seed=5, tie_embeddings=False)
+    stock = copy.deepcopy(target)
+    engine = Engine(from_objects(target, tokenizer, "t"), from_objects(draft, tokenizer, "d"))
+    assert isinstance(target.lm_head, PackedLinear) and isinstance(draft.lm_head, PackedLinear)
+    for completion in engine.generate(PROMPTS, SamplingParams(max_new_tokens=24, k=k)):
+        ids = torch.tensor([completion.prompt_token_ids])
+        with torch.inference_mode():
+            expected = stock.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24)
+        assert completion.token_ids == expected[0, ids.shape[1]:].tolist()
+
+
+def test_engine_prepack_can_be_turned_off(tokenizer):
+    target = tiny_llama(tokenizer, n_layers=1, seed=0)
+    Engine(from_objects(target, tokenizer, "t"), prepack=False)
+    assert type(target.lm_head) is nn.Linear
