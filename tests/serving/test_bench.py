@@ -20,6 +20,7 @@ KERNEL_KEYS = {"engine_kernels", "hf_kernels", "hf_assisted_same_kernels_tokens_
 
 def test_bench_writes_the_design_keys_and_compares_with_stock_hf(dirs, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("DRAFTWHEEL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr("serving.prepack.MIN_PACKED_WEIGHT", 0)  # tiny models: pack every layer
     target, draft = dirs
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "The quick brown"}\n"Hello! How can"\n')

@@ -22,6 +22,12 @@ def tokenizer():
     return build_tokenizer()
 
 
+@pytest.fixture(autouse=True)
+def pack_tiny_layers(monkeypatch):
+    """The test models are tiny: pack every layer, not only those big enough to gain from it."""
+    monkeypatch.setattr("serving.prepack.MIN_PACKED_WEIGHT", 0)
+
+
 def logits(model, ids):
     with torch.inference_mode():
         return model(input_ids=ids).logits
@@ -79,10 +85,15 @@ def test_copies_and_pickles_pack_again(tokenizer):
         assert clone.lm_head._packed is not None
 
 
-def test_unpackable_dtype_is_left_alone(tokenizer):
+def test_unpackable_dtype_and_small_layers_are_left_alone(tokenizer):
     model = tiny_llama(tokenizer, n_layers=1, seed=4).to(torch.float16)
     assert prepack_linears(model) == 0
     assert any(type(m) is nn.Linear for m in model.modules())
+    model = tiny_llama(tokenizer, n_layers=1, hidden=64, seed=4)
+    # Attention projections hold 64x64 = 4096 weights; the MLP's three 8192 and the head 384x64.
+    assert prepack_linears(model, min_weight=8192) == 4
+    layer = model.model.layers[0]
+    assert type(layer.self_attn.q_proj) is nn.Linear and isinstance(layer.mlp.up_proj, PackedLinear)
 
 
 @pytest.mark.parametrize("k", [1, 4])
