@@ -1,15 +1,21 @@
 """Serving benchmark on two pairs, each measured in one run with `serving.bench.run_bench`.
 
 pair a: a constructed pair with acceptance exactly 1 (serving.toy.zero_extended_target): a 1-layer
-        SmolLM2-width draft (hidden 576, SmolLM2 tokenizer/vocab) and a 12-layer target whose extra 11
-        layers have zeroed output projections. Reports both speedups, the measured draft/target cost
-        ratio c, the theoretical speedup E/(1 + k*c) with E = k + 1, and our speedup's ratio to it (wall
-        clock and CPU time), plus the measured cost of the (k+1)-token verify forward.
+        SmolLM2-width draft (hidden 576; serving.toy's 384-token vocab, or SmolLM2's with
+        --vocab smollm2) and a 12-layer target whose extra 11 layers have zeroed output projections.
+        Reports both speedups, the measured draft/target cost ratio c, the theoretical speedup
+        E/(1 + k*c) with E = k + 1, and our speedup's ratio to it (wall clock and CPU time), plus the
+        measured cost of the (k+1)-token verify forward.
 pair b: the reference target (SmolLM2-135M-Instruct) with a draft made of its first layers (same
         tokenizer); reports greedy identity against HF generate and the speeds.
+HF generate runs on unpacked copies of the models (as users run it); run_bench adds HF assisted on
+the engine's own prepacked models, so the kernels' share of the edge is reported too.
 
-Run it under the heavy lock so measurements do not overlap other heavy jobs:
+Run it under the heavy lock so measurements do not overlap other heavy jobs (results/ has one JSON each):
     flock /tmp/draftwheel-heavy.lock .venv/bin/python benchmarks/bench_serving.py --pair a
+    ... --pair a --vocab smollm2 --out results/bench_pair_a_smollm2_vocab.json
+    ... --pair a --hidden 128 --out results/bench_pair_a_hidden128.json
+    ... --pair b
 Writes results/bench_pair_a.json / results/bench_pair_b.json.
 """
 
@@ -133,7 +139,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--draft-layers", type=int, default=4, help="pair b: target layers kept in the draft")
-    parser.add_argument("--vocab", choices=["smollm2", "toy"], default="smollm2",
+    parser.add_argument("--vocab", choices=["smollm2", "toy"], default="toy",
                         help="pair a: the SmolLM2 tokenizer (49152 tokens) or serving.toy's (384 tokens)")
     parser.add_argument("--hidden", type=int, default=576, help="pair a: model width (576 = SmolLM2-135M's)")
     parser.add_argument("--threads", type=int, default=1,
