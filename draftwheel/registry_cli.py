@@ -19,10 +19,13 @@ from typing import Any
 
 DEFAULT_CHAMPION = "models:/draftwheel-draft@champion"
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "shadow.yaml"
+REJECTED_EXIT = 3  # the shadow run worked and the gate said no: scripts can tell it from an error (1)
 
 
 def register(subparsers: Any) -> None:
-    shadow = subparsers.add_parser("shadow", help="replay champion vs challenger and gate the challenger")
+    shadow = subparsers.add_parser("shadow", help="replay champion vs challenger and gate the challenger",
+                                   description="Replay champion vs challenger and gate the challenger. Exit "
+                                               f"status: 0 promote, {REJECTED_EXIT} reject, 1 error.")
     shadow.add_argument("--challenger", required=True, help="candidate: a model dir or models:/NAME/VERSION|@ALIAS")
     shadow.add_argument("--champion", default=DEFAULT_CHAMPION, help=f"baseline draft (default {DEFAULT_CHAMPION})")
     shadow.add_argument("--holdout", default=None, help="mined holdout dataset dir (default <state>/datasets/holdout)")
@@ -145,7 +148,7 @@ def _shadow(args: argparse.Namespace) -> int:
         outcome = apply_decision(report, args.challenger, args.promote, args.out)
         print_report(report)
         print(f"report: {args.out}  registry: {json.dumps(outcome)}")
-        return 0
+        return 0 if report["decision"]["promote"] else REJECTED_EXIT
 
     return _registry_command(action)
 

@@ -75,7 +75,7 @@ def test_shadow_gate_registers_and_promotes(home, toy_models, tmp_path, capsys):
     # The bad draft against the new (good) champion: rejected, nothing registered or moved.
     before = tracking.list_versions()
     out = tmp_path / "fail.json"
-    assert run("shadow", "--challenger", bad, "--out", str(out), "--promote", "--no-tracking", *common) == 0
+    assert run("shadow", "--challenger", bad, "--out", str(out), "--promote", "--no-tracking", *common) == 3
     assert "shadow: REJECT" in capsys.readouterr().out
     assert not json.loads(out.read_text())["decision"]["promote"]
     assert tracking.list_versions() == before
