@@ -86,6 +86,14 @@ def test_flywheel_promotes_a_better_candidate(world):
     status, _, children = last_run(world, "flywheel")
     assert status == "FINISHED"
     assert {"resolve", "mine", "train", "shadow", "register", "promote"} <= set(children)
+    # The report is logged once, on the shadow stage run itself (no nested run of its own).
+    with sqlite3.connect(world["root"] / "home" / "mlflow.db") as db:
+        shadow_run, = db.execute("SELECT run_uuid FROM runs WHERE name = 'shadow' ORDER BY start_time DESC "
+                                 "LIMIT 1").fetchone()
+        nested = db.execute("SELECT COUNT(*) FROM tags WHERE key = 'mlflow.parentRunId' AND value = ?",
+                            (shadow_run,)).fetchone()[0]
+        params = dict(db.execute("SELECT key, value FROM params WHERE run_uuid = ?", (shadow_run,)).fetchall())
+    assert nested == 0 and params["shadow.min_requests"] == "4"
 
 
 def test_flywheel_refuses_a_worse_candidate(world):
