@@ -56,8 +56,9 @@ class DemoConfig:
     """On top of configs/mining.yaml: with this little traffic, every request counts as a training sample."""
     train_overrides: list[str] = field(default_factory=lambda: ["epochs=6"])
     """On top of the shipped configs/<trainer>.yaml: a few more passes over the small mined set."""
-    shadow_overrides: list[str] = field(default_factory=lambda: ["max_new_tokens=32", "include_canary=false",
-                                                                 "min_requests=6"])
+    shadow_overrides: list[str] = field(default_factory=lambda: ["max_new_tokens=32", "min_requests=6"])
+    """On top of configs/shadow.yaml: shorter replays. The canary set stays in, so the gate also weighs
+    the chat and prose slices a code-only round could hurt."""
     trainer: str = "distill"
     target: str = ""
     """Target model dir ("" = the reference target, SmolLM2-135M-Instruct)."""
