@@ -42,7 +42,10 @@ def register(subparsers: Any) -> None:
 
     bench = subparsers.add_parser("bench", help="benchmark: ours plain/speculative vs HF generate plain/assisted",
                                   description="Greedy side-by-side benchmark on the same prompts in one run; "
-                                              "writes the design.md bench keys as JSON.")
+                                              "writes the design.md bench keys as JSON. HF generate runs on a "
+                                              "second, unpacked copy of the models (HF as users run it); HF "
+                                              "assisted on the engine's own prepacked models is added as "
+                                              "speedup_vs_hf_assisted_same_kernels.")
     _model_args(bench)
     bench.add_argument("--prompts", required=True, type=Path, help="text file (one prompt a line) or JSONL")
     bench.add_argument("--max-new-tokens", type=int, default=64)
