@@ -8,7 +8,7 @@ pair a: a constructed pair with acceptance exactly 1 (serving.toy.zero_extended_
         measured cost of the (k+1)-token verify forward.
 pair b: the reference target (SmolLM2-135M-Instruct) with a draft made of its first layers (same
         tokenizer); reports greedy identity against HF generate and the speeds.
-HF generate runs on unpacked copies of the models (as users run it); run_bench adds HF assisted on
+run_bench runs HF generate on unpacked copies of the models (as users run it) and adds HF assisted on
 the engine's own prepacked models, so the kernels' share of the edge is reported too.
 
 Run it under the heavy lock so measurements do not overlap other heavy jobs (results/ has one JSON each):
@@ -76,13 +76,12 @@ def pair_a(args: argparse.Namespace) -> dict:
     draft = tiny_llama(tokenizer, n_layers=1, hidden=args.hidden, heads=max(1, args.hidden // 64), seed=0,
                        tie_embeddings=True)
     target = zero_extended_target(draft, 12)
-    hf_models = (copy.deepcopy(target), copy.deepcopy(draft))  # unpacked: HF generate as users run it
     engine = Engine(from_objects(target, tokenizer, "zero-extended-12L"), from_objects(draft, tokenizer, "draft-1L"))
     # c and the verify cost are measured on the engine's (prepacked) models: the ones being timed.
     draft_s, target_s = forward_seconds(draft, 1), forward_seconds(target, 1)
     verify_s = forward_seconds(target, args.k + 1)
     c = draft_s["cpu"] / target_s["cpu"]  # CPU time: robust to other jobs on the shared cores
-    result = run_bench(engine, PROMPTS, args.max_new_tokens, k=args.k, chat=True, cpu_time=True, hf_models=hf_models)
+    result = run_bench(engine, PROMPTS, args.max_new_tokens, k=args.k, chat=True, cpu_time=True)
     theory = speedup(1.0, args.k, c)  # E = k + 1 at acceptance 1
     result.update({
         "measured_c": c, "measured_c_wall": draft_s["wall"] / target_s["wall"],
@@ -124,9 +123,8 @@ def adaptive_run(engine: Engine, max_new_tokens: int, k_max: int) -> dict:
 def pair_b(args: argparse.Namespace) -> dict:
     target = load_model(ensure_reference_target(models_dir()))
     draft = first_layers_draft(target.model, args.draft_layers)
-    hf_models = (copy.deepcopy(target.model), copy.deepcopy(draft))  # unpacked: HF generate as users run it
     engine = Engine(target, from_objects(draft, target.tokenizer, f"smollm2-first-{args.draft_layers}-layers"))
-    result = run_bench(engine, PROMPTS, args.max_new_tokens, k=args.k, chat=True, cpu_time=True, hf_models=hf_models)
+    result = run_bench(engine, PROMPTS, args.max_new_tokens, k=args.k, chat=True, cpu_time=True)
     result.update(adaptive_run(engine, args.max_new_tokens, k_max=8))
     result.update({"target": str(target.path), "target_sha256": target.model_id.sha256,
                    "draft": f"first {args.draft_layers} of {target.model.config.num_hidden_layers} target layers"})

@@ -42,8 +42,8 @@ def register(subparsers: Any) -> None:
 
     bench = subparsers.add_parser("bench", help="benchmark: ours plain/speculative vs HF generate plain/assisted",
                                   description="Greedy side-by-side benchmark on the same prompts in one run; "
-                                              "writes the design.md bench keys as JSON. HF generate runs on a "
-                                              "second, unpacked copy of the models (HF as users run it); HF "
+                                              "writes the design.md bench keys as JSON. HF generate runs on an "
+                                              "unpacked copy of the models (HF as users run it); HF "
                                               "assisted on the engine's own prepacked models is added as "
                                               "speedup_vs_hf_assisted_same_kernels.")
     _model_args(bench)
@@ -53,17 +53,13 @@ def register(subparsers: Any) -> None:
     bench.set_defaults(func=_bench_command)
 
 
-def _model_refs(args: argparse.Namespace, with_draft: bool) -> tuple[str, str | None]:
+def _load_engine(args: argparse.Namespace, with_draft: bool):
+    from serving.engine import Engine
     from serving.reference import DEFAULT_DRAFT_URI, default_target_dir
 
     target = args.target or str(default_target_dir())
-    return target, ((args.draft or DEFAULT_DRAFT_URI) if with_draft else None)
-
-
-def _load_engine(args: argparse.Namespace, with_draft: bool):
-    from serving.engine import Engine
-
-    return Engine.from_paths(*_model_refs(args, with_draft))
+    draft = (args.draft or DEFAULT_DRAFT_URI) if with_draft else None
+    return Engine.from_paths(target, draft)
 
 
 def _fail(command: str, exc: Exception) -> int:
@@ -91,14 +87,11 @@ def _generate_command(args: argparse.Namespace) -> int:
 
 def _bench_command(args: argparse.Namespace) -> int:
     from serving.bench import read_prompts, run_bench
-    from serving.models import load_model
 
     try:
         prompts = read_prompts(args.prompts)
         engine = _load_engine(args, with_draft=True)
-        # HF generate runs on a second, unpacked copy: HF as users run it (see serving.bench).
-        hf_models = tuple(load_model(ref).model for ref in _model_refs(args, with_draft=True))
-        result = run_bench(engine, prompts, args.max_new_tokens, k=args.k, chat=args.chat, hf_models=hf_models)
+        result = run_bench(engine, prompts, args.max_new_tokens, k=args.k, chat=args.chat)
     except (ValueError, OSError, RuntimeError) as exc:
         return _fail("bench", exc)
     text = json.dumps(result, indent=2)

@@ -12,16 +12,20 @@ does not.
 `prepack_linears(model)` swaps the `nn.Linear` layers of a CPU float32/bfloat16 model for `PackedLinear`
 in place, those with at least `MIN_PACKED_WEIGHT` weights: a oneDNN call has a fixed cost (~13 us here)
 that outweighs the saving on small matrices (measured per layer: 256x256 is faster stock at 1 and 5
-rows, 384x384 and up is faster packed at 5 rows). A `PackedLinear` keeps the original `weight` and `bias` parameters (state dicts, tied
-weights and `save_pretrained` see no change) and repacks itself when the weight was modified in
-place since packing (an optimizer step, a `load_state_dict`), so the packed copy can never go stale.
-With autograd recording (or an input of another dtype) it runs the stock op, so training through a
-packed model stays correct; decoding runs under `torch.inference_mode`/`no_grad` and takes the packed op.
+rows, 384x384 and up is faster packed at 5 rows). A `PackedLinear` keeps the original `weight` and
+`bias` parameters (state dicts, tied weights and `save_pretrained` see no change) and repacks itself
+when the weight was modified in place since packing (an optimizer step, a `load_state_dict`), so the
+packed copy can never go stale. With autograd recording (or an input of another dtype) it runs the
+stock op, so training through a packed model stays correct; decoding runs under
+`torch.inference_mode`/`no_grad` and takes the packed op. `unpacked_copy(model)` is the inverse, for
+measuring HF `generate` as users run it.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -71,6 +75,16 @@ def can_prepack(model: nn.Module) -> bool:
             and torch.backends.mkldnn.is_available())
 
 
+def _swap_children(model: nn.Module, wanted: Callable[[nn.Module], bool],
+                   replacement: Callable[[nn.Module], nn.Module]) -> int:
+    """Replace every submodule for which `wanted` holds by `replacement(submodule)`; return how many."""
+    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+             if wanted(child)]
+    for parent, name, child in swaps:
+        setattr(parent, name, replacement(child))
+    return len(swaps)
+
+
 def prepack_linears(model: nn.Module, min_weight: int | None = None) -> int:
     """Replace the model's `nn.Linear` modules holding at least `min_weight` (default `MIN_PACKED_WEIGHT`)
     weights with `PackedLinear`, in place; return how many were replaced (0 when `can_prepack` is false,
@@ -78,11 +92,25 @@ def prepack_linears(model: nn.Module, min_weight: int | None = None) -> int:
     if not can_prepack(model):
         return 0
     min_weight = MIN_PACKED_WEIGHT if min_weight is None else min_weight
-    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if type(child) is nn.Linear and child.weight.dtype in PACKABLE_DTYPES
-             and child.weight.numel() >= min_weight]
-    for parent, name, child in swaps:
-        setattr(parent, name, PackedLinear(child))
-    if swaps:
-        log.info("prepacked %d linear layers of %s for oneDNN", len(swaps), type(model).__name__)
-    return len(swaps)
+    swapped = _swap_children(model, lambda m: type(m) is nn.Linear and m.weight.dtype in PACKABLE_DTYPES
+                             and m.weight.numel() >= min_weight, PackedLinear)
+    if swapped:
+        log.info("prepacked %d linear layers of %s for oneDNN", swapped, type(model).__name__)
+    return swapped
+
+
+def is_packed(model: nn.Module) -> bool:
+    return any(isinstance(m, PackedLinear) for m in model.modules())
+
+
+def _stock_linear(packed: PackedLinear) -> nn.Linear:
+    linear = nn.Linear(packed.in_features, packed.out_features, bias=packed.bias is not None, device="meta")
+    linear.weight, linear.bias = packed.weight, packed.bias  # the (copied) parameters themselves
+    return linear
+
+
+def unpacked_copy(model: nn.Module) -> nn.Module:
+    """A deep copy of `model` with every `PackedLinear` turned back into a stock `nn.Linear`."""
+    clone = copy.deepcopy(model)  # keeps tied parameters tied
+    _swap_children(clone, lambda m: isinstance(m, PackedLinear), _stock_linear)
+    return clone

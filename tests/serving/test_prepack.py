@@ -11,7 +11,7 @@ from torch import nn
 from serving.engine import Engine
 from serving.models import from_objects
 from serving.params import SamplingParams
-from serving.prepack import PackedLinear, prepack_linears
+from serving.prepack import PackedLinear, is_packed, prepack_linears, unpacked_copy
 from serving.toy import build_tokenizer, tiny_llama
 
 PROMPTS = ["The quick brown", "Hello! How can", "import os\n", "def add(a, b):"]
@@ -45,6 +45,19 @@ def test_packed_model_matches_stock_and_keeps_its_parameters(tokenizer):
     assert packed.lm_head.weight is packed.model.embed_tokens.weight  # tying survives
     ids = torch.tensor([[5, 17, 42, 7, 99]])
     torch.testing.assert_close(logits(packed, ids), logits(stock, ids), rtol=1e-4, atol=1e-4)
+
+
+def test_unpacked_copy_is_the_stock_model_again(tokenizer):
+    stock = tiny_llama(tokenizer, n_layers=2, seed=0, tie_embeddings=True)
+    packed = copy.deepcopy(stock)
+    prepack_linears(packed)
+    clone = unpacked_copy(packed)
+    assert is_packed(packed) and not is_packed(clone)
+    assert sum(type(m) is nn.Linear for m in clone.modules()) == sum(type(m) is nn.Linear for m in stock.modules())
+    assert clone.lm_head.weight is clone.model.embed_tokens.weight  # tying survives the copy
+    assert clone.lm_head.weight is not packed.lm_head.weight  # a copy: the packed model is untouched
+    ids = torch.tensor([[5, 17, 42, 7, 99]])
+    torch.testing.assert_close(logits(clone, ids), logits(stock, ids), rtol=0, atol=0)
 
 
 def test_weights_changed_in_place_are_repacked(tokenizer):
