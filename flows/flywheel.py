@@ -110,20 +110,6 @@ def run_dir(config: FlywheelConfig) -> Path:
     return path
 
 
-def _log_report(tracker: Any, report: dict[str, Any], report_path: str) -> None:
-    """The shadow report and its plot on the stage run, the gate's settings as params and the headline
-    figures as metrics (run_shadow gets no tracker here, so the report is logged once, on this run)."""
-    overall = report["overall"]
-    tracker.log_params({f"shadow.{k}": v for k, v in report["config"].items()})
-    tracker.log_metrics({"champion_mean_accepted_length": overall["champion"]["mean"],
-                         "challenger_mean_accepted_length": overall["challenger"]["mean"],
-                         "gain_ci_low": overall["difference"]["ci_low"],
-                         "promote": float(report["decision"]["promote"])})
-    for path in (Path(report_path), Path(report_path).with_suffix(".png")):
-        if path.is_file():
-            tracker.log_artifact(path)
-
-
 def _train(config: FlywheelConfig, tracker: Any, work: Path, mined: dict, champion: dict,
            target: dict) -> dict[str, Any]:
     builtin = config.trainer in BUILTIN_TRAINERS
@@ -145,10 +131,8 @@ def _shadow(config: FlywheelConfig, tracker: Any, work: Path, champion: dict, tr
         print(MEDUSA_NOTE, flush=True)
         return {"decision": {"promote": False, "reasons": [MEDUSA_NOTE]}}
     report_path = str(work / "shadow" / "report.json")
-    report = tasks.shadow_compare(champion["dir"], trained["dir"], target["dir"], str(work / "datasets" / "holdout"),
-                                  config.shadow_config, config.shadow_overrides, report_path)
-    _log_report(tracker, report, report_path)
-    return report
+    return tasks.shadow_compare(champion["dir"], trained["dir"], target["dir"], str(work / "datasets" / "holdout"),
+                                config.shadow_config, config.shadow_overrides, report_path, tracker=tracker)
 
 
 def _turn(config: FlywheelConfig, tracker: Any, work: Path) -> dict[str, Any]:

@@ -173,11 +173,13 @@ def train_candidate(trainer: str, config_path: str, overrides: list[str], datase
 @task(name="shadow", cache_policy=NONE)
 def shadow_compare(champion_dir: str, challenger_dir: str, target_dir: str, holdout_dir: str,
                    config_path: str, overrides: list[str], report_path: str, tracker: Any = None) -> dict[str, Any]:
-    """Replay the hold-out (+ canaries) through champion and challenger; the report carries the gate's decision."""
+    """Replay the hold-out (+ canaries) through champion and challenger; the report carries the gate's decision.
+    It is logged to `tracker`'s open run (the flywheel's shadow stage run)."""
     from serving.shadow import ShadowConfig, run_shadow
 
     config = load_config(ShadowConfig, stage_config_path(config_path, "shadow") or None, overrides)
-    return run_shadow(champion_dir, challenger_dir, target_dir, holdout_dir, config, tracker=tracker, out=report_path)
+    return run_shadow(champion_dir, challenger_dir, target_dir, holdout_dir, config, tracker=tracker,
+                      out=report_path, own_run=False)
 
 
 @task(name="register", cache_policy=NONE, **REGISTRY_RETRIES)

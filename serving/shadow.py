@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -121,8 +122,11 @@ def _describe(spec: Any, loaded: LoadedModel) -> dict[str, str]:
 
 def run_shadow(champion: str | Path | LoadedModel, challenger: str | Path | LoadedModel,
                target: str | Path | LoadedModel, holdout_dir: str | Path | None, config: ShadowConfig,
-               tracker: Any = None, out: str | Path | None = None) -> dict[str, Any]:
-    """Replay, summarize and gate; return the report (also written to `out` with a PNG beside it)."""
+               tracker: Any = None, out: str | Path | None = None, own_run: bool = True) -> dict[str, Any]:
+    """Replay, summarize and gate; return the report (also written to `out` with a PNG beside it).
+
+    The report goes to `tracker` in a nested run "shadow", or, with `own_run=False`, into the caller's
+    open run (the flywheel's shadow stage run)."""
     tracker = tracker or NullTracker()
     requests = load_requests(holdout_dir, config)
     models = {"target": _as_loaded(target), "champion": _as_loaded(champion), "challenger": _as_loaded(challenger)}
@@ -145,11 +149,12 @@ def run_shadow(champion: str | Path | LoadedModel, challenger: str | Path | Load
     report.update(summarize(rows, config))
     decision = gate(report, config)
     report["decision"] = {"promote": decision.promote, "reasons": decision.reasons}
-    _publish(report, config, tracker, out)
+    _publish(report, config, tracker, out, own_run)
     return report
 
 
-def _publish(report: dict[str, Any], config: ShadowConfig, tracker: Any, out: str | Path | None) -> None:
+def _publish(report: dict[str, Any], config: ShadowConfig, tracker: Any, out: str | Path | None,
+             own_run: bool) -> None:
     """Write report.json + plot (when `out` is set) and log params, figures and files to the tracker."""
     import matplotlib.pyplot as plt
 
@@ -163,7 +168,8 @@ def _publish(report: dict[str, Any], config: ShadowConfig, tracker: Any, out: st
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2))
         fig.savefig(out.with_suffix(".png"), dpi=120)
-    with tracker.run("shadow", nested=True, tags={"draftwheel.stage": "shadow"}):
+    run = tracker.run("shadow", nested=True, tags={"draftwheel.stage": "shadow"}) if own_run else nullcontext()
+    with run:
         tracker.log_params({f"shadow.{k}": v for k, v in report["config"].items()})
         tracker.log_metrics({"gain_mean": overall["difference"]["mean"], "gain_ci_low": overall["difference"]["ci_low"],
                              "gain_ci_high": overall["difference"]["ci_high"],
