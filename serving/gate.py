@@ -1,21 +1,38 @@
 """The shadow gate: statistics and the promote/reject decision over a shadow report.
 
 `summarize(requests, config)` turns per-request figures (champion and challenger on the same prompts)
-into overall and per-slice means with bootstrap intervals; `gate(report, config)` decides. The
-decision rests on a paired bootstrap of the per-request difference in mean accepted length (tokens
-per target verification step): pairing removes the prompt-to-prompt variance both drafts share, so a
-small real gain is not drowned by how hard the prompts are. `plot_slices` draws champion vs
-challenger per slice. This module runs no models and does no I/O except saving the figure.
+into overall and per-slice means with paired-bootstrap intervals; `gate(report, config)` decides. All
+intervals come from one paired bootstrap per group of requests: resample requests (both arms together)
+with replacement, `bootstrap_resamples` times, seeded; take percentiles at `confidence`.
+
+- Overall gain: the interval of the mean per-request difference in mean accepted length (tokens per
+  target verification step). Pairing removes the prompt-to-prompt variance both drafts share.
+- Per slice, non-inferiority: the interval of the relative change of the slice's mean, (mean
+  challenger / mean champion) - 1, a ratio of means. A slice with at least `min_slice_requests`
+  requests must have its lower bound above -tolerance: the data must show it did not lose more than
+  the tolerance. A smaller slice is reported and pooled with the other small slices; a small slice or
+  pool vetoes only on decisive evidence, its *upper* bound below -tolerance (the whole interval is a
+  loss beyond the tolerance), and needs `MIN_EVIDENCE` requests for even that. The pool is gated by
+  the rule its own size calls for. docs/registry.md works an example through.
+
+`plot_slices` draws champion vs challenger per slice. This module runs no models and does no I/O
+except saving the figure.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 METRIC = "mean_accepted_length"
+POOLED = "other/pooled"
+"""Name of the gating group made of the slices with fewer than `min_slice_requests` requests."""
+MIN_EVIDENCE = 3
+"""Fewest requests with which a small slice or pool may veto: with 1 the bootstrap interval is a point,
+with 2 its ends are the two requests themselves, so neither says anything about spread."""
+NON_INFERIORITY, CLEAR_REGRESSION, TOO_FEW = "non-inferiority", "clear regression", "too few to judge"
 
 
 @dataclass
@@ -25,15 +42,17 @@ class ShadowConfig:
     min_gain: float = 0.0
     """Promote only if the lower CI bound of the mean per-request gain in accepted length exceeds this."""
     confidence: float = 0.95
-    """Two-sided confidence level of the bootstrap intervals."""
+    """Two-sided confidence level of the bootstrap intervals (a bound is the end of that interval)."""
     bootstrap_resamples: int = 2000
     """Bootstrap resamples (numpy, seeded by bootstrap_seed, so a report is reproducible)."""
     bootstrap_seed: int = 0
     """Seed of the bootstrap resampling."""
     slice_tolerance: float = 0.05
-    """Largest allowed relative drop of a slice's mean accepted length (0.05 = 5 %)."""
+    """Largest allowed relative drop of a slice's mean accepted length (0.05 = 5 %), judged on its CI."""
     slice_tolerances: dict[str, float] = field(default_factory=dict)
-    """Per-slice overrides of slice_tolerance, e.g. {code: 0.02}."""
+    """Per-slice overrides of slice_tolerance, e.g. {code: 0.02}; the pooled group uses slice_tolerance."""
+    min_slice_requests: int = 10
+    """A slice with fewer replayed requests is pooled and vetoes only on a clear regression."""
     min_requests: int = 8
     """Fewer replayed requests than this is not evidence: the gate rejects."""
     max_requests: int = 0
@@ -65,6 +84,8 @@ class ShadowConfig:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
         if self.min_requests < 2:
             raise ValueError(f"min_requests: a bootstrap needs at least 2 requests, got {self.min_requests!r}")
+        if self.min_slice_requests < MIN_EVIDENCE:
+            raise ValueError(f"min_slice_requests: must be >= {MIN_EVIDENCE}, got {self.min_slice_requests!r}")
         if not 0.0 <= self.temperature <= 100.0:
             raise ValueError(f"temperature: must be in [0, 100], got {self.temperature!r}")
         if not 1 <= self.k <= 32:
@@ -75,21 +96,81 @@ class ShadowConfig:
 
 
 @dataclass
+class SliceVerdict:
+    """One row of the gate's per-slice table: a slice, or the pool of small slices."""
+
+    group: str
+    members: list[str]
+    n: int
+    rule: str
+    """NON_INFERIORITY (n >= min_slice_requests), CLEAR_REGRESSION (smaller), TOO_FEW (< MIN_EVIDENCE)."""
+    tolerance: float
+    champion_mean: float
+    challenger_mean: float
+    relative_change: float
+    ci_low: float
+    ci_high: float
+    ok: bool
+
+    def describe(self, confidence: float) -> str:
+        name = f"slice {self.group!r}" if self.group != POOLED else f"{POOLED} ({', '.join(self.members)})"
+        bound = {NON_INFERIORITY: f"lower bound must stay above -{self.tolerance:.0%}",
+                 CLEAR_REGRESSION: f"pooled; vetoes only if the upper bound is below -{self.tolerance:.0%}",
+                 TOO_FEW: f"pooled; fewer than {MIN_EVIDENCE} requests never veto"}[self.rule]
+        return (f"{name} n={self.n}: mean accepted length {self.champion_mean:.4f} -> {self.challenger_mean:.4f}, "
+                f"relative {self.relative_change:+.1%} [{confidence:.0%} CI {self.ci_low:+.1%}, "
+                f"{self.ci_high:+.1%}] ({self.rule}: {bound})")
+
+
+@dataclass
 class Decision:
     promote: bool
     reasons: list[str]
     """One line per check, failed checks first; each says what was measured against what."""
+    failed_checks: list[str] = field(default_factory=list)
+    """Kinds of the failed checks: "requests", "lossless", "gain", "slice"."""
+    slices: list[SliceVerdict] = field(default_factory=list)
+    """The per-slice table, in report order (slices by name, then the pool)."""
+
+    @property
+    def blocking_slices(self) -> list[str]:
+        """Slice names whose group failed (a failed pool names all its members)."""
+        return sorted({m for v in self.slices if not v.ok for m in v.members})
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"promote": self.promote, "reasons": self.reasons, "failed_checks": self.failed_checks,
+                "blocking_slices": self.blocking_slices, "slices": [asdict(v) for v in self.slices]}
+
+
+def _resample_indices(n: int, config: ShadowConfig) -> np.ndarray:
+    """[bootstrap_resamples, n] request indices drawn with replacement, seeded by bootstrap_seed."""
+    return np.random.default_rng(config.bootstrap_seed).integers(0, n, size=(config.bootstrap_resamples, n))
+
+
+def _percentiles(statistics: np.ndarray, config: ShadowConfig) -> tuple[float, float]:
+    alpha = 1.0 - config.confidence
+    low, high = np.quantile(statistics, [alpha / 2, 1 - alpha / 2])
+    return float(low), float(high)
 
 
 def bootstrap_ci(values: np.ndarray, config: ShadowConfig) -> tuple[float, float]:
     """Percentile bootstrap CI of the mean of `values` (pass differences for a paired interval)."""
     values = np.asarray(values, dtype=float)
-    rng = np.random.default_rng(config.bootstrap_seed)
-    idx = rng.integers(0, len(values), size=(config.bootstrap_resamples, len(values)))
-    means = values[idx].mean(axis=1)
-    alpha = 1.0 - config.confidence
-    low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2])
-    return float(low), float(high)
+    return _percentiles(values[_resample_indices(len(values), config)].mean(axis=1), config)
+
+
+def relative_change(champion: np.ndarray, challenger: np.ndarray) -> np.ndarray:
+    """(sum challenger / sum champion) - 1 along the last axis; 0 where the champion's sum is 0."""
+    base, new = np.sum(champion, axis=-1), np.sum(challenger, axis=-1)
+    return np.where(base > 0, new / np.where(base > 0, base, 1.0) - 1.0, 0.0)
+
+
+def relative_change_ci(champion: np.ndarray, challenger: np.ndarray, config: ShadowConfig) -> tuple[float, float]:
+    """Paired percentile bootstrap CI of the relative change of the mean: each resample draws requests,
+    both arms of a request together, and takes the ratio of the two resampled means."""
+    champion, challenger = np.asarray(champion, dtype=float), np.asarray(challenger, dtype=float)
+    idx = _resample_indices(len(champion), config)
+    return _percentiles(relative_change(champion[idx], challenger[idx]), config)
 
 
 def _arm_summary(values: np.ndarray, config: ShadowConfig) -> dict[str, float]:
@@ -98,13 +179,14 @@ def _arm_summary(values: np.ndarray, config: ShadowConfig) -> dict[str, float]:
 
 
 def _compare(requests: list[dict[str, Any]], config: ShadowConfig) -> dict[str, Any]:
-    """Champion, challenger and paired-difference summaries of the gated metric for some requests."""
+    """Champion, challenger, paired-difference and relative-change summaries of the metric for some requests."""
     champ = np.array([r["champion"][METRIC] for r in requests], dtype=float)
     chall = np.array([r["challenger"][METRIC] for r in requests], dtype=float)
     result = {"n": len(requests), "champion": _arm_summary(champ, config),
               "challenger": _arm_summary(chall, config), "difference": _arm_summary(chall - champ, config)}
-    base = result["champion"]["mean"]
-    result["relative_change"] = (result["challenger"]["mean"] - base) / base if base else 0.0
+    result["relative_change"] = float(relative_change(champ, chall))
+    low, high = relative_change_ci(champ, chall, config)
+    result["relative"] = {"mean": result["relative_change"], "ci_low": low, "ci_high": high}
     for arm in ("champion", "challenger"):
         for key in ("acceptance_rate", "tokens_per_s"):
             result[arm][key] = float(np.mean([r[arm][key] for r in requests]))
@@ -113,44 +195,101 @@ def _compare(requests: list[dict[str, Any]], config: ShadowConfig) -> dict[str, 
     return result
 
 
+def slice_groups(counts: dict[str, int], min_slice_requests: int) -> dict[str, list[str]]:
+    """Gating groups: {slice: [slice]} for every slice, plus {POOLED: small slices} when at least two
+    slices have fewer than `min_slice_requests` requests (a pool of one would repeat that slice)."""
+    groups = {name: [name] for name in sorted(counts)}
+    small = [name for name in sorted(counts) if counts[name] < min_slice_requests]
+    if len(small) >= 2:
+        groups[POOLED] = small
+    return groups
+
+
 def summarize(requests: list[dict[str, Any]], config: ShadowConfig) -> dict[str, Any]:
-    """{"overall": comparison, "slices": {slice: comparison}} of mean accepted length."""
+    """{"overall": comparison, "slices": {slice: comparison}[, "pooled": comparison + members]}."""
     if not requests:
         raise ValueError("requests: nothing to summarize")
-    slices = sorted({r["slice"] for r in requests})
-    return {"metric": METRIC, "overall": _compare(requests, config),
-            "slices": {s: _compare([r for r in requests if r["slice"] == s], config) for s in slices}}
+    by_slice: dict[str, list[dict[str, Any]]] = {}
+    for r in requests:
+        by_slice.setdefault(r["slice"], []).append(r)
+    groups = slice_groups({name: len(rows) for name, rows in by_slice.items()}, config.min_slice_requests)
+    summary = {"metric": METRIC, "overall": _compare(requests, config),
+               "slices": {name: _compare(by_slice[name], config) for name in sorted(by_slice)}}
+    if POOLED in groups:
+        pooled = [r for name in groups[POOLED] for r in by_slice[name]]
+        summary["pooled"] = {**_compare(pooled, config), "members": groups[POOLED]}
+    return summary
+
+
+def _verdict(group: str, members: list[str], figures: dict[str, Any], tolerance: float,
+             config: ShadowConfig) -> SliceVerdict:
+    n, rel = figures["n"], figures["relative"]
+    if n >= config.min_slice_requests:
+        rule, ok = NON_INFERIORITY, rel["ci_low"] > -tolerance
+    elif n >= MIN_EVIDENCE:
+        rule, ok = CLEAR_REGRESSION, rel["ci_high"] >= -tolerance
+    else:
+        rule, ok = TOO_FEW, True
+    return SliceVerdict(group=group, members=members, n=n, rule=rule, tolerance=tolerance,
+                        champion_mean=figures["champion"]["mean"], challenger_mean=figures["challenger"]["mean"],
+                        relative_change=rel["mean"], ci_low=rel["ci_low"], ci_high=rel["ci_high"], ok=bool(ok))
+
+
+def slice_verdicts(summary: dict[str, Any], config: ShadowConfig) -> list[SliceVerdict]:
+    """The per-slice table: every slice by the rule its size calls for, then the pool of small slices."""
+    verdicts = [_verdict(name, [name], figures, config.tolerance(name), config)
+                for name, figures in summary["slices"].items()]
+    if "pooled" in summary:
+        pooled = summary["pooled"]
+        verdicts.append(_verdict(POOLED, list(pooled["members"]), pooled, config.slice_tolerance, config))
+    return verdicts
 
 
 def gate(report: dict[str, Any], config: ShadowConfig) -> Decision:
-    """Promote iff enough requests, lossless, CI lower bound > min_gain, and no slice regresses too much."""
+    """Promote iff enough requests, lossless, gain CI lower bound > min_gain, and every slice group passes."""
     requests = report["requests"]
-    failed: list[str] = []
+    failed: list[tuple[str, str]] = []
     passed: list[str] = []
 
-    def check(ok: bool, message: str) -> None:
-        (passed if ok else failed).append(("ok: " if ok else "FAIL: ") + message)
+    def check(kind: str, ok: bool, message: str) -> None:
+        if ok:
+            passed.append("ok: " + message)
+        else:
+            failed.append((kind, "FAIL: " + message))
 
-    check(len(requests) >= config.min_requests,
+    check("requests", len(requests) >= config.min_requests,
           f"{len(requests)} requests replayed (minimum {config.min_requests})")
     lossless = report["lossless"]
     bad = [m for m in lossless["mismatches"] if m["model"] == "challenger"]
-    check(not bad and lossless["checked"] >= len(requests),
+    check("lossless", not bad and lossless["checked"] >= len(requests),
           f"lossless: challenger greedy output identical to target-only decoding on "
           f"{lossless['checked'] - len(bad)}/{len(requests)} prompts"
           + (f"; mismatched prompt ids: {', '.join(m['id'] for m in bad)}" if bad else ""))
+    verdicts: list[SliceVerdict] = []
     if len(requests) >= 2:
         summary = summarize(requests, config)
         diff = summary["overall"]["difference"]
-        check(diff["ci_low"] > config.min_gain,
+        check("gain", diff["ci_low"] > config.min_gain,
               f"mean accepted length gain {diff['mean']:+.4f}, {config.confidence:.0%} paired bootstrap CI "
               f"[{diff['ci_low']:+.4f}, {diff['ci_high']:+.4f}], lower bound must exceed {config.min_gain:+.4f}")
-        for name, figures in summary["slices"].items():
-            tol = config.tolerance(name)
-            check(figures["relative_change"] >= -tol,
-                  f"slice {name!r}: mean accepted length {figures['champion']['mean']:.4f} -> "
-                  f"{figures['challenger']['mean']:.4f} ({figures['relative_change']:+.1%}, tolerance -{tol:.0%})")
-    return Decision(promote=not failed, reasons=failed + passed)
+        verdicts = slice_verdicts(summary, config)
+        for verdict in verdicts:
+            check("slice", verdict.ok, verdict.describe(config.confidence))
+    return Decision(promote=not failed, reasons=[line for _, line in failed] + passed,
+                    failed_checks=sorted({kind for kind, _ in failed}), slices=verdicts)
+
+
+def slice_table(decision: Decision) -> str:
+    """The per-slice table as fixed-width text (for logs, the CLI and docs)."""
+    names = [v.group if v.group != POOLED else f"{POOLED}({'+'.join(v.members)})" for v in decision.slices]
+    width = max([len("group"), *map(len, names)])
+    lines = [f"{'group':<{width}} {'n':>4} {'champion':>9} {'challenger':>10} {'change':>8} {'CI low':>8} "
+             f"{'CI high':>8} {'tol':>5}  {'rule':<18} verdict"]
+    for name, v in zip(names, decision.slices):
+        lines.append(f"{name:<{width}} {v.n:>4} {v.champion_mean:>9.3f} {v.challenger_mean:>10.3f} "
+                     f"{v.relative_change:>+8.1%} {v.ci_low:>+8.1%} {v.ci_high:>+8.1%} {-v.tolerance:>+5.0%}  "
+                     f"{v.rule:<18} {'ok' if v.ok else 'VETO'}")
+    return "\n".join(lines)
 
 
 def plot_slices(summary: dict[str, Any], title: str = "") -> Any:

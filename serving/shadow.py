@@ -23,7 +23,7 @@ from typing import Any
 from draftwheel.config import to_dict
 from draftwheel.tracking import NullTracker
 from serving.engine import Completion, Engine
-from serving.gate import ShadowConfig, gate, plot_slices, summarize
+from serving.gate import ShadowConfig, gate, plot_slices, slice_table, summarize
 from serving.models import LoadedModel, load_model
 from serving.params import SamplingParams
 
@@ -148,7 +148,8 @@ def run_shadow(champion: str | Path | LoadedModel, challenger: str | Path | Load
               "requests": rows, "lossless": {"checked": len(rows), "mismatches": mismatches}}
     report.update(summarize(rows, config))
     decision = gate(report, config)
-    report["decision"] = {"promote": decision.promote, "reasons": decision.reasons}
+    report["decision"] = decision.as_dict()
+    log.info("shadow gate: %s\n%s", "PROMOTE" if decision.promote else "reject", slice_table(decision))
     _publish(report, config, tracker, out, own_run)
     return report
 
