@@ -19,6 +19,7 @@ import logging
 import threading
 from typing import Any
 
+from draftwheel.registry_names import TARGET_SHA_TAG
 from draftwheel.tracking import ArtifactError, RegistryError, get_alias_version, parse_model_uri, resolve_model_uri
 from serving.models import IncompatibleModelsError, LoadedModel, check_compatible, load_model
 
@@ -79,7 +80,7 @@ class DraftWatcher:
     def _load(self, version: str) -> LoadedModel:
         local_dir, version, tags = resolve_model_uri(f"models:/{self.name}/{version}", self.tracking_uri)
         serving_sha = self.engine.target.model_id.sha256
-        wanted_sha = tags.get("target_sha256", "")
+        wanted_sha = tags.get(TARGET_SHA_TAG, "")
         if not serving_sha or wanted_sha != serving_sha:
             raise TargetMismatchError(
                 f"version {version} was trained for target {wanted_sha[:12] or '(none recorded)'}, but the "

@@ -32,6 +32,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from draftwheel.registry_names import CHAMPION_URI
 from serving.metrics import Metrics
 from serving.openai_api import (
     ApiError, ChatRequest, CompletionRequest, chat_body, chat_chunk, check_supported, completion_body,
@@ -50,7 +51,7 @@ class ServeConfig:
     port: int = 8000
     target: str | None = None
     """Target model dir, hub id or models:/ URI; None = the reference target in $DRAFTWHEEL_HOME/models."""
-    draft: str | None = "models:/draftwheel-draft@champion"
+    draft: str | None = CHAMPION_URI
     """Draft model (dir, hub id, models:/NAME@ALIAS: reloaded when the alias moves); None = no draft."""
     medusa: str | None = None
     """Medusa heads dir (used when no draft is given)."""
