@@ -21,6 +21,7 @@ import torch
 
 from serving.adaptive import AdaptiveK
 from serving.decoding import Request, autoregressive, medusa, speculative
+from serving.eagle_decoding import eagle3
 from serving.kv import CachedLM
 from serving.models import LoadedModel, check_compatible, load_model
 from serving.params import SamplingParams
@@ -29,6 +30,8 @@ from serving.records import MODES, AcceptanceRecord, ModelId, Sampling
 from draftwheel.hashing import file_sha256
 from serving.sampling import make_generator
 from serving.stopping import OutputState
+from serving.suffix import SuffixIndex
+from serving.suffix_decoding import suffix_loop
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +76,8 @@ def _eos_ids(loaded: LoadedModel) -> set[int]:
 
 class Engine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, medusa: Any = None,
-                 sink: Any = None, metrics: Any = None, medusa_id: ModelId | None = None, prepack: bool = True):
+                 sink: Any = None, metrics: Any = None, medusa_id: ModelId | None = None, prepack: bool = True,
+                 suffix_index: SuffixIndex | None = None):
         """With `prepack` (the default), CPU models get oneDNN-packed linear layers, in place
         (serving.prepack): the engine owns the models it is given."""
         if draft is not None:
@@ -88,6 +92,9 @@ class Engine:
         self.sink = sink
         self.metrics = metrics
         self.eos_ids = _eos_ids(target)
+        self.suffix_index = suffix_index  # modes suffix/hybrid draft from it; every finished request updates it
+        if suffix_index is not None:
+            suffix_index.check_target(target.model_id)
 
     @classmethod
     def from_paths(cls, target: str | Path, draft: str | Path | None = None, medusa: str | Path | None = None,
@@ -148,16 +155,20 @@ class Engine:
         mode = mode or self.default_mode
         if mode not in MODES:
             raise ValueError(f"mode: {mode!r} not one of {', '.join(MODES)}")
-        if mode == "draft" and draft is None:
-            raise ValueError("mode: 'draft' needs a draft model")
+        if mode in ("draft", "hybrid") and draft is None:
+            raise ValueError(f"mode: {mode!r} needs a draft model")
         if mode == "medusa" and self.medusa is None:
             raise ValueError("mode: 'medusa' needs Medusa heads")
         return mode
 
     def _loop(self, mode: str, draft: LoadedModel | None, req: Request, params: SamplingParams):
         target = CachedLM(self.target.model)
+        if mode in ("suffix", "hybrid"):
+            return suffix_loop(target, draft if mode == "hybrid" else None, self.suffix_index, req)
         if mode == "draft":
             controller = AdaptiveK(params.k) if params.adaptive_k else None
+            if draft.kind == "eagle3":
+                return eagle3(target, draft.model, req, controller)
             return speculative(target, CachedLM(draft.model), req, controller)
         if mode == "medusa":
             return medusa(target, self.medusa, req)
@@ -170,7 +181,8 @@ class Engine:
         draft = self._draft  # read once: a concurrent swap_draft does not affect this request
         mode = self._resolve_mode(mode, draft)
         text_in, ids = self.encode(prompt, chat)
-        self._check_fits(len(ids), params, [self.target.model] + ([draft.model] if mode == "draft" else []))
+        self._check_fits(len(ids), params,
+                         [self.target.model] + ([draft.model] if mode in ("draft", "hybrid") else []))
         seed = params.seed if params.seed is not None or params.greedy else int(torch.randint(0, 2**62, (1,)))
         req = Request(prompt_ids=torch.tensor(ids), params=params, generator=make_generator(seed),
                       out=OutputState(self.target.tokenizer, self.eos_ids, params.stop, params.max_new_tokens))
@@ -200,7 +212,8 @@ class Engine:
         p = req.params
         return AcceptanceRecord(
             request_id=uuid.uuid4().hex, ts=ts, slice=slice, target_id=self.target.model_id,
-            draft_id={"draft": draft.model_id if draft else None, "medusa": self.medusa_id}.get(mode), mode=mode,
+            draft_id={"draft": draft.model_id if draft else None, "medusa": self.medusa_id,
+                      "hybrid": draft.model_id if draft else None}.get(mode), mode=mode,
             sampling=Sampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seed=seed),
             prompt=text_in, prompt_token_ids=req.prompt_ids.tolist(), output=req.out.text,
             output_token_ids=list(req.out.token_ids), finish_reason=req.out.finish_reason or "length",
@@ -211,7 +224,8 @@ class Engine:
 
     def _publish(self, record: AcceptanceRecord) -> None:
         """Hand the record to the sink and metrics; their failures never fail the request."""
-        for target in (self.sink and self.sink.write, self.metrics and self.metrics.observe):
+        for target in (self.sink and self.sink.write, self.metrics and self.metrics.observe,
+                       self.suffix_index and self.suffix_index.add_record):
             if not target:
                 continue
             try:

@@ -27,20 +27,25 @@ class CachedLM:
         return self.cache.get_seq_length()
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, keep: int = 0, hidden: bool = False):
+    def forward(self, input_ids: torch.Tensor, keep: int = 0, hidden: bool = False,
+                aux: list[int] | None = None):
         """Append input_ids[T] to the cache; return logits[T', V] for the last `keep` positions (0 = all).
 
-        With `hidden=True` also return the last hidden state[T, H] (Medusa heads read it; it stays on
-        the model's device). Logits come back on the CPU, where verification and sampling run with the
-        request's CPU generator (a no-op copy for CPU models).
+        With `hidden=True` also return the last hidden state[T, H] (Medusa heads read it); with `aux`
+        layer ids, the inputs of those layers concatenated, [T, len(aux)*H] (EAGLE-3 drafts read them;
+        id i is HF `hidden_states[i]`, as vLLM numbers them). Both stay on the model's device. Logits
+        come back on the CPU, where verification and sampling run with the request's CPU generator
+        (a no-op copy for CPU models).
         """
         start = time.perf_counter()
         out = self.model(
             input_ids=input_ids.to(self.device).unsqueeze(0), cache=self.cache, use_cache=True,
-            logits_to_keep=keep, output_hidden_states=hidden,
+            logits_to_keep=keep, output_hidden_states=hidden or bool(aux),
         )
         self.last_forward_s = time.perf_counter() - start
         logits = out.logits[0].cpu()  # [T', V]
+        if aux:
+            return logits, torch.cat([out.hidden_states[i][0] for i in aux], -1)
         return (logits, out.hidden_states[-1][0]) if hidden else logits
 
     def rollback(self, n_tokens: int) -> None:

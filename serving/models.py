@@ -33,6 +33,8 @@ class LoadedModel:
     path: Path
     tags: dict[str, str] = field(default_factory=dict)
     """Registry version tags (models:/ URIs only), e.g. `target_sha256` of the target it was trained for."""
+    kind: str = "lm"
+    """Draft kind (design.md): `lm` (a causal LM) or `eagle3` (serving.eagle, reads the target's features)."""
 
 
 def _resolve(spec: str) -> tuple[Path, ModelId | None, dict[str, str]]:
@@ -58,19 +60,28 @@ def load_model(spec: str | Path, device: str = "cpu", dtype: torch.dtype = torch
     """Load a causal LM and its tokenizer from a local dir, a hub id or `models:/NAME@ALIAS`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from serving.eagle import is_eagle3_dir, load_eagle3
+
     path, model_id, tags = _resolve(str(spec))
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"model {spec!r}: {path} has no config.json")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    kind = "eagle3" if is_eagle3_dir(path) else "lm"
+    if kind == "eagle3":
+        model = load_eagle3(path).to(device=device, dtype=dtype)
+        if model.c.target_sha256 and "target_sha256" not in tags:
+            tags = {**tags, TARGET_SHA_TAG: model.c.target_sha256}
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     model_id = model_id or ModelId(name=path.resolve().name)
     model_id.sha256 = weights_sha256(path)
-    return LoadedModel(model=model, tokenizer=tokenizer, model_id=model_id, path=path, tags=tags)
+    return LoadedModel(model=model, tokenizer=tokenizer, model_id=model_id, path=path, tags=tags, kind=kind)
 
 
 def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
     """Raise `IncompatibleModelsError` naming both models unless they share one vocabulary and the
-    draft, if its registry tags say which target it was trained for, was trained for this one."""
+    draft, if its registry tags say which target it was trained for, was trained for this one. An
+    `eagle3` draft is attached to the target here (it reads the target's embedding table)."""
     names = f"target {target.model_id.name!r} ({target.path}) and draft {draft.model_id.name!r} ({draft.path})"
     if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
         raise IncompatibleModelsError(f"{names} have different tokenizer vocabularies "
@@ -78,6 +89,11 @@ def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
     target_v, draft_v = target.model.config.vocab_size, draft.model.config.vocab_size
     if target_v != draft_v:
         raise IncompatibleModelsError(f"{names} have different output sizes (vocab_size {target_v} vs {draft_v})")
+    if draft.kind == "eagle3":
+        try:
+            draft.model.attach_target(target.model)  # shares the target's embeddings; checks shapes
+        except ValueError as exc:
+            raise IncompatibleModelsError(f"{names}: {exc}") from exc
     trained_for = draft.tags.get(TARGET_SHA_TAG)
     if trained_for and target.model_id.sha256 and trained_for != target.model_id.sha256:
         raise IncompatibleModelsError(f"{names}: the draft was trained for target weights {trained_for[:12]}, "
@@ -86,4 +102,8 @@ def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
 
 def from_objects(model: Any, tokenizer: Any, name: str, path: str | Path = "") -> LoadedModel:
     """Wrap an in-memory model (tests, benchmarks) as a LoadedModel without a weights hash."""
-    return LoadedModel(model=model.eval(), tokenizer=tokenizer, model_id=ModelId(name=name), path=Path(path))
+    from serving.eagle import Eagle3Draft
+
+    kind = "eagle3" if isinstance(model, Eagle3Draft) else "lm"
+    return LoadedModel(model=model.eval(), tokenizer=tokenizer, model_id=ModelId(name=name), path=Path(path),
+                       kind=kind)

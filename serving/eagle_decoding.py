@@ -1,0 +1,92 @@
+"""The EAGLE-3 decoding loop: the draft reads the target's own hidden states.
+
+Per step: (1) the draft appends one slot per token the target just confirmed, each pairing the target's
+features at position p (from the verification forward that already ran: no extra target pass) with the
+token at p+1; (2) it runs ahead k tokens, feeding its own output hidden state where target features do
+not exist yet; (3) the target verifies [last token, k drafts] in one forward that also returns the
+features of those positions; (4) the draft's speculative slots are cropped and step (1) repeats with
+the accepted positions' target features. Nothing is re-encoded: each confirmed position enters each
+cache once.
+
+The draft proposes over its own vocabulary; its q is zero outside it, so rejection sampling against
+the target's p (serving.verify) stays exact. Greedy output equals the target's.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import torch
+
+from serving.adaptive import AdaptiveK
+from serving.decoding import Request, choose
+from serving.eagle import DraftKV, Eagle3Draft
+from serving.kv import CachedLM
+from serving.records import Step
+from serving.sampling import sample, warp
+from serving.verify import verify_greedy, verify_sampled
+
+SOURCE = "eagle3"
+
+
+def _run_ahead(draft: Eagle3Draft, hidden: torch.Tensor, k: int, kv: DraftKV, req: Request):
+    """Draft k tokens from the last slot's hidden[H]; return target ids[k] and, when sampling, q[k, V]."""
+    to_target = draft.draft_to_target  # [Vd]
+    tokens, probs = [], []
+    for i in range(k):
+        with torch.inference_mode():
+            logits = draft.logits(hidden).float()  # [Vd]
+        if req.params.greedy:
+            token = to_target[logits.argmax()].view(1)  # [1]
+        else:
+            q_draft = warp(logits, req.params)  # [Vd]
+            token = to_target[sample(q_draft, req.generator)].view(1)
+            q = torch.zeros(draft.c.vocab_size)  # [V]: zero outside the draft vocabulary
+            q[to_target] = q_draft
+            probs.append(q)
+        tokens.append(token)
+        if i < k - 1:  # the k-th token is verified, never fed
+            hidden = draft.extend(token, hidden.view(1, -1), kv)[-1]  # [H]
+    return torch.cat(tokens), (torch.stack(probs) if probs else None)
+
+
+def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: AdaptiveK | None) -> Iterator[None]:
+    params = req.params
+    aux_ids = draft.c.aux_layer_ids
+    kv = DraftKV()
+    logits, features = target.forward(req.prompt_ids, keep=1, aux=aux_ids)  # [1, V], [P, 3H]
+    last = choose(logits[-1], params, req.generator)
+    req.emit([last])
+    yield
+    # Slots waiting to enter the draft cache: feature of position p with the token at p+1.
+    slot_tokens = torch.cat([req.prompt_ids[1:], torch.tensor([last])])  # [P]
+    while not req.out.finished:
+        k = controller.next_k() if controller else params.k
+        k = min(k, req.out.remaining - 1)
+        if k <= 0:  # the last token: nothing to draft
+            last = choose(target.forward(torch.tensor([last]), keep=1)[-1], params, req.generator)
+            req.steps.append(Step(k=0, accepted=0, draft_token_ids=[], target_token_id=last))
+            req.emit([last])
+            yield
+            continue
+        start = time.perf_counter()
+        committed = kv.length + slot_tokens.shape[0]
+        hidden = draft.extend(slot_tokens, draft.project(features), kv)[-1]  # [H]
+        drafted, q = _run_ahead(draft, hidden, k, kv, req)  # [k], [k, V] | None
+        draft_s = time.perf_counter() - start
+        logits, features = target.forward(torch.cat([torch.tensor([last]), drafted]), keep=k + 1, aux=aux_ids)
+        if params.greedy:
+            emitted, accepted = verify_greedy(drafted, logits)
+        else:
+            emitted, accepted = verify_sampled(drafted, q, warp(logits, params), req.generator)
+        target.rollback(k - accepted)
+        kv.crop(committed)  # drop the slots that ran on the draft's own features
+        features = features[: accepted + 1]  # [a+1, 3H]: positions of `last` and the accepted drafts
+        slot_tokens = emitted  # [a+1]: the tokens that follow those positions
+        last = int(emitted[-1])
+        if controller:
+            controller.update(k, accepted, draft_s, target.last_forward_s)
+        req.steps.append(Step(k=k, accepted=accepted, draft_token_ids=drafted.tolist(), target_token_id=last))
+        req.emit(emitted.tolist())
+        yield

@@ -1,0 +1,109 @@
+"""EAGLE-3 training on tiny models: the unrolled loss, the vocabulary, the trainer end to end.
+
+The tiny target is a random 2-layer Llama; its greedy completions are the data (as mined logs are).
+A draft trained on them must raise the teacher-forced implied mean accepted length over its untrained
+start on the same sequences, and what it saves must load into the Engine with greedy output equal to
+the target's.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from serving.eagle import Eagle3Config, Eagle3Draft, load_eagle3, vocab_from_counts
+from serving.engine import Engine
+from serving.models import from_objects, load_model
+from serving.params import SamplingParams
+from serving.toy import build_tokenizer, tiny_llama
+from training.eagle_train import EagleConfig, train_eagle
+from training.eagle_ttt import chain_acceptance, implied_mal, ttt_loss, ttt_mask, unroll
+
+
+def test_ttt_mask_is_causal_then_diagonal():
+    mask = ttt_mask(3, 2)
+    assert mask.shape == (3, 9)
+    assert mask[:, :3].tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    assert mask[:, 3:6].tolist() == torch.eye(3, dtype=torch.bool).tolist()
+    assert mask[:, 6:].tolist() == torch.eye(3, dtype=torch.bool).tolist()
+
+
+def test_ttt_loss_zero_when_draft_equals_teacher_and_positive_otherwise():
+    teacher = torch.log_softmax(torch.randn(2, 6, 5), -1)  # [B, T, Vd]
+    # The draft's slot j at step s is scored against teacher position j+1+s.
+    perfect = [teacher[:, 1 + s:].clone() for s in range(2)]
+    perfect = [torch.cat([p, torch.zeros(2, s, 5)], 1) for s, p in enumerate(perfect)]  # pad to n = T-1
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    loss, per_step = ttt_loss(perfect, teacher, mask, decay=0.8)
+    assert float(loss) == pytest.approx(0.0, abs=1e-5)
+    wrong = [torch.randn(2, 5, 5) for _ in range(2)]
+    assert float(ttt_loss(wrong, teacher, mask, decay=0.8)[0]) > 0.01
+
+
+def test_chain_acceptance_counts_runs_of_matches():
+    tokenizer = build_tokenizer()
+    target = tiny_llama(tokenizer, n_layers=2, seed=0)
+    draft = Eagle3Draft(Eagle3Config.for_target(target.config, draft_vocab_size=target.config.vocab_size))
+    # Hand-built logits: 2 steps over n=4 slots; the reference says token 7 everywhere.
+    ref = torch.full((1, 5), 7)
+    step0 = torch.zeros(1, 4, target.config.vocab_size)
+    step0[0, :, 7] = 1.0  # every step-0 guess right
+    step1 = torch.zeros(1, 4, target.config.vocab_size)
+    step1[0, :2, 7] = 1.0  # step-1 guesses right for the first two chains only
+    step1[0, 2:, 3] = 1.0
+    accepted, counted = chain_acceptance([step0, step1], ref, draft, torch.ones(1, 5, dtype=torch.bool))
+    assert counted == 3  # chains whose 2 steps both have a reference
+    assert accepted == [3, 2]
+    assert implied_mal(accepted, counted) == pytest.approx(1 + 5 / 3)
+
+
+def test_vocab_from_counts_keeps_most_frequent_and_always():
+    counts = torch.tensor([5, 0, 9, 1, 0, 7])
+    d2t, t2d = vocab_from_counts(counts, 3, always=[4])
+    chosen = (torch.arange(3) + d2t).tolist()
+    assert chosen == [2, 4, 5]  # ascending target ids: 9 and 7 most frequent, 4 forced
+    assert t2d.tolist() == [False, False, True, False, True, True]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, toy_models, toy_data):
+    out = tmp_path_factory.mktemp("eagle") / "candidate"
+    config = EagleConfig(draft="", target=str(toy_models["target"]), dataset=str(toy_data["distill"]),
+                         output_dir=str(out), draft_vocab_size=128, epochs=60, batch_size=4, learning_rate=1e-2,
+                         ttt_steps=3, eval_k=3, tracking=False, max_length=64, warmup_steps=0,
+                         feature_cache=str(out.parent / "cache"))
+    return train_eagle(config), config
+
+
+def test_train_eagle_improves_and_saves_speculators_dir(trained):
+    out, _ = trained
+    info = json.loads((out / "draftwheel_training.json").read_text())
+    history = info["eval_history"]
+    assert history[0]["epoch"] == 0.0 and len(history) >= 2
+    best = max(h["implied_mal"] for h in history)
+    assert best > history[0]["implied_mal"] + 0.2, history
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3"
+    assert config["draft_vocab_size"] == 128
+    assert info["metrics"]["feature_cache_hit"] == 0.0
+
+
+def test_feature_cache_reused_on_second_run(trained, tmp_path):
+    out, config = trained
+    again = train_eagle(EagleConfig(**{**vars(config), "output_dir": str(tmp_path / "again"), "epochs": 1.0}))
+    info = json.loads((again / "draftwheel_training.json").read_text())
+    assert info["metrics"]["feature_cache_hit"] == 1.0
+
+
+def test_trained_draft_serves_losslessly(trained, toy_models):
+    out, _ = trained
+    target = load_model(toy_models["target"])
+    engine = Engine(target, load_model(out))
+    prompts = ["def add(a, b):", "The quick brown fox", "Hello! How can I help"]
+    completions = engine.generate(prompts, SamplingParams(max_new_tokens=24, k=3))
+    reference = Engine(load_model(toy_models["target"])).generate(prompts, SamplingParams(max_new_tokens=24),
+                                                                  mode="autoregressive")
+    assert [c.token_ids for c in completions] == [r.token_ids for r in reference]
+    assert sum(c.record.accepted_tokens for c in completions) > 0

@@ -1,0 +1,100 @@
+"""Target features for EAGLE-3 training, computed once and cached on disk.
+
+One batched, teacher-forced target forward per group of sequences gives, for every position: the
+inputs of the aux layers (what the draft reads, [3*H]), the final normed hidden state (the teacher's
+distribution over any draft vocabulary is `lm_head(hidden)` restricted to it, so the cache does not
+depend on the vocabulary) and the target's argmax (the greedy reference). Stored in half precision
+under a key of (sequences digest, target weights sha256, aux layer ids), so epochs and later runs on
+the same data reuse them. It does not train anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+CACHE_FILE = "features.safetensors"
+TOKENS_PER_BATCH = 2048  # padded tokens per target forward
+
+
+@dataclass
+class Features:
+    """Flat per-token arrays for n sequences; sequence i spans offsets[i]:offsets[i+1]."""
+
+    aux: torch.Tensor        # [N, 3H] float16
+    hidden: torch.Tensor     # [N, H] float16
+    argmax: torch.Tensor     # [N] int64
+    offsets: torch.Tensor    # [n+1] int64
+
+    def sequence(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return self.aux[a:b], self.hidden[a:b], self.argmax[a:b]
+
+
+def cache_key(sequences: list[list[int]], target_sha256: str, aux_layer_ids: list[int]) -> str:
+    digest = hashlib.sha256(json.dumps([sequences, target_sha256, aux_layer_ids]).encode())
+    return digest.hexdigest()[:24]
+
+
+def _forward(target: Any, batch: list[list[int]], aux_layer_ids: list[int]):
+    width = max(len(s) for s in batch)
+    ids = torch.tensor([s + [0] * (width - len(s)) for s in batch])
+    mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in batch])
+    device = next(target.parameters()).device
+    with torch.inference_mode():
+        out = target(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True)
+    aux = torch.cat([out.hidden_states[i] for i in aux_layer_ids], -1)  # [B, W, 3H]
+    # hidden_states[-1] is the final norm's output in HF Llama-family models: lm_head(it) == logits.
+    for row, seq in enumerate(batch):
+        n = len(seq)
+        yield aux[row, :n].half().cpu(), out.hidden_states[-1][row, :n].half().cpu(), out.logits[row, :n].argmax(-1).cpu()
+
+
+def compute_features(target: Any, sequences: list[list[int]], aux_layer_ids: list[int],
+                     progress: bool = True) -> Features:
+    """Teacher-forced target forwards over `sequences`, batched by length (about TOKENS_PER_BATCH each)."""
+    from tqdm import tqdm
+
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    results: dict[int, tuple] = {}
+    batch: list[int] = []
+    bar = tqdm(total=sum(len(s) for s in sequences), desc="target features", unit="tok", disable=not progress)
+
+    def flush() -> None:
+        for i, row in zip(batch, _forward(target, [sequences[i] for i in batch], aux_layer_ids)):
+            results[i] = row
+            bar.update(len(sequences[i]))
+        batch.clear()
+
+    for i in order:
+        if batch and len(sequences[i]) * (len(batch) + 1) > TOKENS_PER_BATCH:
+            flush()
+        batch.append(i)
+    if batch:
+        flush()
+    bar.close()
+    lengths = torch.tensor([0] + [len(s) for s in sequences])
+    return Features(aux=torch.cat([results[i][0] for i in range(len(sequences))]),
+                    hidden=torch.cat([results[i][1] for i in range(len(sequences))]),
+                    argmax=torch.cat([results[i][2] for i in range(len(sequences))]),
+                    offsets=lengths.cumsum(0))
+
+
+def cached_features(target: Any, sequences: list[list[int]], aux_layer_ids: list[int], target_sha256: str,
+                    cache_root: Path, progress: bool = True) -> tuple[Features, bool]:
+    """Features from `cache_root/<key>/` when there, else computed and stored. Returns (features, hit)."""
+    path = cache_root / cache_key(sequences, target_sha256, aux_layer_ids) / CACHE_FILE
+    if path.is_file():
+        return Features(**load_file(str(path))), True
+    features = compute_features(target, sequences, aux_layer_ids, progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file({k: v.contiguous() for k, v in vars(features).items()}, str(tmp))
+    tmp.replace(path)  # a crash mid-write never leaves a truncated cache behind
+    return features, False

@@ -1,0 +1,322 @@
+"""`draftwheel train eagle`: train an EAGLE-3 draft (serving.eagle) on the target's own outputs.
+
+Data: the mined `distill/` dataset (prompt + the target's output token ids). Features: one batched,
+teacher-forced target forward per group of sequences, cached on disk (training.eagle_features).
+Loss: forward KL from the target's distribution restricted to the draft vocabulary, with the draft
+unrolled on its own outputs for `ttt_steps` steps, step s weighted `ttt_decay**s` (training.eagle_ttt).
+Vocabulary: the `draft_vocab_size` most frequent output tokens (FR-Spec); a warm-started draft keeps
+its champion's vocabulary while that still covers `min_vocab_coverage` of the data's output tokens.
+The per-epoch hold-out evaluation reports the implied mean accepted length at k = `eval_k`, and the
+best epoch's weights are the ones saved. A `transformers.Trainer`, so `accelerate launch -m
+training.eagle_train --config F` works as for the other trainers.
+
+It does not mine, register or promote.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from draftwheel import home
+from draftwheel.config import to_dict
+from draftwheel.tracking import get_tracker
+from serving.eagle import Eagle3Config, Eagle3Draft, save_eagle3, vocab_from_counts
+from training import common
+from training.data import join_and_truncate, load_dataset_dir
+from training.eagle_features import Features, cached_features
+from training.eagle_ttt import chain_acceptance, implied_mal, teacher_log_probs, ttt_loss, unroll
+
+COLUMNS = ("prompt_token_ids", "completion_token_ids")
+
+
+@dataclass
+class EagleConfig(common.TrainCommon):
+    """EAGLE-3 draft training; see configs/eagle.yaml for the defaults with comments."""
+
+    draft: str = "models:/draftwheel-draft@champion"  # warm start (an eagle3 dir/URI); other kinds start fresh
+    target: str = ""             # target model dir / models:/ URI; "" = the reference target in the state dir
+    dataset: str = ""            # distill/ dataset dir; "" = <state>/datasets/distill
+    holdout: str = ""            # holdout/ dataset dir; "" = sibling of dataset, if any
+    draft_vocab_size: int = 8192  # rows of the draft head (FR-Spec: most frequent output tokens)
+    min_vocab_coverage: float = 0.97  # rebuild the warm start's vocabulary below this output-token coverage
+    aux_layer_ids: list[int] = field(default_factory=list)  # target layers fused; [] = EAGLE-3's (2, L/2, L-3)
+    ttt_steps: int = 4           # training-time-test unroll depth
+    ttt_decay: float = 0.8       # weight of unroll step s is ttt_decay**s
+    prompt_loss: bool = True     # also learn positions inside the prompt (more signal; serving sees prompts too)
+    feature_cache: str = ""      # "" = <state>/cache/eagle-features
+    learning_rate: float = 2e-3
+    epochs: float = 4.0
+    batch_size: int = 8
+    max_length: int = 384
+    warmup_steps: int = 10
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        common.require(self.draft_vocab_size >= 2, "draft_vocab_size", f"must be >= 2, got {self.draft_vocab_size}")
+        common.require(0.0 < self.min_vocab_coverage <= 1.0, "min_vocab_coverage",
+                       f"must be in (0, 1], got {self.min_vocab_coverage}")
+        common.require(self.ttt_steps >= 1, "ttt_steps", f"must be >= 1, got {self.ttt_steps}")
+        common.require(0.0 < self.ttt_decay <= 1.0, "ttt_decay", f"must be in (0, 1], got {self.ttt_decay}")
+        common.require(len(self.aux_layer_ids) in (0, 3), "aux_layer_ids",
+                       f"must list 3 layer ids or be empty, got {self.aux_layer_ids}")
+
+
+@dataclass
+class Sequences:
+    ids: list[list[int]]
+    prompt_lens: list[int]
+    slices: list[str]
+
+
+def load_sequences(path: Path, max_length: int, output_column: str = "completion_token_ids") -> Sequences:
+    dataset = load_dataset_dir(path, ("prompt_token_ids", output_column))
+    seqs = Sequences([], [], [])
+    for row in dataset:
+        ids, prompt_len = join_and_truncate(row["prompt_token_ids"], row[output_column], max_length)
+        if len(ids) > prompt_len and len(ids) >= 3:
+            seqs.ids.append(ids)
+            seqs.prompt_lens.append(prompt_len)
+            seqs.slices.append(row.get("slice", "default"))
+    return seqs
+
+
+def output_counts(seqs: Sequences, vocab_size: int) -> torch.Tensor:
+    """How often each target id appears in the outputs (what the draft must be able to propose)."""
+    outputs = [t for ids, p in zip(seqs.ids, seqs.prompt_lens) for t in ids[p:]]
+    return torch.bincount(torch.tensor(outputs, dtype=torch.long), minlength=vocab_size)[:vocab_size]
+
+
+def coverage(t2d: torch.Tensor, counts: torch.Tensor) -> float:
+    """Share of output tokens the draft vocabulary contains."""
+    return float(counts[t2d].sum() / counts.sum().clamp_min(1))
+
+
+def fresh_draft(target: Any, config: EagleConfig, counts: torch.Tensor, target_sha: str, eos: list[int]) -> Eagle3Draft:
+    """A new draft whose head and final norm start as the target's own (restricted to the draft vocabulary)."""
+    d2t, t2d = vocab_from_counts(counts, config.draft_vocab_size, always=eos)
+    c = Eagle3Config.for_target(target.config, draft_vocab_size=d2t.shape[0], aux_layer_ids=config.aux_layer_ids or None,
+                                speculative_tokens=config.eval_k, verifier_name=str(config.target or "reference"),
+                                target_sha256=target_sha)
+    torch.manual_seed(config.seed)
+    draft = Eagle3Draft(c, d2t=d2t, t2d=t2d)
+    with torch.no_grad():
+        draft.lm_head.weight.copy_(target.get_output_embeddings().weight[draft.draft_to_target])
+        draft.norm.weight.copy_(target.model.norm.weight)
+    return draft
+
+
+def revocab(draft: Eagle3Draft, counts: torch.Tensor, size: int, target: Any, eos: list[int]) -> Eagle3Draft:
+    """The same draft over a new vocabulary: rows of kept tokens carry over, new rows start from the target's head."""
+    d2t, t2d = vocab_from_counts(counts, size, always=eos)
+    new = Eagle3Draft(dataclasses.replace(draft.c, draft_vocab_size=d2t.shape[0]), d2t=d2t, t2d=t2d)
+    state = {k: v for k, v in draft.state_dict().items() if not k.startswith("lm_head") and k not in ("d2t", "t2d")}
+    new.load_state_dict(state, strict=False)
+    old_rows = {int(t): i for i, t in enumerate(draft.draft_to_target)}
+    with torch.no_grad():
+        head = target.get_output_embeddings().weight
+        for i, token in enumerate(new.draft_to_target.tolist()):
+            row = old_rows.get(token)
+            new.lm_head.weight[i] = draft.lm_head.weight[row] if row is not None else head[token]
+    return new
+
+
+class EagleDataset(torch.utils.data.Dataset):
+    def __init__(self, seqs: Sequences, features: Features, prompt_loss: bool):
+        self.seqs, self.features, self.prompt_loss = seqs, features, prompt_loss
+
+    def __len__(self) -> int:
+        return len(self.seqs.ids)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        aux, hidden, argmax = self.features.sequence(i)
+        start = 0 if self.prompt_loss else max(self.seqs.prompt_lens[i] - 1, 0)
+        return {"input_ids": self.seqs.ids[i], "aux": aux, "hidden": hidden, "argmax": argmax, "start": start}
+
+
+def collate(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """Right-padded batch; `mask[b, p]` marks positions whose next-token prediction is learned."""
+    width = max(len(r["input_ids"]) for r in rows)
+    b = len(rows)
+    batch = {"input_ids": torch.zeros(b, width, dtype=torch.long), "argmax": torch.zeros(b, width, dtype=torch.long),
+             "mask": torch.zeros(b, width, dtype=torch.bool),
+             "aux": torch.zeros(b, width, rows[0]["aux"].shape[-1]),
+             "hidden": torch.zeros(b, width, rows[0]["hidden"].shape[-1])}
+    for i, r in enumerate(rows):
+        n = len(r["input_ids"])
+        batch["input_ids"][i, :n] = torch.tensor(r["input_ids"])
+        batch["argmax"][i, :n] = r["argmax"]
+        batch["aux"][i, :n] = r["aux"].float()
+        batch["hidden"][i, :n] = r["hidden"].float()
+        batch["mask"][i, r["start"]: n - 1] = True  # the last position's next token is not in the data
+    return batch
+
+
+class EagleTrainer(Trainer):
+    """A Trainer whose loss is the unrolled (training-time test) distillation loss."""
+
+    def __init__(self, *args: Any, lm_head_weight: torch.Tensor = None, ttt_steps: int = 4, ttt_decay: float = 0.8,
+                 **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.lm_head_weight, self.ttt_steps, self.ttt_decay = lm_head_weight, ttt_steps, ttt_decay
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        draft = self.accelerator.unwrap_model(model)
+        logits = unroll(draft, inputs["input_ids"], inputs["aux"], self.ttt_steps)
+        with torch.no_grad():
+            teacher = teacher_log_probs(inputs["hidden"], self.lm_head_weight.to(inputs["hidden"].device), draft)
+        loss, _ = ttt_loss(logits, teacher, inputs["mask"], self.ttt_decay)
+        return (loss, {"logits": logits[0]}) if return_outputs else loss
+
+
+def evaluate_chains(draft: Eagle3Draft, dataset: EagleDataset, k: int, batch_size: int = 8) -> dict[str, float]:
+    """Teacher-forced greedy acceptance per chain position and the implied mean accepted length at k."""
+    totals, counted = [0] * k, 0
+    was_training = draft.training
+    draft.eval()
+    with torch.no_grad():
+        for start in range(0, len(dataset), batch_size):
+            batch = collate([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
+            logits = unroll(draft, batch["input_ids"], batch["aux"], k)
+            accepted, n = chain_acceptance(logits, batch["argmax"], draft, batch["mask"])
+            totals = [a + b for a, b in zip(totals, accepted)]
+            counted += n
+    draft.train(was_training)
+    result = {"implied_mal": implied_mal(totals, counted), "chains": float(counted)}
+    previous = counted
+    for s, value in enumerate(totals):  # conditional acceptance at chain position s+1
+        result[f"acceptance_pos{s + 1}"] = value / previous if previous else 0.0
+        previous = value
+    return result
+
+
+class BestEpochCallback(TrainerCallback):
+    """Evaluate the hold-out before training and after each epoch; keep the best epoch's weights."""
+
+    def __init__(self, dataset: EagleDataset, k: int, tracker: Any):
+        self.dataset, self.k, self.tracker = dataset, k, tracker
+        self.history: list[dict[str, float]] = []
+        self.best_state: dict[str, torch.Tensor] | None = None
+
+    def _evaluate(self, state: Any, model: Any) -> None:
+        result = {"epoch": float(state.epoch or 0), **evaluate_chains(model, self.dataset, self.k)}
+        self.history.append(result)
+        self.tracker.log_metrics({f"eval_{k}": v for k, v in result.items() if k != "epoch"}, step=state.global_step)
+        if result["implied_mal"] >= max(h["implied_mal"] for h in self.history):
+            self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        print(f"[eagle] epoch {result['epoch']:.1f}: implied mean accepted length {result['implied_mal']:.3f} "
+              f"(k={self.k}), acceptance by position "
+              + " ".join(f"{result[f'acceptance_pos{s + 1}']:.2f}" for s in range(self.k)))
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self._evaluate(state, model)
+
+    def on_epoch_end(self, args, state, control, model=None, **kwargs):
+        self._evaluate(state, model)
+
+
+def _eos_ids(tokenizer: Any, model: Any) -> list[int]:
+    eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
+    return [e for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
+
+
+def prepare_draft(config: EagleConfig, target: Any, counts: torch.Tensor, eos: list[int]) -> tuple[Eagle3Draft, dict]:
+    """Warm start from `config.draft` when it is an eagle3 draft for this target, else a fresh draft;
+    a new vocabulary when the warm start's covers less than `min_vocab_coverage` of the outputs."""
+    from serving.models import load_model
+
+    warm = None
+    if config.draft:
+        try:
+            loaded = load_model(config.draft)
+            warm = loaded.model if loaded.kind == "eagle3" else None
+        except (FileNotFoundError, OSError, ValueError) as exc:
+            print(f"[eagle] no warm start from {config.draft}: {exc}")
+    info: dict[str, Any] = {"warm_start": bool(warm)}
+    if warm is None:
+        draft = fresh_draft(target.model, config, counts, target.model_id.sha256, eos)
+        info["vocab"] = "new"
+    else:
+        info["warm_vocab_coverage"] = coverage(warm.t2d, counts)
+        if info["warm_vocab_coverage"] < config.min_vocab_coverage:
+            draft, info["vocab"] = revocab(warm, counts, config.draft_vocab_size, target.model, eos), "rebuilt"
+        else:
+            draft, info["vocab"] = warm, "kept"
+        draft.c.target_sha256 = target.model_id.sha256
+    info["vocab_coverage_train"] = coverage(draft.t2d, counts)
+    return draft.attach_target(target.model), info
+
+
+def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
+    """Train an EAGLE-3 draft; return the saved candidate dir (speculators format)."""
+    from serving.models import load_model
+
+    tracker = tracker or get_tracker(config.tracking)
+    dataset_dir = Path(config.dataset) if config.dataset else home.datasets_dir() / "distill"
+    holdout_dir = Path(config.holdout) if config.holdout else dataset_dir.parent / "holdout"
+    out_dir = common.resolve_output_dir(config.output_dir, "eagle")
+    target = load_model(common.resolve_target(config.target))
+    target.model.requires_grad_(False)
+    train_seqs = load_sequences(dataset_dir, config.max_length)
+    vocab = target.model.config.vocab_size
+    counts = output_counts(train_seqs, vocab)
+    draft, info = prepare_draft(config, target, counts, _eos_ids(target.tokenizer, target.model))
+    cache_root = Path(config.feature_cache) if config.feature_cache else home.state_dir() / "cache" / "eagle-features"
+    started = time.perf_counter()
+    features, hit = cached_features(target.model, train_seqs.ids, draft.c.aux_layer_ids, target.model_id.sha256,
+                                    cache_root)
+    info.update(feature_cache_hit=hit, feature_s=common.seconds_since(started))
+    train_set = EagleDataset(train_seqs, features, config.prompt_loss)
+    callbacks: list[TrainerCallback] = []
+    holdout = None
+    if holdout_dir.is_dir():
+        hold_seqs = load_sequences(holdout_dir, config.max_length, "output_token_ids")
+        info["vocab_coverage_holdout"] = coverage(draft.t2d, output_counts(hold_seqs, vocab))
+        hold_features, _ = cached_features(target.model, hold_seqs.ids, draft.c.aux_layer_ids,
+                                           target.model_id.sha256, cache_root)
+        holdout = BestEpochCallback(EagleDataset(hold_seqs, hold_features, prompt_loss=False), config.eval_k, tracker)
+        callbacks.append(holdout)
+    draft.train()
+    args = TrainingArguments(**common.training_arguments_kwargs(config, out_dir))
+    trainer = EagleTrainer(model=draft, args=args, train_dataset=train_set, data_collator=collate,
+                           callbacks=callbacks, lm_head_weight=target.model.get_output_embeddings().weight.detach(),
+                           ttt_steps=config.ttt_steps, ttt_decay=config.ttt_decay)
+    with tracker.run("train-eagle", nested=True, tags={"stage": "eagle", "draft_kind": "eagle3"}):
+        tracker.log_params({**to_dict(config), "params_trainable": sum(p.numel() for p in draft.parameters())})
+        result = trainer.train()
+        if holdout and holdout.best_state is not None:
+            draft.load_state_dict(holdout.best_state)
+        tokens = len(features.argmax) * trainer.state.epoch
+        metrics = {"train_loss": result.training_loss, "train_runtime_s": result.metrics["train_runtime"],
+                   "train_tokens": tokens, "train_tokens_per_s": tokens / max(result.metrics["train_runtime"], 1e-9),
+                   "steps": trainer.state.global_step,
+                   **{k: float(v) for k, v in info.items() if isinstance(v, (int, float, bool))}}
+        history = holdout.history if holdout else []
+        if history:
+            best = max(history, key=lambda h: h["implied_mal"])
+            metrics.update({f"eval_{k}": v for k, v in best.items()})
+        tracker.log_metrics({k: float(v) for k, v in metrics.items()})
+        if trainer.is_world_process_zero():
+            save_eagle3(draft.eval(), out_dir, target.tokenizer)
+            common.write_training_info(out_dir, "eagle", config, metrics,
+                                       {"target": str(target.path), "target_sha256": target.model_id.sha256,
+                                        "draft_kind": "eagle3", "vocab": info.get("vocab"),
+                                        "dataset": str(dataset_dir), "eval_history": history})
+            tracker.log_artifact(out_dir / common.INFO_FILE)
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for `python -m training.eagle_train` / `accelerate launch -m training.eagle_train`."""
+    return common.module_main(train_eagle, EagleConfig, "Train an EAGLE-3 draft on the target's features.",
+                              "configs/eagle.yaml", argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,123 @@
+"""Training-time test for EAGLE-3 drafts: the draft unrolled on its own outputs, as it runs when serving.
+
+Layout (speculators' `shift_batch`): slot j pairs the target's features at position j with the token
+at j+1 and, at unroll step s, predicts the token at j+2+s. Step 0 reads target features; step s > 0
+reads the draft's own step s-1 hidden state and its own argmax token, exactly what the serving loop
+feeds it when it runs ahead. Attention at step s: slot j sees step-0 slots <= j (the committed
+context) and its own chain's entries at steps 1..s (the diagonal), which is what the serving cache
+holds for that chain.
+
+`unroll` returns the per-step draft logits; `ttt_loss` weighs a distillation loss per step with a
+decaying weight; `chain_acceptance` turns argmax matches into the greedy acceptance of each chain
+position (the implied mean accepted length the engine would measure). Pure tensor code: no data
+loading, no Trainer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from serving.eagle import Eagle3Draft
+
+
+def ttt_mask(n: int, step: int, device: torch.device | None = None) -> torch.Tensor:
+    """[n, (step+1)*n] bool: block 0 causal (slot j sees slots <= j), blocks 1..step diagonal."""
+    blocks = [torch.ones(n, n, dtype=torch.bool, device=device).tril()]
+    blocks += [torch.eye(n, dtype=torch.bool, device=device)] * step
+    return torch.cat(blocks, 1)
+
+
+def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """Run the draft `steps` times over every slot.
+
+    input_ids[B, T] (target ids), aux[B, T, 3Ht] (target features at each position) ->
+    per step s, logits[B, T-1, Vd] whose slot j predicts the token at j+2+s.
+    """
+    layer = draft.layers[0]
+    n = input_ids.shape[1] - 1
+    tokens = input_ids[:, 1:]  # [B, n]: the token at j+1
+    hidden = draft.fc(aux[:, :-1].to(draft.fc.weight.dtype))  # [B, n, H]: target features at j
+    to_target = draft.draft_to_target
+    keys, values, out = [], [], []
+    for step in range(steps):
+        positions = torch.arange(1 + step, n + 1 + step, device=input_ids.device)
+        q, k, v = layer.qkv(draft.embed(tokens), hidden, positions)
+        keys.append(k)
+        values.append(v)
+        mask = ttt_mask(n, step, input_ids.device)
+        hidden = layer.finish(layer.self_attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2), mask), hidden)
+        logits = draft.logits(hidden)  # [B, n, Vd]
+        out.append(logits)
+        tokens = to_target[logits.detach().argmax(-1)]  # [B, n]: what the draft feeds itself next
+    return out
+
+
+def teacher_log_probs(teacher_hidden: torch.Tensor, lm_head_weight: torch.Tensor, draft: Eagle3Draft,
+                      temperature: float = 1.0) -> torch.Tensor:
+    """The target's distribution restricted (and renormalised) to the draft vocabulary.
+
+    teacher_hidden[B, T, H] (the target's final normed hidden states) -> log-probs[B, T, Vd].
+    """
+    weight = lm_head_weight[draft.draft_to_target]  # [Vd, H]
+    logits = teacher_hidden.to(weight.dtype) @ weight.T
+    return F.log_softmax(logits / temperature, -1)
+
+
+def step_weights(steps: int, decay: float) -> list[float]:
+    return [decay ** s for s in range(steps)]
+
+
+def ttt_loss(step_logits: list[torch.Tensor], teacher_logp: torch.Tensor, mask: torch.Tensor,
+             decay: float) -> tuple[torch.Tensor, list[float]]:
+    """Forward KL from the target to the draft per unroll step, weighted decay**s, averaged over tokens.
+
+    step_logits: per step [B, n, Vd]; teacher_logp[B, T, Vd] with T = n + 1 (position p predicts p+1);
+    mask[B, T] bool: positions whose prediction is learned. Slot j at step s is scored against the
+    teacher at position j+1+s. Returns (loss, per-step losses).
+    """
+    n = step_logits[0].shape[1]
+    total = teacher_logp.new_zeros(())
+    per_step = []
+    for s, (logits, weight) in enumerate(zip(step_logits, step_weights(len(step_logits), decay))):
+        width = n - s
+        if width <= 0:
+            break
+        target = teacher_logp[:, 1 + s: 1 + s + width]  # [B, width, Vd]
+        m = mask[:, 1 + s: 1 + s + width].float()
+        log_q = F.log_softmax(logits[:, :width].float(), -1)
+        kl = (target.exp() * (target - log_q)).sum(-1)  # [B, width]
+        step_loss = (kl * m).sum() / m.sum().clamp_min(1.0)
+        total = total + weight * step_loss
+        per_step.append(float(step_loss.detach()))
+    return total / sum(step_weights(len(per_step), decay)), per_step
+
+
+def chain_acceptance(step_logits: list[torch.Tensor], reference: torch.Tensor, draft: Eagle3Draft,
+                     mask: torch.Tensor) -> tuple[list[int], int]:
+    """Greedy acceptance by chain position, teacher-forced.
+
+    reference[B, T]: the target's greedy token after each position (its argmax). A chain anchored at
+    slot j accepts its step-s token when it and all earlier steps equal the reference at j+1..j+1+s.
+    Returns (chains accepted at each step, chains counted): the engine's conditional acceptance at
+    position s+1 is accepted[s] / accepted[s-1].
+    """
+    n = step_logits[0].shape[1]
+    steps = len(step_logits)
+    # Only chains whose every step has a reference inside the sequence are counted.
+    width = n - steps + 1
+    if width <= 0:
+        return [0] * steps, 0
+    alive = mask[:, 1: 1 + width].clone()
+    counted = int(alive.sum())
+    accepted = []
+    for s, logits in enumerate(step_logits):
+        guess = draft.draft_to_target[logits[:, :width].argmax(-1)]  # [B, width]
+        alive &= guess == reference[:, 1 + s: 1 + s + width]
+        accepted.append(int(alive.sum()))
+    return accepted, counted
+
+
+def implied_mal(accepted: list[int], counted: int) -> float:
+    """Mean accepted length at k = len(accepted): 1 + sum over s of P(first s+1 drafts accepted)."""
+    return 1.0 + sum(accepted) / counted if counted else 1.0
