@@ -38,11 +38,14 @@ def register(subparsers: Any) -> None:
                                  description="Scan logs (bad lines quarantined), select hard samples per slice, "
                                              "scrub PII, dedupe, and write HF datasets and manifest.json.")
     mine.add_argument("--logs", type=Path, help="log dir or file (default: $DRAFTWHEEL_HOME/logs)")
-    mine.add_argument("--out", type=Path, help="output dir (default: $DRAFTWHEEL_HOME/datasets/mined)")
+    mine.add_argument("--out", type=Path, help="output dir (default: $DRAFTWHEEL_HOME/datasets, where the "
+                                               "trainers and shadow read by default)")
     mine.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="MiningConfig YAML (default: configs/mining.yaml)")
     mine.add_argument("--tokenizer", help="target tokenizer/model dir (enables preference pairs and re-tokenising)")
     mine.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                       help="override a config field (repeatable), e.g. --set holdout_fraction=0.2")
+    mine.add_argument("positional_overrides", nargs="*", metavar="KEY=VALUE",
+                      help="config overrides in the form the other commands take, e.g. holdout_fraction=0.2")
     mine.set_defaults(func=_mine_command)
 
 
@@ -70,18 +73,25 @@ def _traffic_command(args: argparse.Namespace) -> int:
 
 def _mine_command(args: argparse.Namespace) -> int:
     from draftwheel.config import load_config
-    from draftwheel.home import datasets_dir, logs_dir
+    from draftwheel.home import logs_dir, mined_dir
     from mining.config import MiningConfig
     from mining.pipeline import mine
 
-    overrides = list(args.overrides) + ([f"tokenizer={args.tokenizer}"] if args.tokenizer else [])
-    config = load_config(MiningConfig, args.config, overrides)
+    overrides = [*args.overrides, *args.positional_overrides] + ([f"tokenizer={args.tokenizer}"] if args.tokenizer else [])
     try:
-        manifest = mine(args.logs or logs_dir(), args.out or datasets_dir() / "mined", config)
-    except (FileNotFoundError, ValueError) as exc:
+        config = load_config(MiningConfig, args.config, overrides)
+    except ValueError as exc:  # ConfigError, or a value MiningConfig.__post_init__ refuses (names the field)
+        print(f"draftwheel mine: config error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        manifest = mine(args.logs or logs_dir(), args.out or mined_dir(), config)
+    except OSError as exc:  # missing logs or tokenizer dir, unwritable out: the message names the path
+        print(f"draftwheel mine: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
         print(f"draftwheel mine: {exc}", file=sys.stderr)
         return 1
     counts = manifest["counts"]
-    print(json.dumps({"out": str(args.out or datasets_dir() / "mined"), "counts": counts,
+    print(json.dumps({"out": str(args.out or mined_dir()), "counts": counts,
                       "redactions": manifest["redactions"]["total"]}, indent=2))
     return 0

@@ -22,9 +22,9 @@ import numpy as np
 from mining.config import MiningConfig
 from mining.dedupe import NearDupIndex, exact_key
 from mining.pii import Scrubber, contains_pii
-from mining.scan import decode_line, fetch_lines
+from mining.scan import fetch_lines
 from mining.select import Selection
-from serving.records import RecordError
+from serving.records import RecordError, parse_record
 
 CATEGORIES = ("hard", "rollback", "uniform")
 
@@ -58,7 +58,7 @@ def iter_records(files: list[Path], rows: np.ndarray) -> Iterator[tuple[int, Any
         for number, line in fetch_lines(files[file_index], positions[file_index]):
             row_id, key = by_file[file_index][number]
             try:
-                record = decode_line(line)
+                record = parse_record(line)
             except RecordError:
                 continue
             if exact_key(record.prompt) == key:

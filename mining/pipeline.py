@@ -45,6 +45,19 @@ def _load_tokenizer(path: str | None) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
+class OutputDirError(OSError):
+    """The output dir cannot be created or written; the message names it."""
+
+
+def _prepare_out(out: Path) -> None:
+    """Create `out` and check that it takes files before any work, so a bad path fails at once, by name."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out).close()
+    except OSError as exc:
+        raise OutputDirError(f"out: cannot write to {out}: {exc.strerror or exc}") from exc
+
+
 def write_outputs(files: list[Path], selection: Selection, curated: Curated, config: MiningConfig,
                   tokenizer: Any, out: Path, scratch: Path) -> dict[str, Any]:
     """Write the three datasets; returns rows and redaction counts per dataset."""
@@ -86,14 +99,15 @@ def mine(logs_dir: str | Path, out_dir: str | Path, config: MiningConfig | None 
     """Run the mining stage; returns the manifest (also written to `out_dir/manifest.json`)."""
     config = config or MiningConfig()
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     files = list_log_files(logs_dir)
     tokenizer = _load_tokenizer(config.tokenizer)
+    _prepare_out(out)
     timings = {}
     clock = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=out, prefix=".scratch-") as tmp:
         scratch = Path(tmp)
-        scan, index = scan_pass(files, scratch, out / "quarantine.jsonl", config)
+        vocab_size = len(tokenizer) if tokenizer is not None else None  # token ids are checked against it
+        scan, index = scan_pass(files, scratch, out / "quarantine.jsonl", config, vocab_size)
         timings["scan_s"], clock = time.perf_counter() - clock, time.perf_counter()
         selection = select(index, scan.counts["kept"], scan.ts_range, config)
         timings["select_s"], clock = time.perf_counter() - clock, time.perf_counter()

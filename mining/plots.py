@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from mining.stats import BINS, SliceStats
+from serving.acceptance import acceptance_rate
 
 
 def plot_acceptance(stats: dict[str, SliceStats], path: Path) -> None:
@@ -24,7 +25,7 @@ def plot_acceptance(stats: dict[str, SliceStats], path: Path) -> None:
         hist = stats[name].rate_hist
         if hist.sum() == 0:
             continue
-        rate = stats[name].accepted / max(stats[name].drafted, 1)
+        rate = acceptance_rate(stats[name].accepted, stats[name].drafted)
         ax.step(centers, hist / hist.sum(), where="mid", label=f"{name} (n={int(hist.sum())}, rate={rate:.2f})")
     ax.set_xlabel("per-request acceptance rate (accepted / drafted tokens)")
     ax.set_ylabel("fraction of requests")

@@ -4,7 +4,8 @@ Files are split into contiguous groups scanned by worker processes (`python -m m
 fresh interpreters, so nothing is inherited by accident and callers need no `__main__` guard); each
 writes its own index and quarantine part, and the parts are merged in file order, so the result is
 identical whatever the number of workers. One group runs in-process. Per line: skip
-blanks, validate (`mining.scan.decode_line`), quarantine bad lines with their position, apply the
+blanks, validate (`serving.records.parse_record`, token ids against the vocabulary when it is known),
+quarantine bad lines with their position, apply the
 time and slice filters, compute the request's stats, and append one index row. Selection, text and
 outputs are later stages' business.
 """
@@ -29,9 +30,9 @@ from mining.config import MiningConfig
 from mining.dedupe import exact_key
 from mining.index import IndexFile
 from mining.pii import Scrubber
-from mining.scan import Quarantine, decode_line, scan_lines
+from mining.scan import Quarantine, file_size, scan_lines
 from mining.stats import SliceStats, request_stats
-from serving.records import RecordError
+from serving.records import RecordError, parse_record
 
 AUTO_PARALLEL_BYTES = 256 * 2**20  # below this, starting workers costs more than it saves
 MAX_WORKERS = 8
@@ -54,7 +55,8 @@ def sample_key(request_id: str, seed: int) -> int:
     return zlib.crc32(request_id.encode("utf-8", "surrogatepass"), zlib.crc32(seed.to_bytes(8, "little")))
 
 
-def scan_group(files: list[Path], first_file: int, scratch: Path, part: int, config: MiningConfig) -> ScanResult:
+def scan_group(files: list[Path], first_file: int, scratch: Path, part: int, config: MiningConfig,
+               vocab_size: int | None = None) -> ScanResult:
     """Scan `files` (global indices from `first_file`) into index/quarantine part `part` under `scratch`."""
     result = ScanResult()
     counts = result.counts
@@ -71,10 +73,13 @@ def scan_group(files: list[Path], first_file: int, scratch: Path, part: int, con
                     counts["blank"] += 1
                     continue
                 try:
-                    record = decode_line(line)
+                    record = parse_record(line, vocab_size)
                 except RecordError as exc:
-                    reason = str(exc) if line.endswith(b"\n") else f"truncated (no newline at end of file): {exc}"
-                    quarantine.add(path, number, offset, reason, line)
+                    if line.endswith(b"\n"):
+                        quarantine.add(path, number, offset, exc.kind, str(exc), line)
+                    else:
+                        quarantine.add(path, number, offset, "truncated", f"truncated (no newline at end of file): {exc}",
+                                       line)
                     continue
                 if (since is not None and record.ts < since) or (until is not None and record.ts >= until):
                     counts["filtered_time"] += 1
@@ -93,7 +98,7 @@ def scan_group(files: list[Path], first_file: int, scratch: Path, part: int, con
                 counts["kept"] += 1
                 lo, hi = min(lo, record.ts), max(hi, record.ts)
             counts["lines"] += lines
-            result.inputs.append({"path": str(path), "bytes": path.stat().st_size, "lines": lines})
+            result.inputs.append({"path": str(path), "bytes": file_size(path), "lines": lines})
     index.close()
     counts["quarantined"] = quarantine.count
     result.quarantine_kinds = quarantine.kinds
@@ -104,7 +109,7 @@ def scan_group(files: list[Path], first_file: int, scratch: Path, part: int, con
 
 def split_files(files: list[Path], groups: int) -> list[list[Path]]:
     """Contiguous groups of roughly equal bytes (order kept, so merged output is in file order)."""
-    sizes = [p.stat().st_size for p in files]
+    sizes = [file_size(p) for p in files]
     target = sum(sizes) / max(groups, 1)
     result: list[list[Path]] = [[]]
     acc = 0.0
@@ -120,18 +125,19 @@ def scan_workers(config: MiningConfig, files: list[Path]) -> int:
     """How many scan processes `config.workers` (0 = auto) gives for these files."""
     if config.workers:
         return max(1, min(config.workers, len(files)))
-    if sum(p.stat().st_size for p in files) < AUTO_PARALLEL_BYTES:
+    if sum(file_size(p) for p in files) < AUTO_PARALLEL_BYTES:
         return 1
     return max(1, min(os.cpu_count() or 1, MAX_WORKERS, len(files)))
 
 
-def scan_pass(files: list[Path], scratch: Path, quarantine_path: Path, config: MiningConfig) -> tuple[ScanResult, IndexFile]:
+def scan_pass(files: list[Path], scratch: Path, quarantine_path: Path, config: MiningConfig,
+              vocab_size: int | None = None) -> tuple[ScanResult, IndexFile]:
     """Scan all files (in parallel when worth it); returns the merged result and the merged index."""
     groups = split_files(files, scan_workers(config, files))
     starts = np.cumsum([0] + [len(g) for g in groups])[:-1].tolist()
-    jobs = [(group, start, scratch, part, config) for part, (group, start) in enumerate(zip(groups, starts))]
+    jobs = [(group, start, scratch, part, config, vocab_size) for part, (group, start) in enumerate(zip(groups, starts))]
     if len(jobs) <= 1:
-        results = [scan_group(*job) for job in jobs] or [scan_group([], 0, scratch, 0, config)]
+        results = [scan_group(*job) for job in jobs] or [scan_group([], 0, scratch, 0, config, vocab_size)]
     else:
         results = _run_workers(jobs, scratch)
     return _merge(results, scratch, quarantine_path)
@@ -169,8 +175,9 @@ def peak_rss_mib() -> float | None:
 
 
 def _worker_main(job_path: Path) -> None:
-    files, first_file, scratch, part, config = pickle.loads(job_path.read_bytes())
-    result = scan_group(files, first_file, scratch, part, config)
+    job = pickle.loads(job_path.read_bytes())
+    scratch, part = job[2], job[3]
+    result = scan_group(*job)
     peak = peak_rss_mib()
     result.worker_peak_rss_mib = [round(peak, 1)] if peak is not None else []
     (scratch / f"result.{part}.pkl").write_bytes(pickle.dumps(result))

@@ -1,8 +1,8 @@
 """Per-request and per-slice acceptance statistics.
 
-Per request (`request_stats`): acceptance rate (accepted / drafted), mean accepted length (tokens
-emitted per verification step, bonus included: (accepted + verify_steps) / verify_steps, vLLM's
-definition), max rollback depth (max over steps of k - accepted). Per slice (`SliceStats`): counts,
+Per request (`request_stats`): acceptance rate and mean accepted length (`serving.acceptance`, the
+one definition; a request that drafted nothing gets rate NaN here, so it is neither a hard sample nor in
+the acceptance histogram), max rollback depth (max over steps of k - accepted). Per slice (`SliceStats`): counts,
 token-weighted rates, a 100-bin histogram of request acceptance (for quantiles and the plot), a
 rollback-depth histogram and per-position acceptance (drafted/accepted counts at each draft
 position, positions past 63 folded into 63). Everything is O(1) memory per slice, whatever the log size. No I/O here.
@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from serving.acceptance import acceptance_rate, mean_accepted_length
+
 BINS = 100
 MAX_DEPTH = 255  # rollback depths are stored as uint8; k is at most 32 in serving.
 
@@ -26,8 +28,8 @@ def request_stats(record: Any) -> tuple[float, float, int, list[int]]:
     A step code packs (k, accepted) as k * 64 + accepted (both clipped to 63), so per-position counts
     can be histogrammed in bulk by `SliceStats` instead of per step in Python.
     """
-    rate = record.accepted_tokens / record.drafted_tokens if record.drafted_tokens else math.nan
-    length = (record.accepted_tokens + record.verify_steps) / record.verify_steps if record.verify_steps else 0.0
+    rate = acceptance_rate(record.accepted_tokens, record.drafted_tokens) if record.drafted_tokens else math.nan
+    length = mean_accepted_length(record.accepted_tokens, record.verify_steps)
     steps = record.steps
     depth = max([s.k - s.accepted for s in steps], default=0)
     codes = [s.k * 64 + s.accepted for s in steps]
@@ -116,10 +118,10 @@ class SliceStats:
             "accepted_tokens": self.accepted,
             "verify_steps": self.verify_steps,
             "generated_tokens": self.generated,
-            "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
+            "acceptance_rate": acceptance_rate(self.accepted, self.drafted),
             # Rounded: float sums depend on order, and parallel scans add in another order.
             "mean_request_acceptance_rate": round(self.rate_sum / self.with_drafts, 9) if self.with_drafts else None,
-            "mean_accepted_length": (self.accepted + self.verify_steps) / self.verify_steps if self.verify_steps else None,
+            "mean_accepted_length": mean_accepted_length(self.accepted, self.verify_steps),
             "acceptance_p10": _quantile(self.rate_hist, 0.1),
             "acceptance_p50": _quantile(self.rate_hist, 0.5),
             "acceptance_p90": _quantile(self.rate_hist, 0.9),

@@ -1,8 +1,9 @@
 """Synthetic acceptance logs for tests and the mining benchmark: realistic sizes, consistent steps.
 
-`synthetic_record(rng, ...)` builds one schema-v1 record as a dict: a prompt of 100-400 tokens, an
-output of 64-128 tokens assembled from verification steps (k drafted, `accepted` of them emitted,
-then the target's token), so the totals, steps and output ids agree the way the engine writes them.
+`synthetic_record(rng, ...)` builds one schema-v1 record with `serving.records` (the schema's one
+definition; totals are computed from the steps as the engine does) and returns its JSON object as a
+dict, so tests can override fields: a prompt of 100-400 tokens, an output of 64-128 tokens assembled
+from verification steps (k drafted, `accepted` of them emitted, then the target's token).
 Each slice has its own acceptance probability per drafted token. `write_log` streams n records to a
 JSONL file. Random draws are vectorised with numpy so a million records take minutes, not hours.
 Not used by the mining stage itself.
@@ -16,12 +17,14 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from serving.records import AcceptanceRecord, ModelId, Sampling, Step
+
 SLICE_ACCEPTANCE = {"chat": 0.85, "code": 0.9, "prose": 0.75}
 _WORDS = np.array([f"{a}{b}" for a in ("ka", "lo", "mi", "ne", "po", "ru", "si", "ta", "vu", "ze")
                    for b in ("bar", "con", "dex", "fin", "gor", "hul", "jan", "kil", "mon", "pex")])
 
 
-def _steps(rng: np.random.Generator, p: float, k: int, vocab: int, output_len: int) -> tuple[list[dict], list[int]]:
+def _steps(rng: np.random.Generator, p: float, k: int, vocab: int, output_len: int) -> tuple[list[Step], list[int]]:
     count = output_len  # upper bound: every step emits at least one token
     accepted = np.cumprod(rng.random((count, k)) < p, axis=1).sum(axis=1)
     drafts = rng.integers(0, vocab, (count, k))
@@ -32,7 +35,7 @@ def _steps(rng: np.random.Generator, p: float, k: int, vocab: int, output_len: i
     steps, output = [], []
     for taken, draft, target in zip(accepted.tolist(), drafts.tolist(), targets.tolist()):
         output += draft[:taken] + [target]
-        steps.append({"k": k, "accepted": taken, "draft_token_ids": draft, "target_token_id": target})
+        steps.append(Step(k=k, accepted=taken, draft_token_ids=draft, target_token_id=target))
         if len(output) >= output_len:
             break
     return steps, output
@@ -47,18 +50,15 @@ def synthetic_record(rng: np.random.Generator, index: int, ts: float, vocab: int
     prompt_len, output_len = int(rng.integers(100, 401)), int(rng.integers(64, 129))
     steps, output = _steps(rng, p, k, vocab, output_len)
     words = " ".join(_WORDS[rng.integers(0, len(_WORDS), prompt_len * 3 // 4)].tolist())
-    return {
-        "schema_version": 1, "request_id": f"req-{index:09d}", "ts": ts, "slice": name,
-        "target_id": {"name": "synthetic-target", "version": "1", "sha256": "0" * 64},
-        "draft_id": {"name": "synthetic-draft", "version": "1", "sha256": "1" * 64},
-        "mode": "draft", "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None},
-        "prompt": f"<|im_start|>user\n{name} task {index % 50000}: {words}<|im_end|>\n<|im_start|>assistant\n",
-        "prompt_token_ids": rng.integers(0, vocab, prompt_len).tolist(),
-        "output": " ".join(_WORDS[rng.integers(0, len(_WORDS), len(output) * 3 // 4)].tolist()),
-        "output_token_ids": output, "finish_reason": "length", "steps": steps, "drafted_tokens": k * len(steps),
-        "accepted_tokens": sum(s["accepted"] for s in steps), "verify_steps": len(steps),
-        "ttft_s": 0.02, "latency_s": 0.5,
-    }
+    return AcceptanceRecord(
+        request_id=f"req-{index:09d}", ts=ts, slice=name, target_id=ModelId("synthetic-target", "1", "0" * 64),
+        draft_id=ModelId("synthetic-draft", "1", "1" * 64), mode="draft", sampling=Sampling(),
+        prompt=f"<|im_start|>user\n{name} task {index % 50000}: {words}<|im_end|>\n<|im_start|>assistant\n",
+        prompt_token_ids=rng.integers(0, vocab, prompt_len).tolist(),
+        output=" ".join(_WORDS[rng.integers(0, len(_WORDS), len(output) * 3 // 4)].tolist()),
+        output_token_ids=output, finish_reason="length", steps=steps, drafted_tokens=sum(s.k for s in steps),
+        accepted_tokens=sum(s.accepted for s in steps), verify_steps=len(steps), ttft_s=0.02, latency_s=0.5,
+    ).to_dict()
 
 
 def write_log(path: Path, n: int, seed: int = 0, start_ts: float = 1.7e9, vocab: int = 384,

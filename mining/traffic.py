@@ -13,14 +13,15 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from serving.acceptance import acceptance_rate, mean_accepted_length
 from serving.params import SamplingParams
 
 
 def _summary(totals: list[int]) -> dict[str, Any]:
     requests, drafted, accepted, steps, generated = totals
     return {"requests": requests, "generated_tokens": generated,
-            "acceptance_rate": accepted / drafted if drafted else None,
-            "mean_accepted_length": (accepted + steps) / steps if steps else None}
+            "acceptance_rate": acceptance_rate(accepted, drafted),
+            "mean_accepted_length": mean_accepted_length(accepted, steps)}
 
 
 def run_traffic(engine: Any, workload: list[dict[str, str]], log_dir: str | Path | None,

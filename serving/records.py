@@ -1,8 +1,12 @@
 """Acceptance record: the serving log schema (v1), one JSON object per finished request.
 
-This module is the contract between serving (writer) and mining (reader). It defines the record,
-its JSON form, and `parse_record`, which validates one log line and raises `RecordError` with a
-short reason for anything malformed. It does no I/O; the append-only sink lives in `serving.sink`.
+This module is the one definition of the contract between serving (writer) and mining (reader): the
+dataclasses below are the schema, and everything else is generated from them. `to_dict`/`to_json`
+write a record; `parse_record` reads one log line, decoding it straight into the dataclasses with
+msgspec (types checked in C, one pass) and checking the invariants a type cannot express (counts
+non-negative, `0 <= accepted <= drafted`, totals equal to the step list, token ids in range). It
+raises `RecordError` for anything malformed and nothing else, whatever the bytes. It does no I/O; the
+append-only sink lives in `serving.sink`, the acceptance formulas in `serving.acceptance`.
 See docs/log-schema.md for the field-by-field description.
 """
 
@@ -10,15 +14,29 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
+
+import msgspec
+
+from serving import acceptance
 
 SCHEMA_VERSION = 1
-MODES = ("draft", "medusa", "autoregressive")
+Mode = Literal["draft", "medusa", "autoregressive", "suffix", "hybrid"]
+MODES: tuple[str, ...] = get_args(Mode)
+TOKEN_ID_LIMIT = 2**31
+"""Token ids must be below this when the vocabulary size is not known (no tokenizer has more)."""
 
 
 class RecordError(ValueError):
-    """A log line is not a valid acceptance record; `str(exc)` is the reason."""
+    """A log line is not a valid acceptance record; `str(exc)` is the reason, `kind` groups reasons:
+    not_json, not_an_object, unknown_schema_version, missing_field, wrong_type, bad_step,
+    out_of_range, inconsistent."""
+
+    def __init__(self, reason: str, kind: str):
+        super().__init__(reason)
+        self.kind = kind
 
 
 @dataclass
@@ -44,6 +62,9 @@ class Step:
     accepted: int
     draft_token_ids: list[int]
     target_token_id: int
+    source: str | None = None
+    """What drafted this step (`draft`, `suffix`, ...); None in older records and for k=0 steps.
+    Written only when set (see docs/log-schema.md)."""
 
 
 @dataclass
@@ -53,7 +74,7 @@ class AcceptanceRecord:
     slice: str
     target_id: ModelId
     draft_id: ModelId | None
-    mode: str
+    mode: Mode
     sampling: Sampling
     prompt: str
     prompt_token_ids: list[int]
@@ -66,116 +87,126 @@ class AcceptanceRecord:
     verify_steps: int = 0
     ttft_s: float = 0.0
     latency_s: float = 0.0
-    schema_version: int = SCHEMA_VERSION
+    schema_version: Literal[1] = SCHEMA_VERSION  # a bump changes this type: v1 decoding refuses other versions
 
     @property
     def acceptance_rate(self) -> float:
-        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+        return acceptance.acceptance_rate(self.accepted_tokens, self.drafted_tokens)
 
     @property
     def mean_accepted_length(self) -> float:
         """Tokens emitted per target verification step, bonus token included (vLLM's definition)."""
-        return (self.accepted_tokens + self.verify_steps) / self.verify_steps if self.verify_steps else 0.0
+        return acceptance.mean_accepted_length(self.accepted_tokens, self.verify_steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of this record (plain dicts and lists); a step's `source` only when set."""
+        data = msgspec.to_builtins(self)
+        for step in data["steps"]:
+            if step["source"] is None:
+                del step["source"]
+        return data
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), ensure_ascii=False, separators=(",", ":"))
+        return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
 
 
-_INT_LIST = "list[int]"
-# field -> (accepted python types, description used in error messages)
-_TOP_LEVEL: dict[str, tuple[tuple[type, ...], str]] = {
-    "request_id": ((str,), "str"),
-    "ts": ((int, float), "number"),
-    "slice": ((str,), "str"),
-    "mode": ((str,), "str"),
-    "prompt": ((str,), "str"),
-    "prompt_token_ids": ((list,), _INT_LIST),
-    "output": ((str,), "str"),
-    "output_token_ids": ((list,), _INT_LIST),
-    "finish_reason": ((str,), "str"),
-    "steps": ((list,), "list"),
-    "drafted_tokens": ((int,), "int"),
-    "accepted_tokens": ((int,), "int"),
-    "verify_steps": ((int,), "int"),
-    "ttft_s": ((int, float), "number"),
-    "latency_s": ((int, float), "number"),
-}
+def _line_type(cls: type) -> type:
+    """`cls`'s fields as a msgspec Struct with every field required: a logged record carries all of
+    them (the dataclass defaults are for writers; nested objects keep theirs, as in v1)."""
+    hints = typing.get_type_hints(cls)
+    return msgspec.defstruct(f"{cls.__name__}Line", [(f.name, hints[f.name]) for f in dataclasses.fields(cls)])
 
 
-def _check_type(name: str, value: Any, types: tuple[type, ...], desc: str) -> None:
-    # bool is an int subclass in Python; a JSON `true` is never a valid count.
-    if isinstance(value, bool) or not isinstance(value, types):
-        raise RecordError(f"field {name!r}: expected {desc}, got {type(value).__name__}")
-    if desc == _INT_LIST and not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise RecordError(f"field {name!r}: expected a list of ints")
+_LINE = _line_type(AcceptanceRecord)
+_DECODER = msgspec.json.Decoder(_LINE)
 
 
-def _model_id(name: str, value: Any, optional: bool) -> ModelId | None:
-    if value is None and optional:
-        return None
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-        raise RecordError(f"field {name!r}: expected an object with a string 'name'")
-    return ModelId(name=value["name"], version=str(value.get("version", "")), sha256=str(value.get("sha256", "")))
+def parse_record(line: str | bytes, vocab_size: int | None = None) -> AcceptanceRecord:
+    """Parse and validate one JSONL line; token ids must be < `vocab_size` (or `TOKEN_ID_LIMIT`).
 
-
-def _step(index: int, value: Any) -> Step:
-    if not isinstance(value, dict):
-        raise RecordError(f"steps[{index}]: expected an object")
+    Well-formed lines take one msgspec pass. Anything it rejects is read again with the standard
+    library (which also takes `NaN`, a BOM, `"schema_version": 1.0`) for the precise reason."""
     try:
-        step = Step(k=value["k"], accepted=value["accepted"], draft_token_ids=value["draft_token_ids"],
-                    target_token_id=value["target_token_id"])
-    except KeyError as exc:
-        raise RecordError(f"steps[{index}]: missing {exc.args[0]!r}") from exc
-    for name in ("k", "accepted", "target_token_id"):
-        _check_type(f"steps[{index}].{name}", getattr(step, name), (int,), "int")
-    _check_type(f"steps[{index}].draft_token_ids", step.draft_token_ids, (list,), _INT_LIST)
-    if not 0 <= step.accepted <= step.k:
-        raise RecordError(f"steps[{index}]: accepted={step.accepted} outside 0..k={step.k}")
-    return step
+        record = AcceptanceRecord(**msgspec.structs.asdict(_DECODER.decode(line)))
+    except Exception:  # noqa: BLE001 - bad bytes may raise anything from the C decoder; the slow path says what
+        record = _parse_slowly(line)
+    check_record(record, vocab_size)
+    return record
 
 
-def record_from_dict(data: Any) -> AcceptanceRecord:
-    """Validate a decoded JSON object and build the record; raise `RecordError` on any defect."""
-    if not isinstance(data, dict):
-        raise RecordError(f"expected a JSON object, got {type(data).__name__}")
-    version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise RecordError(f"unknown schema_version {version!r} (this reader knows {SCHEMA_VERSION})")
-    for name, (types, desc) in _TOP_LEVEL.items():
-        if name not in data:
-            raise RecordError(f"missing field {name!r}")
-        _check_type(name, data[name], types, desc)
-    if data["mode"] not in MODES:
-        raise RecordError(f"field 'mode': {data['mode']!r} not one of {', '.join(MODES)}")
-    sampling = data.get("sampling")
-    if not isinstance(sampling, dict):
-        raise RecordError("field 'sampling': expected an object")
-    try:
-        sampling_obj = Sampling(**sampling)
-    except TypeError as exc:
-        raise RecordError(f"field 'sampling': {exc}") from exc
-    return AcceptanceRecord(
-        request_id=data["request_id"], ts=float(data["ts"]), slice=data["slice"],
-        target_id=_model_id("target_id", data.get("target_id"), optional=False),
-        draft_id=_model_id("draft_id", data.get("draft_id"), optional=True),
-        mode=data["mode"], sampling=sampling_obj, prompt=data["prompt"],
-        prompt_token_ids=data["prompt_token_ids"], output=data["output"],
-        output_token_ids=data["output_token_ids"], finish_reason=data["finish_reason"],
-        steps=[_step(i, s) for i, s in enumerate(data["steps"])],
-        drafted_tokens=data["drafted_tokens"], accepted_tokens=data["accepted_tokens"],
-        verify_steps=data["verify_steps"], ttft_s=float(data["ttft_s"]), latency_s=float(data["latency_s"]),
-    )
-
-
-def parse_record(line: str | bytes) -> AcceptanceRecord:
-    """Parse and validate one JSONL line."""
+def _parse_slowly(line: str | bytes) -> AcceptanceRecord:
     try:
         data = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RecordError(f"not JSON: {exc.msg if hasattr(exc, 'msg') else exc}") from exc
+        raise RecordError(f"not JSON: {getattr(exc, 'msg', None) or exc}", "not_json") from exc
     except RecursionError as exc:  # absurdly deep nesting: malformed, not a crash
-        raise RecordError("not JSON: nested too deeply") from exc
+        raise RecordError("not JSON: nested too deeply", "not_json") from exc
+    return record_from_dict(data)
+
+
+def record_from_dict(data: Any) -> AcceptanceRecord:
+    """Build a record from a decoded JSON object, checking types (not invariants: `check_record`)."""
+    if not isinstance(data, dict):
+        raise RecordError(f"expected a JSON object, got {type(data).__name__}", "not_an_object")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        raise RecordError(f"unknown schema_version {version!r} (this reader knows {SCHEMA_VERSION})",
+                          "unknown_schema_version")
     try:
-        return record_from_dict(data)
-    except OverflowError as exc:  # e.g. a 400-digit integer `ts` that float() cannot hold
-        raise RecordError(f"invalid value: number out of range: {exc}") from exc
+        line = msgspec.convert({**data, "schema_version": SCHEMA_VERSION}, _LINE)
+    except msgspec.ValidationError as exc:
+        raise _reason(str(exc)) from exc
+    except (RecursionError, OverflowError, ValueError, TypeError) as exc:
+        raise RecordError(f"invalid value: {type(exc).__name__}: {exc}", "wrong_type") from exc
+    return AcceptanceRecord(**msgspec.structs.asdict(line))
+
+
+def _reason(message: str) -> RecordError:
+    """msgspec's "Expected `int`, got `str` - at `$.steps[0].k`" -> "field 'steps[0].k': expected ..."."""
+    text, _, where = message.partition(" - at `$")
+    path = where.rstrip("`").lstrip(".")
+    if text.startswith("Object missing required field `"):
+        name = text.split("`")[1]
+        return RecordError(f"missing field {(path + '.' if path else '') + name!r}", "missing_field")
+    kind = "bad_step" if path.startswith("steps[") else "wrong_type"
+    return RecordError(f"field {path!r}: {text[:1].lower()}{text[1:]}", kind)
+
+
+def check_record(record: AcceptanceRecord, vocab_size: int | None = None) -> None:
+    """Raise `RecordError` unless the counts, the step list and the token ids agree.
+
+    Non-negative counts; `0 <= accepted <= k == len(draft_token_ids)` per step; `drafted_tokens`,
+    `accepted_tokens` and `verify_steps` equal the step list's sums and length; every token id in
+    `[0, vocab_size)` (`[0, TOKEN_ID_LIMIT)` when the vocabulary size is unknown)."""
+    for name in ("drafted_tokens", "accepted_tokens", "verify_steps"):
+        if getattr(record, name) < 0:
+            raise RecordError(f"out of range: field {name!r} = {getattr(record, name)}, must be >= 0", "out_of_range")
+    if record.accepted_tokens > record.drafted_tokens:
+        raise RecordError(f"inconsistent: accepted_tokens={record.accepted_tokens} > "
+                          f"drafted_tokens={record.drafted_tokens}", "inconsistent")
+    limit = vocab_size or TOKEN_ID_LIMIT
+    drafted = accepted = 0
+    for index, step in enumerate(record.steps):
+        if not 0 <= step.accepted <= step.k:
+            raise RecordError(f"steps[{index}]: accepted={step.accepted} outside 0..k={step.k}", "bad_step")
+        if len(step.draft_token_ids) != step.k:
+            raise RecordError(f"steps[{index}]: {len(step.draft_token_ids)} draft_token_ids for k={step.k}", "bad_step")
+        _check_ids(f"steps[{index}].draft_token_ids", step.draft_token_ids, limit)
+        _check_ids(f"steps[{index}].target_token_id", [step.target_token_id], limit)
+        drafted += step.k
+        accepted += step.accepted
+    totals = {"drafted_tokens": drafted, "accepted_tokens": accepted, "verify_steps": len(record.steps)}
+    for name, expected in totals.items():
+        if getattr(record, name) != expected:
+            raise RecordError(f"inconsistent: field {name!r} = {getattr(record, name)} but the steps give {expected}",
+                              "inconsistent")
+    _check_ids("prompt_token_ids", record.prompt_token_ids, limit)
+    _check_ids("output_token_ids", record.output_token_ids, limit)
+
+
+def _check_ids(name: str, ids: list[int], limit: int) -> None:
+    if ids and (min(ids) < 0 or max(ids) >= limit):
+        bad = next(i for i, v in enumerate(ids) if not 0 <= v < limit)
+        where = name if name.endswith("target_token_id") else f"{name}[{bad}]"
+        raise RecordError(f"out of range: field {where!r} = {ids[bad]}, token ids must be in [0, {limit})",
+                          "out_of_range")

@@ -187,11 +187,11 @@ def test_request_stats_and_per_position_acceptance():
     steps = [{"k": 4, "accepted": 4, "draft_token_ids": [1, 2, 3, 4], "target_token_id": 5},
              {"k": 4, "accepted": 1, "draft_token_ids": [6, 7, 8, 9], "target_token_id": 10},
              {"k": 2, "accepted": 0, "draft_token_ids": [11, 12], "target_token_id": 13},
-             {"k": 100, "accepted": 70, "draft_token_ids": [], "target_token_id": 1}]  # absurd k: folded, no crash
+             {"k": 100, "accepted": 70, "draft_token_ids": [1] * 100, "target_token_id": 1}]  # absurd k: folded, no crash
     record.update(steps=steps, drafted_tokens=110, accepted_tokens=75, verify_steps=4)
-    from mining.scan import decode_line
+    from serving.records import parse_record
 
-    parsed = decode_line(json.dumps(record).encode())
+    parsed = parse_record(json.dumps(record).encode())
     rate, length, depth, codes = request_stats(parsed)
     assert rate == 75 / 110 and length == (75 + 4) / 4 and depth == 30
     stats = SliceStats()

@@ -9,10 +9,11 @@ import pytest
 
 from draftwheel.cli import main
 from mining.pipeline import mine
-from mining.scan import decode_line, list_log_files
+from mining.scan import list_log_files
 from mining.traffic import run_traffic
 from mining.workloads import BUILTIN, build_workload, load_workload, read_workload, write_workload
 from serving.params import SamplingParams
+from serving.records import parse_record
 from tests.mining.conftest import fast_config
 
 
@@ -63,7 +64,7 @@ def test_traffic_writes_valid_records_per_slice_and_they_mine(tmp_path, toy_mode
     summary = run_traffic(engine, workload, tmp_path / "logs", SamplingParams(max_new_tokens=8))
     assert summary["requests"] == 6 and summary["by_slice"]["chat"]["requests"] == 4
     lines = [line for f in list_log_files(tmp_path / "logs") for line in f.read_bytes().splitlines()]
-    records = [decode_line(line) for line in lines]
+    records = [parse_record(line) for line in lines]
     assert sorted(r.slice for r in records) == ["chat"] * 4 + ["code"] * 2
     assert all(r.prompt.startswith("<|im_start|>user") for r in records)  # chat template applied
     manifest = mine(tmp_path / "logs", tmp_path / "out", fast_config(tokenizer=str(target), holdout_fraction=0.2))

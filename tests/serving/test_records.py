@@ -32,7 +32,7 @@ def test_round_trip_and_derived_figures():
     (lambda d: d.update(drafted_tokens=True), "field 'drafted_tokens'"),
     (lambda d: d.update(mode="beam"), "field 'mode'"),
     (lambda d: d["steps"][0].update(accepted=5), "outside 0..k"),
-    (lambda d: d.update(prompt_token_ids=[1, "2"]), "list of ints"),
+    (lambda d: d.update(prompt_token_ids=[1, "2"]), r"prompt_token_ids\[1\]"),
 ])
 def test_bad_fields_are_named(mutate, reason):
     data = json.loads(make_record().to_json())
@@ -55,4 +55,51 @@ def test_huge_integer_timestamp_is_a_record_error():
     data = json.loads(make_record().to_json())
     line = json.dumps(data).replace('"ts": 1.5', '"ts": ' + "9" * 400)
     with pytest.raises(RecordError, match="out of range"):
+        parse_record(line)
+
+
+# Issue 10, probe 3: impossible counts used to pass validation and reach the mining manifest.
+@pytest.mark.parametrize("mutate, reason", [
+    (lambda d: d.update(accepted_tokens=-3), "'accepted_tokens' = -3, must be >= 0"),
+    (lambda d: d.update(drafted_tokens=-5), "'drafted_tokens' = -5, must be >= 0"),
+    (lambda d: d.update(verify_steps=-1), "'verify_steps' = -1, must be >= 0"),
+    (lambda d: d.update(drafted_tokens=1, accepted_tokens=1000), "accepted_tokens=1000 > drafted_tokens=1"),
+    (lambda d: d.update(verify_steps=2), "'verify_steps' = 2 but the steps give 1"),
+    (lambda d: d.update(drafted_tokens=5), "'drafted_tokens' = 5 but the steps give 4"),
+    (lambda d: d["steps"][0].update(draft_token_ids=[3]), r"steps\[0\]: 1 draft_token_ids for k=4"),
+    (lambda d: d.update(prompt_token_ids=[-1, 2**70]), r"'prompt_token_ids\[0\]' = -1"),
+    (lambda d: d.update(output_token_ids=[3, 2**31]), r"'output_token_ids\[1\]' = 2147483648"),
+    (lambda d: d["steps"][0].update(target_token_id=-2), r"'steps\[0\].target_token_id' = -2"),
+])
+def test_impossible_counts_and_token_ids_are_rejected_with_the_field(mutate, reason):
+    data = json.loads(make_record().to_json())
+    mutate(data)
+    with pytest.raises(RecordError, match=reason):
+        parse_record(json.dumps(data))
+
+
+def test_token_ids_are_checked_against_the_vocabulary_when_it_is_known():
+    line = make_record().to_json()  # largest id: 9
+    assert parse_record(line, vocab_size=10).prompt_token_ids == [1, 2]
+    with pytest.raises(RecordError, match=r"'steps\[0\].draft_token_ids\[1\]' = 9, token ids must be in \[0, 9\)"):
+        parse_record(line, vocab_size=9)
+
+
+def test_step_source_is_optional_written_only_when_set_and_read_back():
+    record = make_record()
+    assert '"source"' not in record.to_json()  # records without sources are byte-identical to older ones
+    record.steps[0].source = "suffix"
+    assert json.loads(record.to_json())["steps"][0]["source"] == "suffix"
+    assert parse_record(record.to_json()) == record
+    data = json.loads(record.to_json())
+    data["steps"][0]["source"] = None  # an explicit null reads as "unknown"
+    assert parse_record(json.dumps(data)).steps[0].source is None
+    data["steps"][0]["source"] = 3
+    with pytest.raises(RecordError, match=r"steps\[0\].source"):
+        parse_record(json.dumps(data))
+
+
+@pytest.mark.parametrize("line", [b"\xff\xfe not utf-8", b'{"prompt": "\xff"}', b"\x00", b"", b"{" * 5000])
+def test_any_bytes_give_a_record_error_and_nothing_else(line):
+    with pytest.raises(RecordError):
         parse_record(line)

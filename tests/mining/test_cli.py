@@ -1,0 +1,56 @@
+"""`draftwheel mine` on bad input: one line naming the field or the path, exit code 2, no traceback
+(issue 10, probe 9). The successful command is covered in test_workloads_traffic.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from draftwheel.cli import main
+from tests.mining.conftest import make_record, write_lines
+
+
+@pytest.fixture()
+def logs(tmp_path):
+    return write_lines(tmp_path / "logs" / "acceptance.jsonl", [make_record(i, ts=1.7e9 + i) for i in range(5)]).parent
+
+
+@pytest.mark.parametrize("override, field", [
+    (["--set", "holdout_fraction=2"], "holdout_fraction"),
+    (["--set", "since=yesterday"], "since"),
+    (["holdout_fraction=2"], "holdout_fraction"),  # the positional form the other commands use
+    (["--set", "no_such_field=1"], "no_such_field"),
+])
+def test_bad_config_values_are_one_line_naming_the_field(logs, tmp_path, capsys, override, field):
+    assert main(["mine", "--logs", str(logs), "--out", str(tmp_path / "out"), *override]) == 2
+    err = capsys.readouterr().err
+    assert field in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def _read_only_dir(path):
+    """A directory nobody can create entries in, root included (chattr +i), or skip."""
+    path.mkdir()
+    os.chmod(path, 0o555)
+    if os.geteuid() == 0 and subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("running as root without chattr: no directory is read-only")
+    return path
+
+
+def test_an_unwritable_out_dir_is_one_line_naming_the_path(logs, tmp_path, capsys):
+    locked = _read_only_dir(tmp_path / "locked")
+    try:
+        code = main(["mine", "--logs", str(logs), "--out", str(locked / "out"), "--set", "plot=false"])
+    finally:
+        subprocess.run(["chattr", "-i", str(locked)], capture_output=True)
+        os.chmod(locked, 0o755)
+    err = capsys.readouterr().err
+    assert code == 2 and str(locked / "out") in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_missing_logs_are_one_line_naming_the_path(tmp_path, capsys):
+    assert main(["mine", "--logs", str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "nope") in err and len(err.strip().splitlines()) == 1
