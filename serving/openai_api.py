@@ -3,7 +3,9 @@
 Request bodies are pydantic models that reject unknown fields; `to_sampling_params` turns one into the
 engine's `SamplingParams`, raising `ApiError` (an HTTP status + OpenAI-style error body) with the
 OpenAI field name for bad values and for features the engine does not support (n > 1, logprobs,
-penalties, ...). draftwheel extensions, sent by the `openai` client through `extra_body`: `slice`
+penalties, ...). Fields take JSON types as sent (strict: `"stream": "yes"` or `"max_tokens": "2"` is a
+400, not a guess), and `check_text` refuses text that is not valid Unicode (a lone surrogate such as
+`"\\ud800"`, which JSON can carry but no tokenizer or log line can encode), naming the field. draftwheel extensions, sent by the `openai` client through `extra_body`: `slice`
 (the record's workload label; `metadata.slice` works too), `top_k` and `k` (draft length).
 
 No I/O and no engine calls here; routing, queueing and SSE framing live in `serving.server`.
@@ -32,10 +34,18 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
+_STRICT = ConfigDict(extra="forbid", strict=True)  # unknown fields and type coercion are both refused
+
+
+class StreamOptions(BaseModel):
+    model_config = _STRICT
+    include_usage: bool = False
+
+
 class _Request(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     model: str
     max_tokens: int | None = None
@@ -43,7 +53,7 @@ class _Request(BaseModel):
     top_p: float | None = None
     n: int = 1
     stream: bool = False
-    stream_options: dict[str, Any] | None = None
+    stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
     user: str | None = None
@@ -74,7 +84,7 @@ class _Request(BaseModel):
 
     @property
     def include_usage(self) -> bool:
-        return bool((self.stream_options or {}).get("include_usage"))
+        return self.stream_options is not None and self.stream_options.include_usage
 
 
 class CompletionRequest(_Request):
@@ -106,13 +116,13 @@ class CompletionRequest(_Request):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
     name: str | None = None
@@ -139,6 +149,30 @@ def check_supported(request: _Request) -> None:
     if problems:
         field, why = problems[0]
         raise ApiError(400, f"{field}: {why}", field)
+
+
+def _lone_surrogate(value: Any, path: str) -> tuple[str, str] | None:
+    """(field path, problem) for the first string (or mapping key) in `value` that UTF-8 cannot encode."""
+    items: Any = ()
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return path, f"lone surrogate U+{ord(value[exc.start]):04X} at character {exc.start}"
+    elif isinstance(value, dict):
+        # a bad key is reported at the mapping's own path: the key itself cannot be printed
+        items = [(path, key) for key in value] + [(f"{path}.{key}", v) for key, v in value.items()]
+    elif isinstance(value, (list, tuple)):
+        items = [(f"{path}.{i}", v) for i, v in enumerate(value)]
+    return next((found for sub, v in items if (found := _lone_surrogate(v, sub)) is not None), None)
+
+
+def check_text(request: _Request) -> None:
+    """400 naming the field when any text in the request is not valid Unicode (checked before tokenising)."""
+    found = _lone_surrogate(request.model_dump(exclude_defaults=True), "")
+    if found is not None:
+        field, problem = found[0].lstrip("."), found[1]
+        raise ApiError(400, f"{field}: not valid Unicode text ({problem})", field)
 
 
 def requested_max_tokens(request: _Request) -> int | None:

@@ -2,12 +2,15 @@
 
 Routes: `POST /v1/completions`, `POST /v1/chat/completions` (both streaming over SSE or not),
 `GET /v1/models`, `GET /metrics` (Prometheus text from the engine's `Metrics`), `GET /healthz` (target
-and draft ids). With `config.api_key` set, `/v1/*` needs `Authorization: Bearer <key>` (401 otherwise);
+and draft ids; the acceptance log's counts, `status: "degraded"` while its writes fail). With `config.api_key` set, `/v1/*` needs `Authorization: Bearer <key>` (401 otherwise);
 `/metrics` and `/healthz` stay open for scrapers and probes.
 
 The engine runs one request at a time on a single worker thread; concurrent HTTP requests wait in
 its FIFO queue (never dropped; `draftwheel_queue_depth` shows the queue). Bad input gets a 4xx with an
-OpenAI-style error body, never a 500. The sink and the reload watcher are owned by the caller
+OpenAI-style error body, never a 500 (an unexpected failure is a 500 with that body, never plain text).
+Bodies over `max_body_bytes` and prompts over `max_prompt_chars` get a 413 before any tokenising
+(`serving.http_guard`); on shutdown, running engine jobs stop at their next token and the requests
+cut by the drain timeout are counted in the log. The sink and the reload watcher are owned by the caller
 (`serving.server_cli`); this module only serves.
 """
 
@@ -24,7 +27,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -32,57 +35,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from draftwheel.registry_names import CHAMPION_URI
+from serving.http_guard import BodyLimit, DrainCounter, InFlight
 from serving.metrics import Metrics
 from serving.openai_api import (
-    ApiError, ChatRequest, CompletionRequest, chat_body, chat_chunk, check_supported, completion_body,
+    ApiError, ChatRequest, CompletionRequest, chat_body, chat_chunk, check_supported, check_text, completion_body,
     completion_chunk, new_id, requested_max_tokens, to_sampling_params, usage_chunk,
 )
 from serving.params import SamplingParams
+from serving.serve_config import ServeConfig  # noqa: F401 - re-exported: callers import it from here
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ServeConfig:
-    """`draftwheel serve` settings (configs/serve.yaml); CLI flags override them."""
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    target: str | None = None
-    """Target model dir, hub id or models:/ URI; None = the reference target in $DRAFTWHEEL_HOME/models."""
-    draft: str | None = CHAMPION_URI
-    """Draft model (dir, hub id, models:/NAME@ALIAS: reloaded when the alias moves); None = no draft."""
-    medusa: str | None = None
-    """Medusa heads dir (used when no draft is given)."""
-    served_model_name: str | None = None
-    """The `model` name clients send; None = the target's name."""
-    api_key: str | None = None
-    """Bearer key required on /v1/* (None = open; also read from $DRAFTWHEEL_API_KEY by the CLI)."""
-    log_dir: str | None = None
-    """Acceptance log dir; None = $DRAFTWHEEL_HOME/logs."""
-    log_max_bytes: int = 64 * 1024 * 1024
-    log_flush_every: int = 32
-    log_compress: bool = False
-    k: int = 4
-    adaptive_k: bool = False
-    default_max_tokens: int = 256
-    """max_tokens when the request gives none (clamped to the context left after the prompt)."""
-    default_temperature: float = 1.0
-    """temperature when the request gives none (OpenAI's default is 1)."""
-    reload_poll_s: float = 30.0
-    device: str = "cpu"
-
-    def __post_init__(self) -> None:
-        checks = {"port": 0 <= self.port <= 65535, "log_max_bytes": self.log_max_bytes > 0,
-                  "log_flush_every": self.log_flush_every > 0, "k": 1 <= self.k <= 32,
-                  "default_max_tokens": self.default_max_tokens >= 1,
-                  "default_temperature": self.default_temperature >= 0, "reload_poll_s": self.reload_poll_s > 0}
-        for name, ok in checks.items():
-            if not ok:
-                raise ValueError(f"{name}: invalid value {getattr(self, name)!r}")
-        if self.api_key == "":
-            raise ValueError("api_key: empty string (use null for no key)")
 
 
 _END = object()
@@ -94,12 +56,14 @@ class EngineWorker:
     def __init__(self, metrics: Metrics) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftwheel-engine")
         self._metrics = metrics
+        self._jobs: set[threading.Event] = set()  # the cancel flags of the jobs not yet finished
 
     async def iterate(self, job: Callable[[], Iterator[Any]]) -> AsyncIterator[Any]:
         """Queue `job` (a generator factory) and yield its items; its exception is raised here."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         cancelled = threading.Event()
+        self._jobs.add(cancelled)
         self._metrics.queue_depth.inc()
         loop.run_in_executor(self._executor, self._pump, job, loop, queue, cancelled)
         try:
@@ -112,6 +76,7 @@ class EngineWorker:
                 yield item
         finally:
             cancelled.set()  # a client that went away stops its job at the next item
+            self._jobs.discard(cancelled)
 
     def _pump(self, job: Callable[[], Iterator[Any]], loop: asyncio.AbstractEventLoop, queue: asyncio.Queue,
               cancelled: threading.Event) -> None:
@@ -139,6 +104,9 @@ class EngineWorker:
             self._metrics.queue_depth.dec()
 
     def shutdown(self) -> None:
+        """Drop queued jobs and stop running ones at their next item (else the process waits for them)."""
+        for cancelled in list(self._jobs):
+            cancelled.set()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
@@ -155,13 +123,24 @@ class _Service:
         self.defaults = SamplingParams(k=config.k, adaptive_k=config.adaptive_k)
 
     def validate(self, request: CompletionRequest | ChatRequest) -> None:
-        """Everything checkable without tokenising: model name and parameters."""
+        """Everything checkable without tokenising: text, prompt size, model name and parameters."""
+        check_text(request)
+        self._check_prompt_size(request)
         if request.model != self.model_name:
             raise ApiError(404, f"model: {request.model!r} is not served here; available: {self.model_name!r}",
                            "model", code="model_not_found")
         check_supported(request)
         to_sampling_params(request, requested_max_tokens(request) or 1, self.defaults,
                            self.config.default_temperature)
+
+    def _check_prompt_size(self, request: CompletionRequest | ChatRequest) -> None:
+        chat = isinstance(request, ChatRequest)
+        texts = [m.as_template_message()["content"] for m in request.messages] if chat else request.prompts()
+        chars, limit = sum(map(len, texts)), self.config.max_prompt_chars
+        if chars > limit:
+            field = "messages" if chat else "prompt"
+            raise ApiError(413, f"{field}: {chars} characters, over the server's limit of {limit} (max_prompt_chars)",
+                           field, code="prompt_too_long")
 
     def _context_limit(self) -> int | None:
         draft = self.engine.draft
@@ -283,6 +262,12 @@ def _install_error_handlers(app: FastAPI) -> None:
         # Engine-side input checks (prompt too long, empty prompt, no chat template, ...).
         return JSONResponse(ApiError(400, str(exc)).body(), status_code=400)
 
+    @app.exception_handler(Exception)
+    async def server_error(_: Request, exc: Exception) -> JSONResponse:
+        # A bug, not bad input: still the OpenAI body, so clients parse it (the traceback goes to the log).
+        error = ApiError(500, f"internal error: {type(exc).__name__}", kind="server_error")
+        return JSONResponse(error.body(), status_code=500)
+
 
 def _ensure_metrics(engine: Any) -> Metrics:
     # /metrics serves the engine's registry; an engine built without one gets one here so the
@@ -300,13 +285,18 @@ def create_app(engine: Any, config: ServeConfig | None = None, watcher: Any = No
     worker = EngineWorker(metrics)
     service = _Service(engine, config, worker)
     started = int(time.time())
+    drain = DrainCounter()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         worker.shutdown()
+        if drain.cut:
+            log.warning("shutdown: the drain timeout (%g s) passed; %d request(s) in flight were cut",
+                        config.drain_timeout_s, drain.cut)
 
     app = FastAPI(title="draftwheel", lifespan=lifespan)
+    app.state.worker, app.state.drain = worker, drain
     _install_error_handlers(app)
 
     @app.middleware("http")
@@ -318,6 +308,9 @@ def create_app(engine: Any, config: ServeConfig | None = None, watcher: Any = No
                                  kind="authentication_error", code="invalid_api_key")
                 return JSONResponse(error.body(), status_code=401)
         return await call_next(request)
+
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(InFlight, counter=drain)  # the outermost: it sees uvicorn cancel a request
 
     @app.post("/v1/completions")
     async def completions(request: CompletionRequest) -> Any:
@@ -348,7 +341,10 @@ def create_app(engine: Any, config: ServeConfig | None = None, watcher: Any = No
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
         draft = engine.draft
-        return {"status": "ok", "model": service.model_name, "mode": engine.default_mode,
+        sink_log = engine.sink.health() if hasattr(engine.sink, "health") else None
+        # 200 either way: the server still serves; "degraded" says its records are being lost.
+        status = "degraded" if sink_log and sink_log["failing"] else "ok"
+        return {"status": status, "log": sink_log, "model": service.model_name, "mode": engine.default_mode,
                 "target": asdict(engine.target.model_id),
                 "draft": asdict(draft.model_id) if draft is not None else None,
                 "medusa": engine.medusa is not None,

@@ -11,7 +11,9 @@ crash loses at most the line being written; `fsync` runs every `flush_every` lin
 on `close()` (also registered with `atexit`), so an OS crash or power loss loses at most the lines
 since the last fsync. A write failure (disk full, permission, ...) never raises: it is counted in
 `write_errors` (and in `Metrics`, when given), logged, and the partial line is truncated away or
-terminated so it can never corrupt the next record.
+terminated so it can never corrupt the next record. `health()` reports the counts and the last error
+(`failing` while the latest write or fsync failed); `check_writable()` opens the active file up front, so
+a server can refuse to start on a log dir it could never write instead of losing every record.
 
 Not here: record validation (`serving.records`), multi-process writers (one sink per log dir).
 """
@@ -91,6 +93,8 @@ class JsonlSink:
         self.metrics = metrics
         self.path = self.log_dir / f"{prefix}.jsonl"
         self.write_errors = 0
+        self.last_error: str | None = None
+        self.failing = False  # the latest write or fsync failed
         self.records_written = 0
         self.fsyncs = 0
         self._lock = threading.Lock()
@@ -119,10 +123,22 @@ class JsonlSink:
                 self._count_error(exc)
                 return False
             self.records_written += 1
+            self.failing = False
             self._unsynced += 1
             if self._unsynced >= self.flush_every:
                 self._sync_quietly()
             return True
+
+    def check_writable(self) -> None:
+        """Open (creating if missing) the active file now; raise `OSError` if the log cannot be written."""
+        with self._lock:
+            if self._fd is None:
+                self._open()
+
+    def health(self) -> dict[str, object]:
+        """Counts and the last error, for /healthz."""
+        return {"dir": str(self.log_dir), "records_written": self.records_written,
+                "write_errors": self.write_errors, "failing": self.failing, "last_error": self.last_error}
 
     def flush(self) -> None:
         """fsync the lines written since the last fsync (never raises)."""
@@ -233,6 +249,7 @@ class JsonlSink:
 
     def _count_error(self, exc: BaseException) -> None:
         self.write_errors += 1
+        self.last_error, self.failing = str(exc), True
         if self.metrics is not None:
             self.metrics.log_write_errors.inc()
         log.error("acceptance log %s: write failed (%d so far): %s", self.path, self.write_errors, exc)
