@@ -45,6 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def engine_acceptance(engine, prompts: list[dict], k: int, max_new_tokens: int) -> tuple[dict, list]:
     """Greedy speculative decoding of `prompts`; totals over all requests, vLLM's definitions."""
+    from serving.acceptance import acceptance_rate, mean_accepted_length
     from serving.params import SamplingParams
 
     params = SamplingParams(max_new_tokens=max_new_tokens, k=k)
@@ -55,7 +56,8 @@ def engine_acceptance(engine, prompts: list[dict], k: int, max_new_tokens: int) 
     drafted = sum(c.record.drafted_tokens for c in completions)
     steps = sum(c.record.verify_steps for c in completions)
     generated = sum(len(c.token_ids) for c in completions)
-    figures = {"acceptance_rate": accepted / max(drafted, 1), "mean_accepted_length": (accepted + steps) / max(steps, 1),
+    figures = {"acceptance_rate": acceptance_rate(accepted, drafted),
+               "mean_accepted_length": mean_accepted_length(accepted, steps),
                "requests": len(completions), "generated_tokens": generated, "tokens_per_s": generated / elapsed}
     return figures, completions
 

@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from serving.acceptance import acceptance_rate, mean_accepted_length
+
 # (key, label, format); speedup and tokens/s come from wall time, the other two from token counts.
 METRICS = [
     ("acceptance_rate", "acceptance rate", "{:.3f}"),
@@ -34,8 +36,8 @@ def figures(spec: Iterable[Any], plain: Iterable[Any]) -> dict[str, float]:
     plain_tokens_per_s = sum(s.generated_tokens for s in plain) / max(sum(s.latency_s for s in plain), 1e-9)
     return {
         "requests": len(spec),
-        "acceptance_rate": accepted / drafted if drafted else 0.0,
-        "mean_accepted_length": (accepted + steps) / steps if steps else 0.0,
+        "acceptance_rate": acceptance_rate(accepted, drafted),
+        "mean_accepted_length": mean_accepted_length(accepted, steps),
         "tokens_per_s": tokens_per_s,
         "plain_tokens_per_s": plain_tokens_per_s,
         "speedup_vs_plain": tokens_per_s / plain_tokens_per_s,

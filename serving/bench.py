@@ -24,6 +24,7 @@ from typing import Any, Iterator
 
 import torch
 
+from serving.acceptance import acceptance_rate, mean_accepted_length
 from serving.engine import Engine
 from serving.params import SamplingParams
 from serving.prepack import is_packed, unpacked_copy
@@ -136,8 +137,8 @@ def run_bench(engine: Engine, prompts: list[Any], max_new_tokens: int, k: int = 
         "hf_plain_tokens_per_s": rate["hf_plain"], "hf_assisted_tokens_per_s": rate["hf_assisted"],
         "speedup_vs_plain": rate["spec"] / rate["plain"],
         "speedup_vs_hf_assisted": rate["spec"] / rate["hf_assisted"],
-        "acceptance_rate": accepted / drafted if drafted else 0.0,
-        "mean_accepted_length": (accepted + steps) / steps if steps else 0.0,
+        "acceptance_rate": acceptance_rate(accepted, drafted),
+        "mean_accepted_length": mean_accepted_length(accepted, steps),
         "greedy_identical": f"{identical}/{len(prompts)}",
         "k": k, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
         "engine_kernels": _kernels(ours[0]), "hf_kernels": _kernels(hf_target),
