@@ -7,6 +7,7 @@ updates; `Metrics.render()` gives the text exposition served on `/metrics`. Each
 Speculative counters follow vLLM's definitions: one "draft" per verification step, `k` draft tokens
 per step, per-position acceptance counted for positions `0..accepted-1` of each step. The rollback
 depth of a step is `k - accepted` (drafted tokens thrown away and rolled back in the KV caches).
+The speculative metrics carry a `source` label: the step's `source` (what drafted it), else the mode.
 
 Not here: alert thresholds (configs/prometheus/alerts.yml), writing logs (serving.sink).
 """
@@ -47,16 +48,17 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         reg = self.registry
         self.drafts = Counter("draftwheel_spec_drafts", "Speculative verification steps (one draft each).",
-                              registry=reg)
-        self.draft_tokens = Counter("draftwheel_spec_draft_tokens", "Tokens proposed by the draft.", registry=reg)
+                              ["source"], registry=reg)
+        self.draft_tokens = Counter("draftwheel_spec_draft_tokens", "Tokens proposed by the draft.", ["source"],
+                                    registry=reg)
         self.accepted_tokens = Counter("draftwheel_spec_accepted_tokens", "Draft tokens accepted by the target.",
-                                       registry=reg)
+                                       ["source"], registry=reg)
         self.accepted_per_pos = Counter(
             "draftwheel_spec_accepted_tokens_per_pos", "Accepted draft tokens by position within the draft (0-based).",
-            ["position"], registry=reg)
+            ["source", "position"], registry=reg)
         self.rollback_depth = Histogram(
             "draftwheel_spec_rollback_depth", "Per verification step: drafted minus accepted tokens (k - accepted).",
-            buckets=ROLLBACK_BUCKETS, registry=reg)
+            ["source"], buckets=ROLLBACK_BUCKETS, registry=reg)
         self.request_latency = Histogram(
             "draftwheel_request_latency_seconds", "Time from request start to its last token.",
             buckets=LATENCY_BUCKETS, registry=reg)
@@ -79,18 +81,21 @@ class Metrics:
         if record.output_token_ids:
             self.ttft.observe(record.ttft_s)
         for step in record.steps:
-            self.drafts.inc()
-            self.draft_tokens.inc(step.k)
-            self.accepted_tokens.inc(step.accepted)
+            source = step.source or record.mode
+            self.drafts.labels(source=source).inc()
+            self.draft_tokens.labels(source=source).inc(step.k)
+            self.accepted_tokens.labels(source=source).inc(step.accepted)
             for position in range(step.accepted):
-                self.accepted_per_pos.labels(position=str(position)).inc()
-            self.rollback_depth.observe(step.k - step.accepted)
+                self.accepted_per_pos.labels(source=source, position=str(position)).inc()
+            self.rollback_depth.labels(source=source).observe(step.k - step.accepted)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""
         return generate_latest(self.registry)
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
-        """Current value of one exposed sample (0.0 if absent); for tests and health reports."""
-        result = self.registry.get_sample_value(name, labels or {})
-        return 0.0 if result is None else result
+        """Sum of the exposed samples named `name` whose labels include `labels` (0.0 if none), e.g. a
+        counter over all sources; for tests and health reports."""
+        wanted = (labels or {}).items()
+        return sum(sample.value for metric in self.registry.collect() for sample in metric.samples
+                   if sample.name == name and wanted <= sample.labels.items())

@@ -132,35 +132,48 @@ def test_sampling_is_seeded_and_reproducible(engine):
 
 def test_sampled_tokens_follow_target_distribution(engine, pair):
     """The first two tokens of a sampled completion (the second one passes through draft + rejection
-    sampling, k=1) must follow the target's joint law p(a) p(b | a), computed exactly from target
-    forwards. top_k=3 keeps 3 x 3 = 9 cells. Pearson's X^2 = sum (obs - exp)^2 / exp is approximately
-    chi-square with 8 dof under the null; seeded, so deterministic. Control: the draft's own joint law
-    is rejected by the same statistic."""
-    tokenizer, target, draft = pair
-    params = SamplingParams(max_new_tokens=3, temperature=1.0, top_k=3, k=1)
-    prompt_ids = tokenizer("The quick brown")["input_ids"]
+    sampling, k=1) must follow the target's joint law (see `check_two_token_law`)."""
+    check_two_token_law(engine, pair, SamplingParams(max_new_tokens=3, temperature=1.0, top_k=3, k=1))
+
+
+TWO_TOKEN_PROMPT = "The quick brown"
+
+
+def joint_law(model, prompt_ids, params):
+    """{(a, b): p(a) p(b | a)} for the first two tokens after `prompt_ids`, from full forwards."""
     from serving.sampling import warp
 
-    def joint(model):
-        with torch.no_grad():
-            p_a = warp(model(torch.tensor([prompt_ids])).logits[0, -1], params)
-            law = {}
-            for a in p_a.nonzero().flatten().tolist():
-                p_b = warp(model(torch.tensor([prompt_ids + [a]])).logits[0, -1], params)
-                for b in p_b.nonzero().flatten().tolist():
-                    law[(a, b)] = float(p_a[a] * p_b[b])
-        return law
+    with torch.no_grad():
+        p_a = warp(model(torch.tensor([prompt_ids])).logits[0, -1], params)
+        law = {}
+        for a in p_a.nonzero().flatten().tolist():
+            p_b = warp(model(torch.tensor([prompt_ids + [a]])).logits[0, -1], params)
+            for b in p_b.nonzero().flatten().tolist():
+                law[(a, b)] = float(p_a[a] * p_b[b])
+    return law
 
-    law = joint(target)
-    n = 1000
+
+def check_two_token_law(engine, pair, params, mode=None, n=1000):
+    """Sample `n` seeded completions of TWO_TOKEN_PROMPT; return them. Their first two tokens must follow
+    the target's joint law p(a) p(b | a), computed exactly from target forwards. With top_k=3 there are
+    3 x 3 = 9 cells; Pearson's X^2 = sum (obs - exp)^2 / exp is approximately chi-square with 8 dof
+    under the null; seeded, so deterministic. Control: the draft's own joint law is rejected by the
+    same statistic."""
+    tokenizer, target, draft = pair
+    prompt_ids = tokenizer(TWO_TOKEN_PROMPT)["input_ids"]
+    law = joint_law(target, prompt_ids, params)
     counts = dict.fromkeys(law, 0)
+    completions = []
     for seed in range(n):
-        completion, = engine.generate(["The quick brown"], SamplingParams(**{**params.__dict__, "seed": seed}))
+        completion, = engine.generate([TWO_TOKEN_PROMPT], SamplingParams(**{**params.__dict__, "seed": seed}),
+                                      mode=mode)
         counts[tuple(completion.token_ids[:2])] += 1
+        completions.append(completion)
     cells = sorted(law)
     observed = [counts[c] for c in cells]
     assert chisquare(observed, _expected(law, cells, n)).pvalue > 1e-3
-    assert chisquare(observed, _expected(joint(draft), cells, n)).pvalue < 1e-6
+    assert chisquare(observed, _expected(joint_law(draft, prompt_ids, params), cells, n)).pvalue < 1e-6
+    return completions
 
 
 def _expected(law, cells, n):

@@ -1,0 +1,95 @@
+"""Decoding loops drafted by the suffix index: mode `suffix` (index only) and mode `hybrid`.
+
+One loop serves both, as a `serving.decoding`-style generator over one request. Each step asks the
+suffix index (the shared part over earlier requests and the request's own part over its prompt and
+output so far, `serving.suffix`) for a proposal. `suffix` verifies the proposal when there is one and
+otherwise takes a plain target step (k=0). `hybrid` verifies it when its score (the estimated accepted
+length) beats the draft model's expected accepted length at its k, E(a, k) - 1 with the request's
+running acceptance estimate a (`serving.adaptive`), and otherwise drafts with the model
+(`_draft_tokens`). Each `Step` says which source drafted it.
+
+Lossless: a proposal is a function of the context alone, so as a draft it is a point mass, q = one-hot
+(q(x) = 1): `verify_sampled` accepts x with probability p(x) and otherwise draws from norm(max(0, p - q)),
+p without x, which is the target's law; greedy steps use `verify_greedy`.
+
+Cache discipline (no token is ever re-encoded): the target's and the draft's caches hold a prefix of
+`context` (prompt + emitted tokens), and each step feeds a cache exactly `context[cache.length:]`.
+After the target verifies, it is cropped to the accepted prefix (it then lacks only the last emitted
+token). After a model-drafted step the draft cache holds the old context plus the drafts it fed
+(all but the last), cropped to the ones accepted; a step the suffix index drafted leaves the draft
+cache alone, so the draft's next forward feeds it every token it missed.
+
+Not here: the index (serving.suffix), records and index updates (the engine).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import torch
+
+from serving.adaptive import AdaptiveK, expected_tokens
+from serving.decoding import Request, _draft_tokens
+from serving.kv import CachedLM
+from serving.models import LoadedModel
+from serving.records import Step
+from serving.sampling import warp
+from serving.suffix import RequestIndex, SuffixConfig, SuffixIndex, best_proposal
+from serving.verify import verify_greedy, verify_sampled
+
+
+def suffix_loop(target: CachedLM, draft: LoadedModel | None, index: SuffixIndex | None,
+                req: Request) -> Iterator[None]:
+    """The loop for mode `suffix` (draft None) or `hybrid` (an `lm` draft); without a shared index
+    only the request's own part proposes."""
+    kind = getattr(draft, "kind", "lm")  # LoadedModel.kind: `lm` or `eagle3`
+    if draft is not None and kind != "lm":
+        raise ValueError(f"mode: 'hybrid' needs an 'lm' draft model, not {kind!r}")
+    return _decode(target, CachedLM(draft.model) if draft is not None else None, index, req)
+
+
+def _pending(cache: CachedLM, context: list[int]) -> torch.Tensor:
+    """context[cache.length:]: the tokens a cache has not seen yet."""
+    return torch.tensor(context[cache.length:], dtype=torch.long)
+
+
+def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None, req: Request) -> Iterator[None]:
+    params = req.params
+    context = req.prompt_ids.tolist()  # prompt + emitted tokens
+    local = RequestIndex(context, index.config if index is not None else SuffixConfig())
+    model_a = AdaptiveK(params.k)  # the draft model's acceptance estimate (and its k when adaptive)
+    while not req.out.finished:
+        room = req.out.remaining - 1  # drafts past max_new_tokens would be thrown away
+        proposal = best_proposal(context, room, local, index)
+        k_model = min(model_a.next_k() if params.adaptive_k else params.k, room)
+        use_model = draft is not None and k_model > 0 and \
+            proposal.score <= expected_tokens(model_a.a, k_model) - 1
+        before = len(context)
+        draft_s = 0.0
+        if use_model:
+            start = time.perf_counter()
+            drafted, q = _draft_tokens(draft, _pending(draft, context), k_model, req)  # [k], [k, V] | None
+            draft_s, source = time.perf_counter() - start, "draft"
+        else:
+            drafted, q = torch.tensor(proposal.tokens, dtype=torch.long), None  # [k]
+            source = "suffix" if proposal.tokens else None
+        k = len(drafted)
+        logits = target.forward(torch.cat([_pending(target, context), drafted]), keep=k + 1)  # [k+1, V]
+        if params.greedy:
+            emitted, accepted = verify_greedy(drafted, logits)
+        else:
+            if q is None:  # a point-mass draft
+                q = torch.nn.functional.one_hot(drafted, logits.shape[-1]).float()  # [k, V]
+            emitted, accepted = verify_sampled(drafted, q, warp(logits, params), req.generator)
+        target.rollback(k - accepted)
+        if use_model:
+            draft.rollback(draft.length - (before + min(accepted, k - 1)))
+            model_a.update(k, accepted, draft_s, target.last_forward_s)
+        emitted_list = emitted.tolist()
+        context.extend(emitted_list)
+        local.extend(emitted_list)
+        req.steps.append(Step(k=k, accepted=accepted, draft_token_ids=drafted.tolist(),
+                              target_token_id=emitted_list[-1], source=source))
+        req.emit(emitted_list)
+        yield

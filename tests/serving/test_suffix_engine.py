@@ -1,0 +1,139 @@
+"""Engine modes `suffix` and `hybrid` on tiny random Llama models: lossless (greedy identity with HF
+generate, the two-token chi-square law of test_engine), per-step sources, index updates, errors.
+
+The suffix index is seeded with the target's own greedy outputs with every 4th token corrupted, so
+proposals are partly right: both the accepted and the rejected verification paths of suffix drafts
+run. The draft model is test_engine's noisy copy of the target (acceptance roughly 0.3-0.8).
+"""
+
+import pytest
+
+from serving.engine import Engine
+from serving.models import from_objects
+from serving.params import SamplingParams
+from serving.suffix import SuffixIndex, target_key
+from tests.serving.test_engine import PROMPTS, TWO_TOKEN_PROMPT, check_two_token_law, hf_greedy, pair  # noqa: F401
+
+
+def corrupted(tokens, every=4, vocab=300):
+    return [(t + 7) % vocab if i % every == every - 1 else t for i, t in enumerate(tokens)]
+
+
+def make_engine(pair, index=None):
+    tokenizer, target, draft = pair
+    loaded = from_objects(target, tokenizer, "target")
+    index = index if index is not None else SuffixIndex(target_key(loaded.model_id))
+    return Engine(loaded, from_objects(draft, tokenizer, "draft"), suffix_index=index)
+
+
+def seeded_engine(pair):
+    """An engine whose index holds every prompt's corrupted greedy continuation (60 tokens)."""
+    tokenizer, target, _ = pair
+    engine = make_engine(pair)
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt)["input_ids"]
+        engine.suffix_index.add(ids + corrupted(hf_greedy(target, ids, 60)))
+    return engine
+
+
+@pytest.fixture(scope="module")
+def seeded(pair):
+    return seeded_engine(pair)
+
+
+@pytest.mark.parametrize("mode", ["suffix", "hybrid"])
+def test_greedy_identical_to_hf_generate(seeded, pair, mode):
+    _, target, _ = pair
+    requests_before = seeded.suffix_index.requests
+    completions = seeded.generate(PROMPTS, SamplingParams(max_new_tokens=40, k=3), mode=mode)
+    for completion in completions:
+        assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 40), completion.prompt
+        assert completion.record.mode == mode
+    steps = [s for c in completions for s in c.record.steps]
+    suffix_steps = [s for s in steps if s.source == "suffix"]
+    assert any(s.accepted < s.k for s in suffix_steps), "no rejected suffix draft"
+    assert any(s.accepted == s.k for s in suffix_steps), "no fully accepted suffix draft"
+    assert all(s.source is None for s in steps if s.k == 0)
+    if mode == "hybrid":
+        assert {s.source for s in steps} >= {"suffix", "draft"}
+        assert all(s.k <= 3 for s in steps if s.source == "draft")
+        assert completions[0].record.draft_id.name == "draft"
+    else:
+        assert {s.source for s in steps} <= {"suffix", None}
+        assert completions[0].record.draft_id is None
+    assert seeded.suffix_index.requests == requests_before + len(PROMPTS)  # each finished request was indexed
+
+
+def test_finished_request_makes_the_next_identical_one_cheap(pair):
+    """Updating as requests finish: a repeat of a finished request is drafted from its own record and
+    accepted almost whole (greedy), in a few verification steps."""
+    engine = make_engine(pair)
+    first, = engine.generate(["Please write a short"], SamplingParams(max_new_tokens=40), mode="suffix")
+    again, = engine.generate(["Please write a short"], SamplingParams(max_new_tokens=40), mode="suffix")
+    assert again.token_ids == first.token_ids
+    assert again.record.accepted_tokens >= 0.8 * len(again.token_ids) - 1
+    assert again.record.verify_steps < first.record.verify_steps / 2
+
+
+def test_suffix_mode_without_shared_index_uses_the_request_itself(pair):
+    tokenizer, target, _ = pair
+    engine = Engine(from_objects(target, tokenizer, "target"))
+    completion, = engine.generate(["The quick brown"], SamplingParams(max_new_tokens=40), mode="suffix")
+    assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 40)
+    with pytest.raises(ValueError, match="'hybrid' needs a draft"):
+        engine.generate(["hi"], SamplingParams(), mode="hybrid")
+
+
+def test_index_of_another_target_is_refused(pair):
+    tokenizer, target, _ = pair
+    with pytest.raises(ValueError, match="suffix index"):
+        Engine(from_objects(target, tokenizer, "target"), suffix_index=SuffixIndex("another-target@"))
+
+
+@pytest.fixture(scope="module")
+def two_token_sequences(pair):
+    """Proposals on every path of the first two tokens: after the prompt the second most likely token
+    is proposed (2 of 4 occurrences), and after each of the top-3 tokens a continuation is known."""
+    import torch
+
+    tokenizer, target, _ = pair
+    prompt = tokenizer(TWO_TOKEN_PROMPT)["input_ids"]
+    sequences = []
+    with torch.no_grad():
+        top = target(torch.tensor([prompt])).logits[0, -1].topk(3).indices.tolist()
+        for a in top + [top[1]]:
+            b = int(target(torch.tensor([prompt + [a]])).logits[0, -1].topk(2).indices[1])
+            sequences.append(prompt + [a, b])
+    return sequences
+
+
+@pytest.mark.parametrize("mode", ["suffix", "hybrid"])
+def test_sampled_tokens_follow_target_distribution(pair, two_token_sequences, mode):
+    """test_engine's two-token chi-square law, with suffix drafts (a point-mass q) on the first tokens.
+    The index also grows with each of the 1000 finished runs; that keeps the test valid, since the law
+    holds whatever proposal a run gets from the index it finds."""
+    engine = make_engine(pair)
+    for tokens in two_token_sequences:
+        engine.suffix_index.add(tokens)
+    params = SamplingParams(max_new_tokens=3, temperature=1.0, top_k=3, k=1)
+    completions = check_two_token_law(engine, pair, params, mode=mode)
+    steps = [s for c in completions for s in c.record.steps]
+    assert mode == "suffix" or any(s.source == "draft" for s in steps)
+    suffix_steps = [s for s in steps if s.source == "suffix"]
+    assert any(s.accepted == 0 for s in suffix_steps) and any(s.accepted > 0 for s in suffix_steps)
+
+
+def test_metrics_count_each_source(pair):
+    from serving.metrics import Metrics
+
+    metrics = Metrics()
+    completions = seeded_engine(pair).generate(PROMPTS[:3], SamplingParams(max_new_tokens=30, k=3), mode="hybrid")
+    for completion in completions:
+        metrics.observe(completion.record)
+    steps = [s for c in completions for s in c.record.steps]
+    for source in ("suffix", "draft"):
+        mine = [s for s in steps if s.source == source]
+        assert metrics.value("draftwheel_spec_draft_tokens_total", {"source": source}) == sum(s.k for s in mine) > 0
+        assert metrics.value("draftwheel_spec_accepted_tokens_total", {"source": source}) == \
+            sum(s.accepted for s in mine)
+    assert metrics.value("draftwheel_spec_drafts_total") == len(steps)  # all sources together
