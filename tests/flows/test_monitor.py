@@ -8,7 +8,7 @@ import pytest
 
 from draftwheel.config import ConfigError, load_config
 from flows.monitor import MonitorConfig, acceptance_by_slice, decide, read_records, window
-from serving.records import AcceptanceRecord, ModelId, Sampling
+from serving.records import AcceptanceRecord, ModelId, Sampling, Step
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 CHAMPION = "c" * 64
@@ -16,12 +16,13 @@ CHAMPION = "c" * 64
 
 def record(ts: float, slice: str, accepted: int, drafted: int = 10, mode: str = "draft",
            draft_sha: str = CHAMPION) -> AcceptanceRecord:
+    # One step with the given counts, so the totals agree with the steps as parse_record requires.
+    steps = [Step(k=drafted, accepted=accepted, draft_token_ids=[1] * drafted, target_token_id=2)] if mode == "draft" else []
     return AcceptanceRecord(
         request_id=f"r{ts}", ts=ts, slice=slice, target_id=ModelId("t", sha256="t" * 64),
         draft_id=ModelId("d", "1", draft_sha) if mode == "draft" else None, mode=mode, sampling=Sampling(),
-        prompt="p", prompt_token_ids=[1], output="o", output_token_ids=[2], finish_reason="length",
-        drafted_tokens=drafted if mode == "draft" else 0, accepted_tokens=accepted if mode == "draft" else 0,
-        verify_steps=3,
+        prompt="p", prompt_token_ids=[1], output="o", output_token_ids=[2], finish_reason="length", steps=steps,
+        drafted_tokens=sum(s.k for s in steps), accepted_tokens=sum(s.accepted for s in steps), verify_steps=len(steps),
     )
 
 
