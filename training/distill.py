@@ -29,7 +29,7 @@ from draftwheel.tracking import get_tracker
 from training import common, losses
 from training.data import (DistillCollator, build_teacher_cache, cache_key, has_teacher_topk, load_dataset_dir,
                            load_holdout, loss_mask_for, tokenize_distill)
-from training.evaluate import AgreementCallback, TrackerCallback, target_references
+from training.evaluate import AgreementCallback, EpochSelection, TrackerCallback, target_references
 
 DISTILL_COLUMNS = ("prompt_token_ids", "completion_token_ids")
 
@@ -54,6 +54,10 @@ class DistillConfig(common.TrainCommon, common.LoraFields):
     learning_rate: float = 1e-3
     epochs: float = 3.0
     max_length: int = 256
+    keep_best_epoch: bool = True  # save the epoch best for the shadow gate (hold-out, per slice), not the last
+    early_stop_patience: int = 2  # stop after this many epochs without a better one (0 = run every epoch)
+    forgetting_tolerance: float = 0.05  # an epoch whose slice dropped more than this (vs the start) is not eligible
+    eval_min_slice_examples: int = 10   # smaller hold-out slices are judged pooled (serving.gate.slice_groups)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -65,6 +69,11 @@ class DistillConfig(common.TrainCommon, common.LoraFields):
                         f"must be 'online' or 'cached', got {self.teacher_mode!r}")
         common.require(self.top_k >= 1, "top_k", f"must be >= 1, got {self.top_k}")
         common.require(bool(self.student), "student", "must name a model dir or models:/ URI")
+        common.require(self.early_stop_patience >= 0, "early_stop_patience", f"must be >= 0, got {self.early_stop_patience}")
+        common.require(0.0 <= self.forgetting_tolerance < 1.0, "forgetting_tolerance",
+                       f"must be a fraction in [0, 1), got {self.forgetting_tolerance}")
+        common.require(self.eval_min_slice_examples >= 1, "eval_min_slice_examples",
+                       f"must be >= 1, got {self.eval_min_slice_examples}")
         common.require(0.0 <= self.on_policy_fraction <= 1.0, "on_policy_fraction",
                        f"must be in [0, 1], got {self.on_policy_fraction}")
         if self.on_policy_fraction > 0:  # student-written text has no stored or cached teacher
@@ -191,7 +200,9 @@ def train_distill(config: DistillConfig, tracker: Any = None) -> Path:
     holdout = load_holdout(holdout_dir, config.eval_max_samples, config.max_length) if holdout_dir else None
     if holdout:
         refs = target_references(target.model, holdout)
-        callbacks.append(AgreementCallback(holdout, tracker, config.eval_k, refs))
+        callbacks.append(AgreementCallback(holdout, tracker, config.eval_k, refs, selection=EpochSelection(
+            tolerance=config.forgetting_tolerance, min_slice_examples=config.eval_min_slice_examples,
+            patience=config.early_stop_patience, keep_best=config.keep_best_epoch)))
     args = TrainingArguments(**common.training_arguments_kwargs(config, out_dir))
     trainer = DistillTrainer(
         model=model, args=args, train_dataset=train_set, data_collator=DistillCollator(pad_id),
@@ -206,10 +217,12 @@ def train_distill(config: DistillConfig, tracker: Any = None) -> Path:
         metrics = {"train_loss": result.training_loss, "train_runtime_s": result.metrics["train_runtime"],
                    "train_tokens": tokens, "train_tokens_per_s": tokens / max(result.metrics["train_runtime"], 1e-9),
                    "teacher_cache_s": cache_s, "steps": trainer.state.global_step}
-        eval_history = callbacks[-1].history if holdout else []  # the AgreementCallback, appended last
-        common.finish_training(trainer, tracker, metrics, eval_history, student.tokenizer, out_dir, "distill", config,
+        evaluation = callbacks[-1] if holdout else None  # the AgreementCallback, appended last
+        common.finish_training(trainer, tracker, metrics, evaluation.history if evaluation else [], student.tokenizer,
+                               out_dir, "distill", config,
                                {"target": str(target.path), "target_sha256": target.model_id.sha256,
-                                "student": config.student, "dataset": str(dataset_dir)})
+                                "student": config.student, "dataset": str(dataset_dir),
+                                "epoch_selection": evaluation.summary() if evaluation else None})
     return out_dir
 
 

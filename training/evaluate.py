@@ -9,19 +9,35 @@ output *is* the target's argmax). From the per-position matches we report
 - a greedy speculative-decoding replay: from position `s` the draft's own greedy continuation is
   accepted for as long as the matches run (capped at `k`), the step emits that run plus one target
   token, and the next step starts after it. This gives the per-position conditional acceptance
-  (position 1..k) and the mean accepted length as the Engine counts it, `(accepted + steps) / steps`.
+  (position 1..k) and the mean accepted length as the Engine counts it, `(accepted + steps) / steps`,
+  pooled over steps and (`request_mean_accepted_length`) averaged over requests, as the shadow gate does.
 
-It does not run the Engine (that is `serving.shadow`'s job) and does not sample.
+All of these overall and per slice (`slice.<slice>.<metric>`). `AgreementCallback` evaluates before
+training and after every epoch; with an `EpochSelection` it stops early and keeps the epoch that is
+best for the shadow gate (no slice group losing more than a tolerance, then the largest gain), not
+the one with the lowest training loss.
+
+It does not run the Engine (that is `serving.shadow`'s job), does not sample, and holds no statistics
+of its own: slice grouping comes from `serving.gate`.
 """
 
 from __future__ import annotations
 
+import logging
+import re
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from transformers import TrainerCallback
 
+from serving.gate import slice_groups
 from training.data import HoldoutExample
+
+log = logging.getLogger(__name__)
+
+SLICE_METRICS = ("agreement", "implied_mean_accepted_length", "replay_mean_accepted_length",
+                 "request_mean_accepted_length", "examples")
 
 
 def implied_mean_accepted_length(a: float, k: int) -> float:
@@ -81,29 +97,21 @@ def target_references(target: Any, examples: list[HoldoutExample], batch_size: i
     return refs
 
 
-def evaluate_agreement(draft: Any, examples: list[HoldoutExample], k: int = 4,
-                       references: list[list[int]] | None = None, batch_size: int = 4,
-                       progress: bool = True) -> dict[str, float]:
-    """Agreement and accepted-length figures of `draft` on `examples` (see module docstring)."""
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
-    refs = references or [e.output_ids for e in examples]
-    was_training = draft.training
-    draft.eval()
-    predictions = _argmax_over_outputs(draft, examples, batch_size, "draft agreement", progress)
-    draft.train(was_training)
-    total_matches = total_positions = 0
+def agreement_figures(match_lists: list[list[bool]], k: int) -> dict[str, float]:
+    """Agreement and accepted-length figures of a set of outputs, from each output's match flags."""
+    total_matches = total_positions = drafted_total = 0
     accepted_steps: list[int] = []
-    drafted_total = 0
+    request_lengths: list[float] = []
     reached = [0] * (k + 1)   # reached[j]: steps in which position j was drafted with 1..j-1 accepted
     passed = [0] * (k + 1)    # passed[j]: ... and position j was accepted too
-    for pred, ref in zip(predictions, refs):
-        matches = [p == r for p, r in zip(pred, ref)]
+    for matches in match_lists:
         total_matches += sum(matches)
         total_positions += len(matches)
         accepted, drafted = greedy_replay(matches, k)
         accepted_steps += accepted
         drafted_total += sum(drafted)
+        if accepted:
+            request_lengths.append((sum(accepted) + len(accepted)) / len(accepted))
         for acc, dra in zip(accepted, drafted):
             for j in range(1, min(acc + 1, dra) + 1):
                 reached[j] += 1
@@ -114,36 +122,164 @@ def evaluate_agreement(draft: Any, examples: list[HoldoutExample], k: int = 4,
         "agreement": a,
         "implied_mean_accepted_length": implied_mean_accepted_length(a, k),
         "replay_mean_accepted_length": (sum(accepted_steps) + len(accepted_steps)) / steps,
+        "request_mean_accepted_length": sum(request_lengths) / max(len(request_lengths), 1),
         "replay_acceptance_rate": sum(accepted_steps) / max(drafted_total, 1),
         "positions": float(total_positions),
+        "examples": float(len(match_lists)),
     }
     for j in range(1, k + 1):
         metrics[f"acceptance_pos{j}"] = passed[j] / reached[j] if reached[j] else 0.0
     return metrics
 
 
+def slice_key(slice_name: str, metric: str) -> str:
+    """Flat key of a per-slice figure, e.g. `slice.code.agreement` (characters MLflow refuses become `_`)."""
+    return f"slice.{re.sub(r'[^A-Za-z0-9_-]', '_', slice_name)}.{metric}"
+
+
+def evaluate_agreement(draft: Any, examples: list[HoldoutExample], k: int = 4,
+                       references: list[list[int]] | None = None, batch_size: int = 4,
+                       progress: bool = True) -> dict[str, float]:
+    """Agreement and accepted-length figures of `draft` on `examples` (see module docstring), overall and,
+    under `slice_key(slice, metric)`, per slice for the metrics in SLICE_METRICS."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    refs = references or [e.output_ids for e in examples]
+    was_training = draft.training
+    draft.eval()
+    predictions = _argmax_over_outputs(draft, examples, batch_size, "draft agreement", progress)
+    draft.train(was_training)
+    match_lists = [[p == r for p, r in zip(pred, ref)] for pred, ref in zip(predictions, refs)]
+    metrics = agreement_figures(match_lists, k)
+    for name in sorted({e.slice for e in examples}):
+        figures = agreement_figures([m for m, e in zip(match_lists, examples) if e.slice == name], k)
+        metrics.update({slice_key(name, metric): figures[metric] for metric in SLICE_METRICS})
+    return metrics
+
+
+@dataclass
+class EpochSelection:
+    """Which evaluation's weights to keep, judged as the shadow gate will judge them (docs/training.md).
+
+    Each evaluation is compared with the first (before training, the starting draft) on
+    `request_mean_accepted_length` (the mean over requests of each request's replayed accepted length,
+    what the gate averages), per slice group: every slice with `min_slice_examples` examples, and the
+    pool of the smaller ones if it has that many (`serving.gate.slice_groups`). An evaluation is
+    *eligible* when no group dropped by more than `tolerance`; the best is the eligible one with the
+    largest overall gain, or, if none is eligible, the one whose worst group dropped least."""
+
+    tolerance: float = 0.05
+    min_slice_examples: int = 10
+    patience: int = 2
+    """Evaluations in a row without a new best before training stops (0 = never stop early)."""
+    keep_best: bool = True
+    """At the end, put back the weights of the best evaluation (else keep the last)."""
+
+
+SELECTION_METRIC = "request_mean_accepted_length"
+
+
+def _group_means(entry: dict[str, float], groups: dict[str, list[str]], counts: dict[str, int]) -> dict[str, float]:
+    """Per gating group, the example-weighted mean of its slices' SELECTION_METRIC in one evaluation."""
+    return {group: sum(entry[slice_key(m, SELECTION_METRIC)] * counts[m] for m in members)
+            / sum(counts[m] for m in members) for group, members in groups.items()}
+
+
+def selection_scores(history: list[dict[str, float]], counts: dict[str, int],
+                     rule: EpochSelection) -> list[dict[str, Any]]:
+    """Per evaluation: overall and per-group relative change vs the first evaluation, the worst group,
+    and whether the evaluation is eligible (see EpochSelection)."""
+    groups = {g: members for g, members in slice_groups(counts, rule.min_slice_examples).items()
+              if sum(counts[m] for m in members) >= rule.min_slice_examples}
+    base_groups, base = _group_means(history[0], groups, counts), history[0][SELECTION_METRIC]
+    scores = []
+    for entry in history:
+        changes = {g: (v / base_groups[g] - 1.0) if base_groups[g] else 0.0
+                   for g, v in _group_means(entry, groups, counts).items()}
+        worst = min(changes, key=changes.get) if changes else ""
+        worst_change = changes.get(worst, 0.0)
+        scores.append({"epoch": entry["epoch"], "overall_change": entry[SELECTION_METRIC] / base - 1.0 if base else 0.0,
+                       "group_changes": changes, "worst_group": worst, "worst_change": worst_change,
+                       "eligible": worst_change >= -rule.tolerance})
+    return scores
+
+
+def _rank(score: dict[str, Any]) -> tuple[bool, float]:
+    return score["eligible"], score["overall_change"] if score["eligible"] else score["worst_change"]
+
+
+def best_evaluation(scores: list[dict[str, Any]]) -> int:
+    """Index of the best trained evaluation (index >= 1; the first is the baseline); 0 if none was trained."""
+    return max(range(1, len(scores)), key=lambda i: _rank(scores[i]), default=0)
+
+
 class AgreementCallback(TrainerCallback):
-    """Evaluates the model being trained on the hold-out after every epoch and logs it via the tracker."""
+    """Evaluates the model being trained on the hold-out before training and after every epoch, per slice,
+    and logs it via the tracker. With an `EpochSelection` it also stops early when `patience`
+    evaluations bring no new best, and at the end puts back the best evaluation's trainable weights
+    (kept on the CPU), re-evaluating them so the last history entry describes the saved model."""
 
     def __init__(self, examples: list[HoldoutExample], tracker: Any, k: int = 4,
-                 references: list[list[int]] | None = None, batch_size: int = 4):
+                 references: list[list[int]] | None = None, batch_size: int = 4,
+                 selection: EpochSelection | None = None):
         self.examples, self.tracker, self.k = examples, tracker, k
-        self.references, self.batch_size = references, batch_size
+        self.references, self.batch_size, self.selection = references, batch_size, selection
+        self.counts = {name: sum(e.slice == name for e in examples) for name in {e.slice for e in examples}}
         self.history: list[dict[str, float]] = []
+        self.scores: list[dict[str, Any]] = []
+        self.best_index = 0
+        self._best_weights: dict[str, torch.Tensor] | None = None
 
-    def _evaluate(self, state, model) -> None:
+    def _evaluate(self, state, model, epoch: float | None = None) -> bool:
         if not state.is_world_process_zero or model is None:
-            return
+            return False
         metrics = evaluate_agreement(model, self.examples, self.k, self.references, self.batch_size)
-        metrics["epoch"] = float(state.epoch or 0.0)
+        metrics["epoch"] = float(state.epoch or 0.0) if epoch is None else epoch
         self.history.append(metrics)
         self.tracker.log_metrics({f"eval_{name}": value for name, value in metrics.items()}, step=state.global_step)
+        return True
+
+    def _select(self, args, state, control, model) -> None:
+        self.scores = selection_scores(self.history, self.counts, self.selection)
+        latest = self.scores[-1]
+        self.tracker.log_metrics({"eval_selection_overall_change": latest["overall_change"],
+                                  "eval_selection_worst_change": latest["worst_change"],
+                                  "eval_selection_eligible": float(latest["eligible"])}, step=state.global_step)
+        if best_evaluation(self.scores) == len(self.scores) - 1:
+            self.best_index = len(self.scores) - 1
+            self._best_weights = {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()
+                                  if p.requires_grad}
+        stale = len(self.scores) - 1 - self.best_index
+        # Only a single process may stop on its own: the others do not evaluate and would wait forever.
+        if self.selection.patience and stale >= self.selection.patience and args.world_size == 1:
+            log.info("early stop at epoch %.2f: %d evaluations without a better one than epoch %.2f",
+                     latest["epoch"], stale, self.scores[self.best_index]["epoch"])
+            control.should_training_stop = True
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self._evaluate(state, model)  # the "before" point (epoch 0)
+        self._evaluate(state, model)  # the "before" point (epoch 0): the baseline of the selection
 
     def on_epoch_end(self, args, state, control, model=None, **kwargs):
-        self._evaluate(state, model)
+        if self._evaluate(state, model) and self.selection is not None:
+            self._select(args, state, control, model)
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        if (self.selection is None or not self.selection.keep_best or self._best_weights is None
+                or self.best_index == len(self.history) - 1):
+            return
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name in self._best_weights:
+                    param.copy_(self._best_weights[name].to(param.device))
+        epoch = self.history[self.best_index]["epoch"]
+        log.info("kept the weights of epoch %.2f (best for the gate), not of the last epoch", epoch)
+        self._evaluate(state, model, epoch)
+        self.history[-1]["restored"] = 1.0
+
+    def summary(self) -> dict[str, Any]:
+        """What was kept and why, for the candidate's training info."""
+        return {"selected_epoch": self.history[-1]["epoch"] if self.history else None,
+                "rule": asdict(self.selection) if self.selection else None, "scores": self.scores}
 
 
 class TrackerCallback(TrainerCallback):

@@ -31,7 +31,9 @@ def _config(toy_models, toy_data, tmp_path, **overrides) -> DistillConfig:
     base = dict(student=str(toy_models["student"]), target=str(toy_models["target"]),
                 dataset=str(toy_data["distill"]), holdout=str(toy_data["holdout"]), output_dir=str(tmp_path / "out"),
                 learning_rate=3e-3, max_steps=12, batch_size=4, logging_steps=4, tracking=False,
-                teacher_mode="online", freeze_embeddings=True)
+                teacher_mode="online", freeze_embeddings=True,
+                # These tests check the optimisation itself; epoch selection is tested in test_evaluate.py.
+                keep_best_epoch=False, early_stop_patience=0)
     return DistillConfig(**{**base, **overrides})
 
 

@@ -1,4 +1,10 @@
-"""Teacher-forced agreement: the implied-length formula, the greedy replay, and the per-epoch callback."""
+"""Teacher-forced agreement: the implied-length formula, the greedy replay, the per-slice figures, the
+epoch selection (on constructed histories) and the per-epoch callback (on tiny models).
+
+Tiny-model cases use two random toy models A and B of the same shape: a model's greedy outputs are
+its own argmax, so it agrees with them everywhere (agreement 1, accepted length k + 1), while the
+other model agrees with them only by chance (agreement well under 0.5).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +13,9 @@ import torch
 
 from serving import toy
 from training.data import HoldoutExample
-from training.evaluate import (AgreementCallback, evaluate_agreement, greedy_replay, implied_mean_accepted_length,
-                               target_references)
+from training.evaluate import (SELECTION_METRIC, AgreementCallback, EpochSelection, best_evaluation,
+                               evaluate_agreement, greedy_replay, implied_mean_accepted_length, selection_scores,
+                               slice_key, target_references)
 
 
 def test_implied_mean_accepted_length():
@@ -29,8 +36,8 @@ def test_greedy_replay_by_hand():
     assert greedy_replay([], k=3) == ([], [])
 
 
-def _examples(model, n=3, length=10):
-    generator = torch.Generator().manual_seed(0)
+def _examples(model, n=3, length=10, slice_name="default", seed=0):
+    generator = torch.Generator().manual_seed(seed)
     examples = []
     for _ in range(n):
         prompt = torch.randint(3, model.config.vocab_size, (5,), generator=generator).tolist()
@@ -38,7 +45,7 @@ def _examples(model, n=3, length=10):
         with torch.no_grad():  # plain argmax decoding (generate() would stop or suppress at EOS)
             for _ in range(length):
                 ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-        examples.append(HoldoutExample(prompt, ids[5:]))
+        examples.append(HoldoutExample(prompt, ids[5:], slice_name))
     return examples
 
 
@@ -86,3 +93,128 @@ def test_callback_logs_each_epoch_via_the_tracker():
     (metrics, step), = tracker.calls
     assert step == 7 and metrics["eval_agreement"] == 1.0 and metrics["eval_epoch"] == 1.0
     assert callback.history[0]["agreement"] == 1.0
+
+
+def _two_models():
+    tokenizer = toy.build_tokenizer()
+    return (toy.tiny_llama(tokenizer, n_layers=1, seed=0, tie_embeddings=False),
+            toy.tiny_llama(tokenizer, n_layers=1, seed=5, tie_embeddings=False))
+
+
+def test_figures_per_slice():
+    a, b = _two_models()
+    examples = _examples(a, n=2, slice_name="old") + _examples(b, n=3, slice_name="new/x", seed=1)
+    metrics = evaluate_agreement(a, examples, k=4, progress=False)
+    assert metrics[slice_key("old", "agreement")] == 1.0
+    assert metrics[slice_key("old", "request_mean_accepted_length")] == pytest.approx(5.0)
+    assert metrics[slice_key("new/x", "agreement")] < 0.5 and metrics[slice_key("new/x", "examples")] == 3.0
+    assert slice_key("new/x", "agreement") == "slice.new_x.agreement"  # MLflow refuses some characters
+    # Overall figures pool both slices.
+    assert metrics[slice_key("new/x", "agreement")] < metrics["agreement"] < 1.0 and metrics["examples"] == 5.0
+
+
+def _entry(epoch: float, **slices: float) -> dict:
+    """One evaluation: per slice the SELECTION_METRIC, overall = the example-weighted mean (10 each)."""
+    entry = {"epoch": epoch, SELECTION_METRIC: sum(slices.values()) / len(slices)}
+    entry.update({slice_key(name, SELECTION_METRIC): value for name, value in slices.items()})
+    return entry
+
+
+def test_selection_prefers_the_epoch_best_for_the_gate_not_the_last():
+    # Training on `new` keeps raising it (what a falling training loss shows) while `old` forgets:
+    # epoch 1: new +25 %, old -2 % (eligible); epoch 2: new +50 %, old -4 % (eligible, larger gain);
+    # epoch 3: new +60 %, old -10 % (beyond the 5 % tolerance: not eligible however large the gain).
+    history = [_entry(0, new=2.0, old=3.0), _entry(1, new=2.5, old=2.94), _entry(2, new=3.0, old=2.88),
+               _entry(3, new=3.2, old=2.7)]
+    counts = {"new": 10, "old": 10}
+    scores = selection_scores(history, counts, EpochSelection())
+    assert [s["eligible"] for s in scores] == [True, True, True, False]
+    assert scores[3]["worst_group"] == "old" and scores[3]["worst_change"] == pytest.approx(-0.1)
+    assert best_evaluation(scores) == 2
+    # With a stricter tolerance only epoch 1 is eligible.
+    assert best_evaluation(selection_scores(history, counts, EpochSelection(tolerance=0.03))) == 1
+    # If no trained epoch is eligible, the one whose worst group lost least.
+    assert best_evaluation(selection_scores(history, counts, EpochSelection(tolerance=0.01))) == 1
+
+
+def test_selection_pools_small_slices():
+    # Two 6-example slices (< 10 each, 12 together) are judged as one pool: b's -20 % is -10 % of the pool
+    # (equal sizes and figures), beyond the tolerance; a 3-example slice alone is ignored (no pool of one).
+    history = [_entry(0, big=2.0, a=3.0, b=3.0), _entry(1, big=3.0, a=3.0, b=2.4)]
+    scores = selection_scores(history, {"big": 12, "a": 6, "b": 6}, EpochSelection())
+    assert scores[1]["group_changes"] == {"big": pytest.approx(0.5), "other/pooled": pytest.approx(-0.1)}
+    assert not scores[1]["eligible"]
+    lone = selection_scores([_entry(0, big=2.0, a=3.0), _entry(1, big=3.0, a=1.0)], {"big": 12, "a": 3},
+                            EpochSelection())
+    assert lone[1]["eligible"] and list(lone[1]["group_changes"]) == ["big"]
+
+
+class _Args:
+    world_size = 1
+
+
+def _epoch(callback, model, state, control, weights, epoch):
+    model.load_state_dict(weights)
+    state.epoch, state.global_step = float(epoch), 10 * epoch
+    callback.on_epoch_end(_Args(), state, control, model=model)
+
+
+def test_callback_stops_early_and_puts_back_the_best_weights():
+    from transformers import TrainerControl, TrainerState
+
+    a, b = _two_models()
+    weights_a = {k: v.clone() for k, v in a.state_dict().items()}
+    weights_b = {k: v.clone() for k, v in b.state_dict().items()}
+    # `old` = A's own outputs, `new` = B's. Starting from A, "training" towards B wins `new` but forgets
+    # `old` completely, so those epochs are not eligible and epoch 1 (still A) stays the best.
+    examples = _examples(a, n=2, slice_name="old") + _examples(b, n=2, slice_name="new", seed=1)
+    tracker = _RecordingTracker()
+    callback = AgreementCallback(examples, tracker, k=4, selection=EpochSelection(min_slice_examples=2, patience=2))
+    model, state, control = a, TrainerState(), TrainerControl()
+    state.epoch = 0.0
+    callback.on_train_begin(_Args(), state, control, model=model)
+    _epoch(callback, model, state, control, weights_a, 1)
+    _epoch(callback, model, state, control, weights_b, 2)
+    assert not control.should_training_stop
+    _epoch(callback, model, state, control, weights_b, 3)
+    assert control.should_training_stop  # two epochs without a better one than epoch 1
+    assert [s["eligible"] for s in callback.scores] == [True, True, False, False]
+    callback.on_train_end(_Args(), state, control, model=model)
+    assert all(torch.equal(model.state_dict()[k], weights_a[k]) for k in weights_a)
+    last = callback.history[-1]
+    assert last["restored"] == 1.0 and last["epoch"] == 1.0 and last[slice_key("old", "agreement")] == 1.0
+    assert callback.summary()["selected_epoch"] == 1.0
+    logged = [m for m, _ in tracker.calls if "eval_selection_eligible" in m]
+    assert [m["eval_selection_eligible"] for m in logged] == [1.0, 1.0, 1.0, 0.0, 0.0][-len(logged):]
+
+
+def test_distill_keeps_the_selected_epoch(toy_models, toy_data, tmp_path):
+    import json
+
+    from training.distill import DistillConfig, train_distill
+
+    config = DistillConfig(student=str(toy_models["student"]), target=str(toy_models["target"]),
+                           dataset=str(toy_data["distill"]), holdout=str(toy_data["holdout"]),
+                           output_dir=str(tmp_path / "out"), learning_rate=3e-3, epochs=4, batch_size=4,
+                           tracking=False, teacher_mode="online", early_stop_patience=1, eval_min_slice_examples=2)
+    info = json.loads((train_distill(config) / "draftwheel_training.json").read_text())
+    history, selection = info["eval_history"], info["epoch_selection"]
+    assert history[0]["epoch"] == 0.0 and slice_key("code", "agreement") in history[0]
+    assert selection["selected_epoch"] == history[-1]["epoch"] and selection["rule"]["patience"] == 1
+    scores = selection["scores"]
+    assert scores[best_evaluation(scores)]["epoch"] == selection["selected_epoch"]
+    # The saved model's figures are those of the kept epoch (re-evaluated after putting its weights back).
+    kept = next(h for h in history if h["epoch"] == selection["selected_epoch"])
+    assert history[-1]["agreement"] == pytest.approx(kept["agreement"])
+
+
+@pytest.mark.parametrize("override,field", [("early_stop_patience=-1", "early_stop_patience"),
+                                            ("forgetting_tolerance=1.5", "forgetting_tolerance"),
+                                            ("eval_min_slice_examples=0", "eval_min_slice_examples")])
+def test_distill_selection_fields_are_validated(override, field):
+    from draftwheel.config import load_config
+    from training.distill import DistillConfig
+
+    with pytest.raises(ValueError, match=field):
+        load_config(DistillConfig, "configs/distill.yaml", [override])
+    assert load_config(DistillConfig, "configs/distill.yaml") == DistillConfig()
