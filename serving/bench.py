@@ -1,10 +1,13 @@
 """Side-by-side decoding benchmark: our plain and speculative decoding against HF `generate`.
 
-All four methods run in ONE process on the same prompt token ids, interleaved prompt by prompt so that
-load changes on a shared machine hit them alike: our autoregressive loop, our draft speculative loop,
-HF `generate(do_sample=False)` and HF `generate(assistant_model=draft, do_sample=False)` with the
-same k (constant schedule, no confidence cut-off). Greedy only: that is where identity is defined.
-The result has the keys of design.md's `bench` table. No I/O besides reading prompts.
+All methods run in ONE process on the same prompt token ids, interleaved prompt by prompt so that
+load changes on a shared machine hit them alike: our autoregressive loop, our speculative loop with the
+engine's draft (any kind: `lm` or `eagle3`), HF `generate(do_sample=False)`, HF prompt-lookup decoding
+(`prompt_lookup_num_tokens`) and HF `generate(assistant_model=draft, do_sample=False)` with the same k
+(constant schedule, no confidence cut-off; needs an `lm` draft: the engine's, or a separate assistant
+when the engine serves an eagle3 draft). Greedy only: that is where identity is defined. The result has
+the keys of design.md's `bench` table plus the measured draft cost `draft_cost_c`. No I/O besides
+reading prompts.
 
 Which weights HF runs: the engine serves CPU models with oneDNN-packed linear layers (serving.prepack),
 which HF `generate` does not do. So HF runs on unpacked copies of the engine's models (HF as users run
@@ -74,11 +77,13 @@ class _Clock:
         self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
 
 
-def _hf_generate(model: Any, ids: list[int], max_new_tokens: int, assistant: Any = None):
+def _hf_generate(model: Any, ids: list[int], max_new_tokens: int, assistant: Any = None, lookup: int = 0):
+    """HF greedy generate: plain, assisted (`assistant`), or prompt-lookup (`lookup` tokens per guess)."""
     input_ids = torch.tensor([ids])
+    extra = {"prompt_lookup_num_tokens": lookup} if lookup else {"assistant_model": assistant}
     with _Clock() as clock, torch.inference_mode():
         out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-                             max_new_tokens=max_new_tokens, assistant_model=assistant)
+                             max_new_tokens=max_new_tokens, **extra)
     return out[0, len(ids):].tolist(), clock
 
 
@@ -92,37 +97,55 @@ def _kernels(model: Any) -> str:
     return "oneDNN prepacked" if is_packed(model) else "stock"
 
 
+def _hf_methods(engine: Engine, assistant: Any, lookup: int) -> dict[str, tuple[Any, Any, int]]:
+    """HF baselines: name -> (model, assistant, prompt-lookup tokens). HF runs stock (unpacked) copies;
+    with an `lm` draft it also runs on the engine's own packed models ("same kernels")."""
+    hf_target = unpacked_copy(engine.target.model)
+    methods = {"hf_plain": (hf_target, None, 0), "hf_prompt_lookup": (hf_target, None, lookup)}
+    if engine.draft.kind == "lm":
+        assistant = engine.draft.model
+        methods["hf_assisted_same_kernels"] = (engine.target.model, assistant, 0)
+    if assistant is not None:
+        methods["hf_assisted"] = (hf_target, unpacked_copy(assistant), 0)
+    return methods
+
+
 def run_bench(engine: Engine, prompts: list[Any], max_new_tokens: int, k: int = 4, chat: bool = False,
-              progress: bool = True, cpu_time: bool = False) -> dict[str, Any]:
-    """Measure the five methods on `prompts`; return the design.md `bench` keys, the kernel and
-    same-kernels HF keys, and `cpu_*` tokens per CPU-second rates and speedups when `cpu_time`."""
+              progress: bool = True, cpu_time: bool = False, assistant: Any = None,
+              prompt_lookup_tokens: int = 10) -> dict[str, Any]:
+    """Measure ours (plain, speculative with the engine's draft of any kind) and HF generate (plain,
+    prompt lookup, assisted) on `prompts`; return the design.md `bench` keys plus `draft_cost_c` (the
+    measured per-drafted-token cost over a verification forward), the kernel and same-kernels keys, and
+    `cpu_*` rates when `cpu_time`. HF assisted needs an `lm` draft: the engine's own, or `assistant`
+    (a causal LM sharing the tokenizer, e.g. the small-LM v0 when the engine serves an eagle3 draft)."""
     if engine.draft is None:
         raise ValueError("bench needs a draft model")
     from tqdm import tqdm
 
-    ours = (engine.target.model, engine.draft.model)
-    hf_target, hf_draft = (unpacked_copy(model) for model in ours)
-    baselines = {"hf_assisted": (hf_target, hf_draft), "hf_assisted_same_kernels": ours}
+    methods = _hf_methods(engine, assistant, prompt_lookup_tokens)
     params = SamplingParams(max_new_tokens=max_new_tokens, k=k)
-    tokens = dict.fromkeys(("plain", "spec", "hf_plain", *baselines), 0)
+    tokens = dict.fromkeys(("plain", "spec", *methods), 0)
     seconds = dict.fromkeys(tokens, 0.0)
     cpu_seconds = dict.fromkeys(tokens, 0.0)
     drafted = accepted = steps = identical = 0
+    draft_s = verify_s = 0.0
     with contextlib.ExitStack() as stack:
-        for _, assistant in baselines.values():
-            stack.enter_context(assistant_settings(assistant, k))
+        for _, helper, _ in methods.values():
+            if helper is not None:
+                stack.enter_context(assistant_settings(helper, k))
         # Warm-up (allocator, first-call paths) outside the timed region.
         _ours(engine, prompts[0], SamplingParams(max_new_tokens=4, k=k), chat, "draft")
-        for model, assistant in baselines.values():
-            _hf_generate(model, engine.encode(prompts[0], chat)[1], 4, assistant)
+        for model, helper, lookup in methods.values():
+            _hf_generate(model, engine.encode(prompts[0], chat)[1], 4, helper, lookup)
         for prompt in tqdm(prompts, desc="bench", disable=not progress):
             plain, clock_plain = _ours(engine, prompt, params, chat, "autoregressive")
             spec, clock_spec = _ours(engine, prompt, params, chat, "draft")
-            hf_ids, clock_hf = _hf_generate(hf_target, spec.prompt_token_ids, max_new_tokens)
-            runs = [("plain", plain.token_ids, clock_plain), ("spec", spec.token_ids, clock_spec),
-                    ("hf_plain", hf_ids, clock_hf)]
-            for name, (model, assistant) in baselines.items():
-                runs.append((name, *_hf_generate(model, spec.prompt_token_ids, max_new_tokens, assistant)))
+            runs = [("plain", plain.token_ids, clock_plain), ("spec", spec.token_ids, clock_spec)]
+            outputs = {}
+            for name, (model, helper, lookup) in methods.items():
+                ids, clock = _hf_generate(model, spec.prompt_token_ids, max_new_tokens, helper, lookup)
+                outputs[name] = ids
+                runs.append((name, ids, clock))
             for name, ids, clock in runs:
                 tokens[name] += len(ids)
                 seconds[name] += clock.wall
@@ -130,24 +153,32 @@ def run_bench(engine: Engine, prompts: list[Any], max_new_tokens: int, k: int = 
             drafted += spec.record.drafted_tokens
             accepted += spec.record.accepted_tokens
             steps += spec.record.verify_steps
-            identical += int(spec.token_ids == hf_ids)
+            draft_s += spec.stats.draft_s
+            verify_s += spec.stats.verify_s
+            identical += int(spec.token_ids == outputs["hf_plain"])
     rate = {name: tokens[name] / seconds[name] for name in tokens}
     result = {
         "plain_tokens_per_s": rate["plain"], "spec_tokens_per_s": rate["spec"],
-        "hf_plain_tokens_per_s": rate["hf_plain"], "hf_assisted_tokens_per_s": rate["hf_assisted"],
+        "hf_plain_tokens_per_s": rate["hf_plain"], "hf_assisted_tokens_per_s": rate.get("hf_assisted"),
+        "hf_prompt_lookup_tokens_per_s": rate["hf_prompt_lookup"],
         "speedup_vs_plain": rate["spec"] / rate["plain"],
-        "speedup_vs_hf_assisted": rate["spec"] / rate["hf_assisted"],
-        "acceptance_rate": acceptance_rate(accepted, drafted),
-        "mean_accepted_length": mean_accepted_length(accepted, steps),
+        "speedup_vs_hf_assisted": rate["spec"] / rate["hf_assisted"] if "hf_assisted" in rate else None,
+        "speedup_vs_hf_prompt_lookup": rate["spec"] / rate["hf_prompt_lookup"],
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "mean_accepted_length": (accepted + steps) / steps if steps else 0.0,
         "greedy_identical": f"{identical}/{len(prompts)}",
         "k": k, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
-        "engine_kernels": _kernels(ours[0]), "hf_kernels": _kernels(hf_target),
-        "hf_assisted_same_kernels_tokens_per_s": rate["hf_assisted_same_kernels"],
-        "speedup_vs_hf_assisted_same_kernels": rate["spec"] / rate["hf_assisted_same_kernels"],
+        "draft_kind": engine.draft.kind, "prompt_lookup_num_tokens": prompt_lookup_tokens,
+        "draft_cost_c": (draft_s / drafted) / (verify_s / steps) if drafted and verify_s else 0.0,
+        "engine_kernels": _kernels(engine.target.model), "hf_kernels": _kernels(methods["hf_plain"][0]),
     }
+    if "hf_assisted_same_kernels" in rate:
+        result["hf_assisted_same_kernels_tokens_per_s"] = rate["hf_assisted_same_kernels"]
+        result["speedup_vs_hf_assisted_same_kernels"] = rate["spec"] / rate["hf_assisted_same_kernels"]
     if cpu_time:
         cpu_rate = {name: tokens[name] / cpu_seconds[name] for name in tokens}
         result.update({f"cpu_{name}_tokens_per_s": value for name, value in cpu_rate.items()})
         result["cpu_speedup_vs_plain"] = cpu_rate["spec"] / cpu_rate["plain"]
-        result["cpu_speedup_vs_hf_assisted"] = cpu_rate["spec"] / cpu_rate["hf_assisted"]
+        if "hf_assisted" in cpu_rate:
+            result["cpu_speedup_vs_hf_assisted"] = cpu_rate["spec"] / cpu_rate["hf_assisted"]
     return result

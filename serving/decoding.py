@@ -37,6 +37,12 @@ class Request:
     generator: torch.Generator
     steps: list[Step] = field(default_factory=list)
     first_token_s: float | None = None  # perf_counter time of the first emitted token
+    draft_s: float = 0.0  # seconds spent drafting, summed over steps (the measured draft cost)
+    verify_s: float = 0.0  # seconds spent in the target's verification forwards
+
+    def timed_step(self, draft_s: float, verify_s: float) -> None:
+        self.draft_s += draft_s
+        self.verify_s += verify_s
 
     def emit(self, tokens: list[int]) -> None:
         if self.first_token_s is None:
@@ -112,6 +118,7 @@ def speculative(target: CachedLM, draft: CachedLM, req: Request, controller: Ada
             draft.rollback(k - 1 - accepted)
             draft_new = emitted[-1:]  # [1]: the target's correction
         target_new = emitted[-1:]  # [1]
+        req.timed_step(draft_s, target.last_forward_s)
         if controller:
             controller.update(k, accepted, draft_s, target.last_forward_s)
         emitted_list = emitted.tolist()

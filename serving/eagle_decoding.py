@@ -85,6 +85,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
         features = features[: accepted + 1]  # [a+1, 3H]: positions of `last` and the accepted drafts
         slot_tokens = emitted  # [a+1]: the tokens that follow those positions
         last = int(emitted[-1])
+        req.timed_step(draft_s, target.last_forward_s)
         if controller:
             controller.update(k, accepted, draft_s, target.last_forward_s)
         req.steps.append(Step(k=k, accepted=accepted, draft_token_ids=drafted.tolist(), target_token_id=last))

@@ -52,6 +52,15 @@ class RequestStats:
     ttft_s: float
     latency_s: float
     tokens_per_s: float
+    draft_s: float = 0.0   # time spent drafting (draft-model and eagle3 modes)
+    verify_s: float = 0.0  # time spent in verification forwards
+
+    @property
+    def draft_cost_ratio(self) -> float:
+        """c: seconds per drafted token over seconds per verification forward (0 when nothing drafted)."""
+        if not self.drafted_tokens or not self.verify_s:
+            return 0.0
+        return (self.draft_s / self.drafted_tokens) / (self.verify_s / self.verify_steps)
 
 
 @dataclass
@@ -242,6 +251,7 @@ class Engine:
             verify_steps=record.verify_steps, acceptance_rate=record.acceptance_rate,
             mean_accepted_length=record.mean_accepted_length, ttft_s=record.ttft_s,
             latency_s=record.latency_s, tokens_per_s=generated / record.latency_s if record.latency_s else 0.0,
+            draft_s=req.draft_s, verify_s=req.verify_s,
         )
         return Completion(request_id=record.request_id, prompt=prompt, prompt_token_ids=record.prompt_token_ids,
                           text=record.output, token_ids=record.output_token_ids,

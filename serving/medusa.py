@@ -78,8 +78,9 @@ class MedusaHeads(nn.Module):
         return list(self.blocks.parameters())
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        # hidden: [B, T, H] -> [n_heads, B, T, V]
-        return torch.stack([self.head_logits(i, hidden) for i in range(self.n_heads)])
+        # hidden: [B, T, H] -> [n_heads, B, T, V]. The shared LM head (most of the cost: its weight is
+        # V x H) runs once over all heads' block outputs stacked, not once per head.
+        return self.lm_head(torch.stack([block(hidden) for block in self.blocks]))
 
     def head_logits(self, index: int, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of head `index` alone: [..., H] -> [..., V] (training computes heads one at a time)."""

@@ -16,6 +16,9 @@ BENCH_KEYS = {
 # Beyond design.md: which kernels each side ran, and HF assisted on the engine's own (packed) models.
 KERNEL_KEYS = {"engine_kernels", "hf_kernels", "hf_assisted_same_kernels_tokens_per_s",
                "speedup_vs_hf_assisted_same_kernels"}
+# HF prompt lookup as one more baseline, and the measured draft cost c of the mode under test.
+EXTRA_KEYS = {"hf_prompt_lookup_tokens_per_s", "speedup_vs_hf_prompt_lookup", "prompt_lookup_num_tokens",
+              "draft_kind", "draft_cost_c"}
 
 
 def test_bench_writes_the_design_keys_and_compares_with_stock_hf(dirs, tmp_path, capsys, monkeypatch):
@@ -28,7 +31,8 @@ def test_bench_writes_the_design_keys_and_compares_with_stock_hf(dirs, tmp_path,
     assert main(["bench", "--target", str(target), "--draft", str(draft), "--prompts", str(prompts),
                  "--max-new-tokens", "12", "--k", "3", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert set(result) == BENCH_KEYS | KERNEL_KEYS
+    assert set(result) == BENCH_KEYS | KERNEL_KEYS | EXTRA_KEYS
+    assert result["draft_kind"] == "lm" and result["draft_cost_c"] > 0
     assert (result["engine_kernels"], result["hf_kernels"]) == ("oneDNN prepacked", "stock")
     assert result["greedy_identical"] == "2/2"
     assert (result["k"], result["prompts"], result["max_new_tokens"]) == (3, 2, 12)
