@@ -5,9 +5,12 @@ find earlier occurrences of the longest suffix of the current context and propos
 most of them share. Each drafted token carries an estimated acceptance probability, the product of the
 branch frequencies `count(child) / count(node)` along the path (an occurrence whose sequence ends
 there counts in the denominator and never as a branch); the proposal's `score` is their sum (the
-expected accepted length if the estimates were exact); drafting stops below `min_token_prob`. Every
-match length is tried and the best score wins (ties: the longer match), and a match of length m may
-propose at most `m * spec_factor + spec_offset` tokens, so speculation length grows with match length.
+expected accepted length if the estimates were exact); drafting stops below `min_token_prob`. Match
+lengths are tried longest first and the best score wins (ties: the longer match); a match of length m
+may propose at most `m * spec_factor + spec_offset` tokens, so speculation length grows with match
+length. Two bounds on the work, not in the tree version: once the best score reaches the next length's
+token limit the search stops (exact: no shorter match can beat it), and at most `max_thresholds`
+lengths are tried.
 
 Here the suffix tree is replaced by a flat int32 token buffer (sequences separated by -1) and a table
 from each `min_match`-gram to the buffer positions that follow it. A proposal takes the most recent
@@ -54,6 +57,8 @@ class SuffixConfig:
     """Longest context suffix compared (tokens)."""
     max_candidates: int = 256
     """Most recent earlier occurrences considered per proposal."""
+    max_thresholds: int = 8
+    """Most match lengths tried per proposal (each is one walk): the longest, the shortest, some between."""
     max_spec_tokens: int = 16
     """Most tokens one proposal drafts."""
     spec_factor: float = 1.0
@@ -64,7 +69,8 @@ class SuffixConfig:
     """Stop drafting when a token's estimated acceptance probability falls below this."""
 
     def __post_init__(self) -> None:
-        for name in ("max_requests", "max_tokens", "max_depth", "max_candidates", "max_spec_tokens"):
+        for name in ("max_requests", "max_tokens", "max_depth", "max_candidates", "max_thresholds",
+                     "max_spec_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be an int >= 1, got {value!r}")
@@ -117,6 +123,15 @@ def _walk(rows: np.ndarray, limit: int, min_prob: float) -> tuple[list[int], flo
         score += prob
         rows = rows[column == token]
     return tokens, score
+
+
+def _thresholds(match: np.ndarray, most: int) -> list[int]:
+    """The distinct match lengths, longest first; when there are more than `most`, the longest, the
+    shortest and evenly spaced ones between (a bound on the work of one proposal)."""
+    lengths = np.unique(match)[::-1]
+    if len(lengths) > most:
+        lengths = lengths[np.unique(np.linspace(0, len(lengths) - 1, most).round().astype(int))]
+    return lengths.tolist()
 
 
 class TokenStore:
@@ -214,12 +229,18 @@ class TokenStore:
         ahead = np.minimum(rel[:, None] + np.arange(max_k), len(self._buf) - 1)  # [C, K]; past the end is -1
         following = self._buf[ahead]  # [C, K]
         best = EMPTY
-        for m in np.unique(match).tolist():  # ascending: a tie goes to the longer match
+        for m in _thresholds(match, config.max_thresholds):  # descending: a tie keeps the longer match
             limit = min(max_k, int(m * config.spec_factor + config.spec_offset + 1e-6))
+            if best.score >= limit:  # a score never exceeds its limit, and limits only fall from here
+                break
             tokens, score = _walk(following[match >= m], limit, config.min_token_prob)
-            if tokens and score >= best.score:
-                best = Proposal(tokens=tokens, score=score, match_len=int(m))
+            if score > best.score:
+                best = Proposal(tokens=tokens, score=score, match_len=m)
         return best
+
+    def closed_sequences(self) -> list[list[int]]:
+        """The closed sequences' tokens, oldest first."""
+        return [self._buf[start - self._base: start - self._base + n].tolist() for start, n in self.sequences]
 
     def nbytes(self) -> int:
         """Approximate memory held: buffer, table, position arrays, keys (Python object sizes)."""
@@ -279,6 +300,11 @@ class SuffixIndex:
     def request(self, prompt_ids: Sequence[int]) -> RequestIndex:
         """A per-request index over `prompt_ids`, with this index's config."""
         return RequestIndex(prompt_ids, self.config)
+
+    def sequences(self) -> list[list[int]]:
+        """The kept requests' tokens (prompt + output), oldest first."""
+        with self._lock:
+            return self._store.closed_sequences()
 
     def nbytes(self) -> int:
         with self._lock:

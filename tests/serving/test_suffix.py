@@ -154,3 +154,8 @@ def test_propose_is_pure():
 def test_config_rejects_bad_values_by_name(bad):
     with pytest.raises(ValueError, match=next(iter(bad)) if "max_depth" not in bad else "max_depth"):
         SuffixConfig(**bad)
+
+
+def test_sequences_returns_the_kept_requests_oldest_first():
+    index = index_of([1, 2, 3], [4, 5], [6, 7, 8, 9], max_requests=2)
+    assert index.sequences() == [[4, 5], [6, 7, 8, 9]]
