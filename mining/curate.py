@@ -24,7 +24,7 @@ from mining.dedupe import NearDupIndex, exact_key
 from mining.pii import Scrubber, contains_pii
 from mining.scan import fetch_lines
 from mining.select import Selection
-from serving.records import RecordError, parse_record
+from serving.records import RecordError, read_record
 
 CATEGORIES = ("hard", "rollback", "uniform")
 
@@ -58,7 +58,7 @@ def iter_records(files: list[Path], rows: np.ndarray) -> Iterator[tuple[int, Any
         for number, line in fetch_lines(files[file_index], positions[file_index]):
             row_id, key = by_file[file_index][number]
             try:
-                record = parse_record(line)
+                record = read_record(line)
             except RecordError:
                 continue
             if exact_key(record.prompt) == key:

@@ -1,6 +1,6 @@
 """Reading serving logs: list rotated files, decode and validate every line, quarantine the bad ones.
 
-Lines are validated by `serving.records.parse_record`, the one definition of log schema v1 (this
+Lines are validated by `serving.records.read_record`, the one definition of log schema v1 (this
 module keeps no copy of it). `scan_lines` streams lines from plain and gzip files with their line
 number and byte offset, so memory does not depend on file size; `fetch_lines` re-reads selected lines
 later. A file that cannot be opened (a symlink loop, no permission) is quarantined as a whole, never

@@ -4,7 +4,7 @@ Files are split into contiguous groups scanned by worker processes (`python -m m
 fresh interpreters, so nothing is inherited by accident and callers need no `__main__` guard); each
 writes its own index and quarantine part, and the parts are merged in file order, so the result is
 identical whatever the number of workers. One group runs in-process. Per line: skip
-blanks, validate (`serving.records.parse_record`, token ids against the vocabulary when it is known),
+blanks, validate (`serving.records.read_record`, token ids against the vocabulary when it is known),
 quarantine bad lines with their position, apply the
 time and slice filters, compute the request's stats, and append one index row. Selection, text and
 outputs are later stages' business.
@@ -32,7 +32,7 @@ from mining.index import IndexFile
 from mining.pii import Scrubber
 from mining.scan import Quarantine, file_size, scan_lines
 from mining.stats import SliceStats, request_stats
-from serving.records import RecordError, parse_record
+from serving.records import RecordError, read_record
 
 AUTO_PARALLEL_BYTES = 256 * 2**20  # below this, starting workers costs more than it saves
 MAX_WORKERS = 8
@@ -73,7 +73,7 @@ def scan_group(files: list[Path], first_file: int, scratch: Path, part: int, con
                     counts["blank"] += 1
                     continue
                 try:
-                    record = parse_record(line, vocab_size)
+                    record = read_record(line, vocab_size)
                 except RecordError as exc:
                     if line.endswith(b"\n"):
                         quarantine.add(path, number, offset, exc.kind, str(exc), line)

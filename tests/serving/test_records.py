@@ -103,3 +103,14 @@ def test_step_source_is_optional_written_only_when_set_and_read_back():
 def test_any_bytes_give_a_record_error_and_nothing_else(line):
     with pytest.raises(RecordError):
         parse_record(line)
+
+
+def test_the_line_type_is_generated_from_the_dataclasses_and_reads_the_same_record():
+    from dataclasses import fields
+
+    from serving.records import RecordLine, read_record
+
+    assert RecordLine.__struct_fields__ == tuple(f.name for f in fields(AcceptanceRecord))
+    line = read_record(make_record().to_json())
+    assert isinstance(line, RecordLine) and line.steps[0].source is None
+    assert parse_record(make_record().to_json()) == make_record()
