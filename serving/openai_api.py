@@ -5,8 +5,9 @@ engine's `SamplingParams`, raising `ApiError` (an HTTP status + OpenAI-style err
 OpenAI field name for bad values and for features the engine does not support (n > 1, logprobs,
 penalties, ...). Fields take JSON types as sent (strict: `"stream": "yes"` or `"max_tokens": "2"` is a
 400, not a guess), and `check_text` refuses text that is not valid Unicode (a lone surrogate such as
-`"\\ud800"`, which JSON can carry but no tokenizer or log line can encode), naming the field. draftwheel extensions, sent by the `openai` client through `extra_body`: `slice`
-(the record's workload label; `metadata.slice` works too), `top_k` and `k` (draft length).
+`"\\ud800"`, which JSON can carry but no tokenizer or log line can encode), naming the field.
+draftwheel extensions, sent by the `openai` client through `extra_body`: `slice` (the record's
+workload label; `metadata.slice` works too), `top_k` and `k` (draft length).
 
 No I/O and no engine calls here; routing, queueing and SSE framing live in `serving.server`.
 """

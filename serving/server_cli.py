@@ -1,7 +1,11 @@
 """`draftwheel serve`: load the models, open the acceptance log, run the HTTP server under uvicorn.
 
 Settings come from a `ServeConfig` YAML (`--config`, default configs/serve.yaml), then `--set k=v`
-overrides, then the explicit flags. When the draft is a registry URI (`models:/NAME@ALIAS`), a
+overrides, then the explicit flags. An empty API key (`--api-key "$KEY"` with KEY unset, or an empty
+$DRAFTWHEEL_API_KEY) is a config error, never an open server. Before loading any model the log dir is
+created if missing and opened for writing (refused if that fails); a model that cannot be loaded is one
+line naming its setting and path or URI (exit code 2, no traceback). On SIGINT/SIGTERM uvicorn drains
+in-flight requests for at most `drain_timeout_s`, then cuts the rest. When the draft is a registry URI (`models:/NAME@ALIAS`), a
 `serving.reload.DraftWatcher` swaps in the new draft whenever the alias moves. On shutdown the watcher
 is stopped and the log is fsynced and closed. Heavy imports happen inside the command function so
 `draftwheel --help` stays fast; the HTTP API itself lives in `serving.server`.
@@ -10,17 +14,21 @@ is stopped and the log is fsynced and closed. Heavy imports happen inside the co
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from draftwheel.config import ConfigError
+from draftwheel.registry_names import URI_PREFIX
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "serve.yaml"
 API_KEY_ENV = "DRAFTWHEEL_API_KEY"
-REGISTRY_PREFIX = "models:/"
 
 
 def register(subparsers: Any) -> None:
@@ -46,8 +54,8 @@ def register(subparsers: Any) -> None:
 
 def build_config(args: argparse.Namespace) -> Any:
     """ServeConfig from the YAML, `--set` overrides, the environment's API key, then the flags."""
-    from draftwheel.config import ConfigError, load_config
-    from serving.server import ServeConfig
+    from draftwheel.config import load_config
+    from serving.serve_config import ServeConfig
 
     path = args.config if args.config is not None else (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
     try:
@@ -58,8 +66,9 @@ def build_config(args: argparse.Namespace) -> Any:
         raise ConfigError(f"{path or 'overrides'}: {exc}") from exc
     flags = {"target": args.target, "draft": args.draft, "medusa": args.medusa, "host": args.host,
              "port": args.port, "log_dir": args.log_dir,
-             # the flag wins; the environment only fills in a key the config does not set
-             "api_key": args.api_key or (None if config.api_key else os.environ.get(API_KEY_ENV) or None)}
+             # the flag wins, even empty (then refused); the environment fills in a key the config lacks
+             "api_key": args.api_key if args.api_key is not None else
+             (None if config.api_key else os.environ.get(API_KEY_ENV))}
     changes = {name: value for name, value in flags.items() if value is not None}
     if args.no_draft:
         changes["draft"] = None
@@ -71,7 +80,7 @@ def build_config(args: argparse.Namespace) -> Any:
 
 def _start_watcher(engine: Any, config: Any) -> Any:
     """A started DraftWatcher when the draft comes from the registry, else None."""
-    if not (config.draft or "").startswith(REGISTRY_PREFIX):
+    if not (config.draft or "").startswith(URI_PREFIX):
         return None
     from serving.reload import DraftWatcher
 
@@ -80,24 +89,64 @@ def _start_watcher(engine: Any, config: Any) -> Any:
     return watcher
 
 
-def open_engine(config: Any) -> tuple[Any, Any]:
-    """(engine, sink) for `config`: models loaded, metrics attached, log open."""
-    from draftwheel.home import logs_dir, models_dir
-    from serving.engine import Engine
-    from serving.metrics import Metrics
+@contextlib.contextmanager
+def _setting(label: str) -> Iterator[None]:
+    """Turn the ways loading a setting's file or model fails into a one-line `ConfigError` naming it."""
+    from draftwheel.tracking import RegistryError
+    from serving.reference import ReferenceModelError
+
+    try:
+        yield
+    except (OSError, ValueError, RegistryError, ReferenceModelError) as exc:
+        raise ConfigError(f"{label}: {exc}") from exc
+
+
+def open_sink(config: Any, metrics: Any = None) -> Any:
+    """The acceptance log, its dir created if missing and its active file opened: refused if unwritable."""
+    from draftwheel.home import logs_dir
     from serving.sink import JsonlSink
+
+    log_dir = config.log_dir or logs_dir()
+    with _setting(f"log_dir {log_dir}: cannot write the acceptance log there"):
+        sink = JsonlSink(log_dir, max_bytes=config.log_max_bytes, flush_every=config.log_flush_every,
+                         compress=config.log_compress, metrics=metrics)
+        try:
+            sink.check_writable()
+        except OSError:
+            sink.close()
+            raise
+    return sink
+
+
+def _load_engine(config: Any, sink: Any, metrics: Any) -> Any:
+    """The engine: target (+ Medusa heads), then the draft swapped in, each failure naming its setting."""
+    from draftwheel.home import models_dir
+    from serving.engine import Engine
+    from serving.models import load_model
 
     target = config.target
     if target is None:
         from serving.reference import ensure_reference_target
 
-        target = str(ensure_reference_target(models_dir()))
+        with _setting("target (the reference model)"):
+            target = str(ensure_reference_target(models_dir()))
+    label = f"target {target}" + (f" / medusa {config.medusa}" if config.medusa else "")
+    with _setting(label):
+        engine = Engine.from_paths(target, None, config.medusa, device=config.device, sink=sink, metrics=metrics)
+    if config.draft:
+        with _setting(f"draft {config.draft}"):
+            engine.swap_draft(load_model(config.draft, config.device))  # what Engine(target, draft) checks
+    return engine
+
+
+def open_engine(config: Any) -> tuple[Any, Any]:
+    """(engine, sink) for `config`: log open and writable, models loaded, metrics attached."""
+    from serving.metrics import Metrics
+
     metrics = Metrics()
-    sink = JsonlSink(config.log_dir or logs_dir(), max_bytes=config.log_max_bytes,
-                     flush_every=config.log_flush_every, compress=config.log_compress, metrics=metrics)
+    sink = open_sink(config, metrics)
     try:
-        engine = Engine.from_paths(target, config.draft, config.medusa, device=config.device, sink=sink,
-                                   metrics=metrics)
+        engine = _load_engine(config, sink, metrics)
     except BaseException:
         sink.close()
         raise
@@ -117,7 +166,8 @@ def serve(config: Any) -> None:
         watcher = _start_watcher(engine, config)
         log.info("serving target=%s draft=%s on http://%s:%d (logs: %s)", engine.target.model_id.name,
                  engine.draft.model_id.name if engine.draft else None, config.host, config.port, sink.log_dir)
-        uvicorn.run(create_app(engine, config, watcher), host=config.host, port=config.port, log_level="info")
+        uvicorn.run(create_app(engine, config, watcher), host=config.host, port=config.port, log_level="info",
+                    timeout_graceful_shutdown=config.drain_timeout_s)
     finally:
         if watcher is not None:
             watcher.stop()

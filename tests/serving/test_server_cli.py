@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import socket
@@ -14,14 +15,35 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import yaml
 
 from draftwheel.config import ConfigError, load_config
 from serving.engine import Engine
 from serving.records import parse_record
 from serving.server import ServeConfig, background_server, create_app
+from draftwheel.cli import main
 from serving.server_cli import API_KEY_ENV, DEFAULT_CONFIG, _start_watcher, build_config, register
 from serving.sink import iter_lines
 from tests.serving.test_server import model_dirs  # noqa: F401 - a fixture
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_for_health(proc: subprocess.Popen, port: int, timeout_s: float = 120) -> str:
+    """The base URL once the served /healthz answers; fails with the output if the process died."""
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout_s
+    while True:
+        assert proc.poll() is None, proc.stdout.read()
+        try:
+            httpx.get(url + "/healthz")
+            return url
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.2)
 
 
 def _serve_args(*argv: str):
@@ -32,6 +54,8 @@ def _serve_args(*argv: str):
 
 def test_configs_serve_yaml_matches_serve_config_defaults():
     assert load_config(ServeConfig, DEFAULT_CONFIG) == ServeConfig()
+    written = set(yaml.safe_load(DEFAULT_CONFIG.read_text()))
+    assert written == {f.name for f in dataclasses.fields(ServeConfig)}  # every setting documented there
 
 
 def test_cli_flags_override_set_which_overrides_the_yaml(monkeypatch, tmp_path):
@@ -58,17 +82,80 @@ def test_api_key_comes_from_flag_then_config_then_environment(monkeypatch, tmp_p
     (["--set", "colour=blue"], "colour"),
     (["--set", "default_temperature=-1"], "default_temperature"),
     (["--set", "api_key="], "api_key"),
+    (["--api-key", ""], "api_key"),  # `--api-key "$KEY"` with KEY unset must not open the server
+    (["--api-key", "  "], "api_key"),
+    (["--set", "max_body_bytes=0"], "max_body_bytes"),
+    (["--set", "drain_timeout_s=-1"], "drain_timeout_s"),
 ])
 def test_bad_serve_settings_raise_config_errors_naming_the_field(argv, needle):
     with pytest.raises(ConfigError, match=needle):
         build_config(_serve_args(*argv))
 
 
+def test_an_empty_api_key_in_the_environment_is_refused_too(monkeypatch):
+    monkeypatch.setenv(API_KEY_ENV, "")
+    with pytest.raises(ConfigError, match="api_key"):
+        build_config(_serve_args())
+
+
+def _serve_main(capsys, *argv: str) -> tuple[int, str]:
+    """`draftwheel serve ARGV` in process, for the failures before the server starts: (exit code, stderr)."""
+    code = main(["serve", *argv])
+    return code, capsys.readouterr().err
+
+
+def _one_line(err: str) -> str:
+    """The one error line (model loading may print progress bars and library INFO lines before it)."""
+    lines = [line for line in err.splitlines() if line.startswith("draftwheel")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_an_unwritable_log_dir_stops_serve_before_loading_models(capsys, tmp_path):
+    blocked = tmp_path / "logs"
+    (blocked / "acceptance.jsonl").mkdir(parents=True)  # the active log cannot be opened, even by root
+    code, err = _serve_main(capsys, "--target", "/never/loaded", "--log-dir", str(blocked))
+    assert code == 2 and "log_dir" in _one_line(err) and str(blocked) in err
+    not_creatable = tmp_path / "a-file"
+    not_creatable.write_text("")
+    code, err = _serve_main(capsys, "--target", "/never/loaded", "--log-dir", str(not_creatable / "logs"))
+    assert code == 2 and "log_dir" in _one_line(err) and "a-file/logs" in err
+
+
+def test_a_missing_log_dir_is_created(tmp_path):
+    config = ServeConfig(log_dir=str(tmp_path / "new" / "logs"))
+    from serving.server_cli import open_sink
+
+    open_sink(config).close()
+    assert (tmp_path / "new" / "logs").is_dir()
+
+
+@pytest.fixture
+def registry_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTWHEEL_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return tmp_path / "home"
+
+
+def test_models_that_cannot_be_loaded_are_one_line_errors(capsys, registry_home, model_dirs):
+    from draftwheel import tracking
+
+    code, err = _serve_main(capsys, "--target", "/nonexistent", "--no-draft")
+    assert code == 2 and "target" in _one_line(err) and "/nonexistent" in err
+    target = str(model_dirs[0])
+    code, err = _serve_main(capsys, "--target", target, "--draft", "models:/nosuch@champion")
+    assert code == 2 and "draft" in _one_line(err) and "models:/nosuch@champion" in err
+    version = tracking.register_draft(model_dirs[1])
+    tracking.set_alias(version, "champion")
+    for weights in registry_home.rglob("*.safetensors"):  # the registry's copies, not model_dirs
+        weights.unlink()
+    code, err = _serve_main(capsys, "--target", target, "--draft", "models:/draftwheel-draft@champion")
+    assert code == 2 and "models:/draftwheel-draft@champion" in _one_line(err)
+
+
 def test_draftwheel_serve_end_to_end(model_dirs, tmp_path):
     """The real command in a subprocess: serve, answer with a key, shut down on SIGINT, leave the log fsynced."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = _free_port()
     env = {**os.environ, "DRAFTWHEEL_HOME": str(tmp_path / "home"), "DRAFTWHEEL_API_KEY": "k3y",
            "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
@@ -76,15 +163,8 @@ def test_draftwheel_serve_end_to_end(model_dirs, tmp_path):
          "--port", str(port)], cwd=Path(__file__).resolve().parents[2], env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                health = httpx.get(url + "/healthz").json()
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "server did not come up"
-                time.sleep(0.2)
+        url = _wait_for_health(proc, port)
+        health = httpx.get(url + "/healthz").json()
         assert health["draft"]["name"] == "draft"
         client = openai.OpenAI(base_url=url + "/v1", api_key="k3y", max_retries=0)
         text = client.completions.create(model="target", prompt="To be, or", max_tokens=5, temperature=0,
@@ -110,3 +190,33 @@ def test_registry_draft_starts_a_watcher_reported_on_healthz(model_dirs):
     finally:
         watcher.stop()
     assert watcher._thread is None
+
+
+def test_sigterm_drain_timeout_cuts_a_long_request_and_says_so(model_dirs, tmp_path):
+    """A streaming request that would run ~1000 tokens, SIGTERM, `drain_timeout_s=0.5`: the server stops
+    within seconds and its log says one request was cut."""
+    port = _free_port()
+    env = {**os.environ, "DRAFTWHEEL_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
+    env.pop(API_KEY_ENV, None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "draftwheel", "serve", "--target", str(model_dirs[0]), "--no-draft",
+         "--port", str(port), "--set", "drain_timeout_s=0.5"], cwd=Path(__file__).resolve().parents[2], env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = _wait_for_health(proc, port)
+        body = {"model": "target", "prompt": "The quick brown", "max_tokens": 1000, "temperature": 0, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            next(lines)
+            proc.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            events = []
+            with pytest.raises(httpx.RemoteProtocolError):  # cut: the chunked body never ends
+                events.extend(lines)
+            output = proc.communicate(timeout=60)[0]
+            stopped = time.monotonic() - signalled
+    finally:
+        proc.kill()
+    assert stopped < 15, output
+    assert not any('"finish_reason": "length"' in e for e in events), "the request was not cut"
+    assert "1 request(s) in flight were cut" in output, output
