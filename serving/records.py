@@ -137,7 +137,8 @@ def _line_types() -> dict[type, type]:
                 fields.append((f.name, hint))
             else:
                 fields.append((f.name, hint, f.default))
-        structs[cls] = msgspec.defstruct(f"{cls.__name__}Line", fields)
+        # v1 reads `sampling` strictly: an unknown sampling parameter could change what the record means.
+        structs[cls] = msgspec.defstruct(f"{cls.__name__}Line", fields, forbid_unknown_fields=cls is Sampling)
     return structs
 
 

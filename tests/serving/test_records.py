@@ -114,3 +114,14 @@ def test_the_line_type_is_generated_from_the_dataclasses_and_reads_the_same_reco
     line = read_record(make_record().to_json())
     assert isinstance(line, RecordLine) and line.steps[0].source is None
     assert parse_record(make_record().to_json()) == make_record()
+
+
+def test_unknown_fields_are_ignored_except_in_sampling():
+    data = json.loads(make_record().to_json())
+    data["new_top_level"] = 1
+    data["steps"][0]["new_step_field"] = 2
+    data["target_id"]["new_id_field"] = 3
+    assert parse_record(json.dumps(data)) == make_record()
+    data["sampling"]["min_p"] = 0.1
+    with pytest.raises(RecordError, match="field 'sampling': object contains unknown field `min_p`"):
+        parse_record(json.dumps(data))
