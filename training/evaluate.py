@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from serving.acceptance import acceptance_rate, mean_accepted_length
 from serving.gate import slice_groups
 from training.data import HoldoutExample
 
@@ -111,19 +112,18 @@ def agreement_figures(match_lists: list[list[bool]], k: int) -> dict[str, float]
         accepted_steps += accepted
         drafted_total += sum(drafted)
         if accepted:
-            request_lengths.append((sum(accepted) + len(accepted)) / len(accepted))
+            request_lengths.append(mean_accepted_length(sum(accepted), len(accepted)))
         for acc, dra in zip(accepted, drafted):
             for j in range(1, min(acc + 1, dra) + 1):
                 reached[j] += 1
                 passed[j] += j <= acc
     a = total_matches / max(total_positions, 1)
-    steps = max(len(accepted_steps), 1)
     metrics = {
         "agreement": a,
         "implied_mean_accepted_length": implied_mean_accepted_length(a, k),
-        "replay_mean_accepted_length": (sum(accepted_steps) + len(accepted_steps)) / steps,
+        "replay_mean_accepted_length": mean_accepted_length(sum(accepted_steps), len(accepted_steps)),
         "request_mean_accepted_length": sum(request_lengths) / max(len(request_lengths), 1),
-        "replay_acceptance_rate": sum(accepted_steps) / max(drafted_total, 1),
+        "replay_acceptance_rate": acceptance_rate(sum(accepted_steps), drafted_total),
         "positions": float(total_positions),
         "examples": float(len(match_lists)),
     }
