@@ -22,6 +22,7 @@ from draftwheel import home
 from draftwheel.config import load_config
 from flows import tasks
 from flows.flywheel import flywheel
+from serving.acceptance import acceptance_rate
 from serving.records import AcceptanceRecord, RecordError, parse_record
 from serving.sink import iter_lines
 
@@ -81,7 +82,7 @@ class SliceStats:
 
     @property
     def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+        return acceptance_rate(self.accepted, self.drafted)
 
 
 @dataclass

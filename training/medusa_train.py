@@ -25,6 +25,7 @@ from transformers import Trainer, TrainingArguments
 from draftwheel import home
 from draftwheel.config import to_dict
 from draftwheel.tracking import get_tracker
+from serving.acceptance import mean_accepted_length
 from serving.medusa import MedusaHeads
 from training import common, losses
 from training.data import DistillCollator, HoldoutExample, load_dataset_dir, load_holdout, tokenize_distill
@@ -142,7 +143,7 @@ def head_accuracy(model: MedusaModel, examples: list[HoldoutExample]) -> dict[st
                 run += leading
             runs.append(run)
     metrics = {f"head{i}_accuracy": hits[i] / counts[i] if counts[i] else 0.0 for i in range(len(hits))}
-    metrics["chain_mean_accepted_length"] = 1.0 + sum(runs) / max(len(runs), 1)
+    metrics["chain_mean_accepted_length"] = mean_accepted_length(sum(runs), len(runs))
     return metrics
 
 
