@@ -12,6 +12,7 @@ import sys
 
 from draftwheel.config import ConfigError
 from draftwheel.home import apply_offline_defaults
+from draftwheel.tracking import ArtifactError
 
 # Order here is the order of the commands in `draftwheel --help`.
 COMMAND_MODULES = ["serving.cli", "serving.server_cli", "mining.cli", "training.cli", "draftwheel.registry_cli", "flows.cli"]
@@ -46,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         result = args.func(args)
     except ConfigError as exc:
         print(f"draftwheel {args.command}: config error: {exc}", file=sys.stderr)
+        return 2
+    except ArtifactError as exc:  # a registry version serving/training cannot use: its files are gone
+        print(f"draftwheel {args.command}: {exc}", file=sys.stderr)
         return 2
     return int(result or 0)
 

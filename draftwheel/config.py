@@ -2,11 +2,15 @@
 
 Unknown keys are rejected and every error names the offending field, so a typo in a YAML file fails
 loudly instead of silently falling back to a default. Validation of values lives in each config's
-`__post_init__` (raise `ValueError` naming the field).
+`__post_init__` (raise `ValueError` naming the field); it reaches callers as `ConfigError`.
+
+Every command takes overrides the same way, through `add_override_arguments`: `--set KEY=VALUE`
+(repeatable), or the same `KEY=VALUE` pairs bare after the options; both land in `args.overrides`.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import types
 import typing
@@ -81,7 +85,9 @@ def from_dict(cls: type[T], data: dict[str, Any], source: str = "config") -> T:
     kwargs = {name: _coerce(name, value, hints[name]) for name, value in data.items()}
     try:
         return cls(**kwargs)
-    except TypeError as exc:  # a required field is missing
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:  # a required field is missing, or __post_init__ refused a value
         raise ConfigError(f"{source}: {exc}") from exc
 
 
@@ -94,6 +100,22 @@ def parse_overrides(overrides: list[str] | None) -> dict[str, Any]:
         key, value = item.split("=", 1)
         result[key.strip()] = yaml.safe_load(value) if value else value
     return result
+
+
+class _ExtendOverrides(argparse.Action):
+    """Bare `KEY=VALUE` arguments join the `--set` ones in `args.overrides`, in command-line order."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, "overrides", list(getattr(namespace, "overrides", None) or []) + list(values))
+
+
+def add_override_arguments(parser: argparse.ArgumentParser, example: str = "key=value") -> None:
+    """The one override syntax of the command line: `--set KEY=VALUE` (repeatable) or bare `KEY=VALUE`
+    pairs, both collected in `args.overrides` and applied by `load_config`."""
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"override a config field (repeatable), e.g. --set {example}")
+    parser.add_argument("bare_overrides", nargs="*", action=_ExtendOverrides, metavar="KEY=VALUE",
+                        help=f"the same overrides without --set, e.g. {example}")
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:

@@ -3,11 +3,17 @@
 Everything the embedded defaults write goes under one directory: `$DRAFTWHEEL_HOME`, default
 `./.draftwheel` (models/, logs/, datasets/, mlflow.db, mlartifacts/, prefect/). This module only
 computes paths and sets environment defaults; it starts nothing.
+
+The default paths that connect the stages are defined here and nowhere else: `draftwheel traffic` writes
+`logs_dir()`, `draftwheel mine` reads it and writes `mined_dir()`, the trainers read
+`mined_dataset("distill" | "preference")` and `draftwheel shadow` reads `mined_dataset("holdout")`.
+The flywheel lays out each run's `datasets/` the same way (`mined_dataset(kind, root)`).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 # Settings that keep the embedded stack working on a machine with no internet. `setdefault` so that a
@@ -38,6 +44,36 @@ def logs_dir() -> Path:
 
 def datasets_dir() -> Path:
     return state_dir() / "datasets"
+
+
+DATASET_KINDS = ("distill", "preference", "holdout")
+"""The datasets `mine` writes (one dir each, beside manifest.json)."""
+
+
+def mined_dir() -> Path:
+    """Where `draftwheel mine` writes by default, and so where the trainers and `shadow` read."""
+    return datasets_dir()
+
+
+def mined_dataset(kind: str, root: str | Path | None = None) -> Path:
+    """The `kind` dataset of a mined root (default `mined_dir()`)."""
+    if kind not in DATASET_KINDS:
+        raise ValueError(f"dataset kind: {kind!r} is not one of {', '.join(DATASET_KINDS)}")
+    return Path(root if root is not None else mined_dir()) / kind
+
+
+def timestamped_dir(name: str, root: str | Path | None = None) -> Path:
+    """A new dir `<root>/<UTC time>[.N]`, created (root default: `<state dir>/<name>`); two calls never share one."""
+    parent = Path(root) if root else state_dir() / name
+    path = parent / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    stem, suffix = path.name, 0
+    while True:
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            suffix += 1
+            path = path.with_name(f"{stem}.{suffix}")
 
 
 def tracking_uri() -> str:

@@ -20,6 +20,8 @@ from typing import Any, Iterator
 
 from draftwheel import home
 from draftwheel.hashing import file_sha256, weights_sha256
+from draftwheel.registry_names import (  # noqa: F401 - DRAFT_MODEL, ALIASES, WEIGHTS_TAG: re-exported
+    ALIASES, CHAMPION, DRAFT_MODEL, FILES_TAG, PREVIOUS, URI_PREFIX, WEIGHTS_TAG)
 
 EXPERIMENT = "draftwheel"
 
@@ -126,15 +128,10 @@ def get_tracker(enabled: bool = True, tracking_uri: str | None = None) -> NullTr
 # Model registry
 # ---------------------------------------------------------------------------------------------------
 
-DRAFT_MODEL = "draftwheel-draft"
-ALIASES = ("champion", "challenger", "previous")
-FILES_TAG = "files_sha256"  # {file name: sha256} of every file registered, checked on every resolve
-WEIGHTS_TAG = "weights_sha256"
 # Files a draft model dir may carry into the registry. Weights must be safetensors; everything else is
 # JSON/text config and tokenizer files. Pickle-based formats are never stored nor loaded.
 ALLOWED_SUFFIXES = (".safetensors", ".json", ".txt", ".jinja")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".npy", ".joblib")
-_URI_PREFIX = "models:/"
 
 
 class RegistryError(RuntimeError):
@@ -156,7 +153,8 @@ def _registry_call(what: str) -> Iterator[None]:
     except RegistryError:
         raise
     except (MlflowException, OSError, requests.RequestException) as exc:
-        raise RegistryError(f"registry: {what} failed: {str(exc)[:500]}") from exc
+        detail = " ".join(str(exc).split())[:500]  # one line: MLflow's messages span several
+        raise RegistryError(f"registry: {what} failed: {detail}") from exc
 
 
 def _client(tracking_uri: str | None):
@@ -243,12 +241,7 @@ def get_alias_version(alias: str, name: str = DRAFT_MODEL, tracking_uri: str | N
 
 
 def set_alias(version: str | int, alias: str, name: str = DRAFT_MODEL, tracking_uri: str | None = None) -> None:
-    if alias not in ALIASES:  # a typo here would silently detach serving from the promotion flow
-        raise ValueError(f"alias: {alias!r} is not one of {', '.join(ALIASES)}")
-    client = _client(tracking_uri)
-    with _registry_call(f"setting {name}@{alias} -> {version}"):
-        client.get_model_version(name, str(version))  # a clear error for a version that does not exist
-        client.set_registered_model_alias(name, alias, str(version))
+    move_aliases({alias: version}, name, tracking_uri)
 
 
 def get_version_tags(version: str | int, name: str = DRAFT_MODEL, tracking_uri: str | None = None) -> dict[str, str]:
@@ -265,26 +258,48 @@ def set_version_tags(version: str | int, tags: dict[str, Any], name: str = DRAFT
             client.set_model_version_tag(name, str(version), key, _tag_value(value))
 
 
+def move_aliases(moves: dict[str, str | int | None], name: str = DRAFT_MODEL,
+                 tracking_uri: str | None = None) -> dict[str, str]:
+    """Set (a version) or remove (None) several aliases, all or nothing; return the new aliases.
+
+    Every version is checked to exist before any alias moves, and a failure half-way puts the aliases
+    already moved back, so a caller never sees one alias moved and the other not. Moving aliases is a
+    primitive: the checked, locked promote/rollback path is `draftwheel.registry`.
+    """
+    unknown = sorted(set(moves) - set(ALIASES))
+    if unknown:  # a typo here would silently detach serving from the promotion flow
+        raise ValueError(f"alias: {unknown} not in {', '.join(ALIASES)}")
+    client = _client(tracking_uri)
+    with _registry_call(f"moving aliases {moves} of {name}"):
+        before = {alias: str(v) for alias, v in client.get_registered_model(name).aliases.items()}
+        for version in sorted({str(v) for v in moves.values() if v is not None}):
+            client.get_model_version(name, version)  # a clear error before anything moves
+        done: list[str] = []
+        try:
+            for alias, version in moves.items():
+                _put_alias(client, name, alias, None if version is None else str(version), before)
+                done.append(alias)
+        except Exception:
+            for alias in done:
+                _put_alias(client, name, alias, before.get(alias), {alias: moves[alias]})
+            raise
+    return aliases(name, tracking_uri)
+
+
+def _put_alias(client: Any, name: str, alias: str, version: str | None, current: dict[str, Any]) -> None:
+    if version is not None:
+        client.set_registered_model_alias(name, alias, version)
+    elif current.get(alias) is not None:
+        client.delete_registered_model_alias(name, alias)
+
+
 def promote(version: str | int, name: str = DRAFT_MODEL, tracking_uri: str | None = None) -> dict[str, str]:
-    """`version` becomes champion; the old champion becomes previous. Returns the new aliases."""
-    version = str(version)
-    current = get_alias_version("champion", name, tracking_uri)
-    if current != version:
-        set_alias(version, "champion", name, tracking_uri)  # first: it validates the version exists
-        if current is not None:
-            set_alias(current, "previous", name, tracking_uri)
-    return aliases(name, tracking_uri)
-
-
-def rollback(name: str = DRAFT_MODEL, tracking_uri: str | None = None) -> dict[str, str]:
-    """Swap champion and previous (so a second rollback undoes the first). Returns the new aliases."""
-    current = aliases(name, tracking_uri)
-    if "previous" not in current:
-        raise RegistryError(f"{name}: no 'previous' version to roll back to")
-    set_alias(current["previous"], "champion", name, tracking_uri)
-    if "champion" in current:
-        set_alias(current["champion"], "previous", name, tracking_uri)
-    return aliases(name, tracking_uri)
+    """Alias move only: `version` becomes champion, the old champion previous (no checks, no lock;
+    the command line and the flows promote through `draftwheel.registry.promote`)."""
+    current = get_alias_version(CHAMPION, name, tracking_uri)
+    if current == str(version):
+        return aliases(name, tracking_uri)
+    return move_aliases({CHAMPION: version, **({PREVIOUS: current} if current else {})}, name, tracking_uri)
 
 
 def list_versions(name: str = DRAFT_MODEL, tracking_uri: str | None = None) -> list[dict[str, Any]]:
@@ -304,9 +319,9 @@ def list_versions(name: str = DRAFT_MODEL, tracking_uri: str | None = None) -> l
 
 def parse_model_uri(uri: str) -> tuple[str, str | None, str | None]:
     """`models:/NAME@ALIAS` -> (NAME, None, ALIAS); `models:/NAME/VERSION` -> (NAME, VERSION, None)."""
-    if not uri.startswith(_URI_PREFIX):
+    if not uri.startswith(URI_PREFIX):
         raise RegistryError(f"{uri!r} is not a registry URI (models:/NAME@ALIAS or models:/NAME/VERSION)")
-    rest = uri[len(_URI_PREFIX):].strip("/")
+    rest = uri[len(URI_PREFIX):].strip("/")
     if "@" in rest:
         name, alias = rest.split("@", 1)
         if name and alias:

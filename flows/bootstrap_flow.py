@@ -18,19 +18,21 @@ from draftwheel.config import load_config
 
 def needs_bootstrap() -> bool:
     """True when the registry has no `champion` (or no registered draft model at all)."""
+    from draftwheel.registry_names import CHAMPION
     from draftwheel.tracking import RegistryError, get_alias_version
 
     try:
-        return get_alias_version("champion") is None
+        return get_alias_version(CHAMPION) is None
     except RegistryError:
         return True
 
 
 def v0_version() -> str | None:
     """The newest version registered by bootstrap (tag stage=bootstrap), if any."""
+    from draftwheel.registry_names import STAGE_TAG
     from draftwheel.tracking import list_versions
 
-    versions = [row["version"] for row in list_versions() if row["tags"].get("stage") == "bootstrap"]
+    versions = [row["version"] for row in list_versions() if row["tags"].get(STAGE_TAG) == "bootstrap"]
     return versions[-1] if versions else None
 
 

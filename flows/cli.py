@@ -15,9 +15,11 @@ from typing import Any
 
 
 def _add_config_args(parser: argparse.ArgumentParser, default_file: str, example: str) -> None:
+    from draftwheel.config import add_override_arguments
+
     parser.add_argument("--config", default=None, metavar="FILE",
                         help=f"YAML config (e.g. {default_file}); default: the built-in defaults, which it mirrors")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=f"config overrides, e.g. {example}")
+    add_override_arguments(parser, example)
 
 
 def register(subparsers: Any) -> None:
@@ -40,11 +42,13 @@ def register(subparsers: Any) -> None:
 
 
 def _check_config(args: argparse.Namespace, cls: type) -> bool:
-    """Validate the config before any Prefect server starts, so a typo fails in a second, not a minute."""
+    """Validate the config, and the stage configs of the flywheel it runs, before any Prefect server
+    starts, so a typo fails in seconds, not after mining and training."""
     from draftwheel.config import load_config
 
     try:
-        load_config(cls, args.config, list(args.overrides))
+        config = load_config(cls, args.config, list(args.overrides))
+        config.check_stages()
     except ValueError as exc:  # ConfigError included
         print(f"draftwheel {args.command}: config error: {exc}", file=sys.stderr)
         return False
@@ -72,6 +76,7 @@ def _serve(flow_obj: Any, args: argparse.Namespace) -> int:
 def _run_scheduled_flow(args: argparse.Namespace, flow_obj: Any, config_cls: type, failure: str,
                         summarise: Any) -> int:
     """Validate the config, then serve `flow_obj` on `--schedule` or run it once and print `summarise(result)`."""
+    from draftwheel.locks import LockedError
     from flows.flywheel import StageError
 
     if not _check_config(args, config_cls):
@@ -82,6 +87,9 @@ def _run_scheduled_flow(args: argparse.Namespace, flow_obj: Any, config_cls: typ
         result = flow_obj(args.config, list(args.overrides))
     except StageError as exc:
         print(f"draftwheel {args.command}: {failure}: {exc}. The champion is unchanged.", file=sys.stderr)
+        return 1
+    except LockedError as exc:
+        print(f"draftwheel {args.command}: {exc}. Nothing ran.", file=sys.stderr)
         return 1
     print(json.dumps(summarise(result), indent=2))
     return 0

@@ -24,12 +24,12 @@ from prefect import flow
 
 from draftwheel import home
 from draftwheel.config import load_config, to_dict
+from draftwheel.registry_names import CHAMPION_URI
 from flows import report
-from flows.flywheel import override
+from flows.flywheel import FlywheelConfig, override
 
 SLICES = ("chat", "code")
 STEPS = 7
-CHAMPION = "models:/draftwheel-draft@champion"
 
 
 @dataclass
@@ -78,6 +78,16 @@ class DemoConfig:
             raise ValueError(f"trigger_ratio must be in (0, 1], got {self.trigger_ratio}")
         if not 0.0 <= self.min_acceptance <= 1.0:
             raise ValueError(f"min_acceptance must be in [0, 1], got {self.min_acceptance}")
+
+    def flywheel_overrides(self) -> list[str]:
+        """The demo's settings for the flywheel its monitor starts."""
+        return [override("trainer", self.trainer), override("mining_overrides", self.mining_overrides),
+                override("train_overrides", self.train_overrides), override("target", self.target),
+                override("shadow_overrides", self.shadow_overrides), override("tracking", self.tracking)]
+
+    def check_stages(self) -> None:
+        """Check that flywheel's stage configs before the demo serves anything."""
+        load_config(FlywheelConfig, None, self.flywheel_overrides()).check_stages()
 
 
 def banner(step: int, text: str, started: float) -> None:
@@ -128,12 +138,9 @@ def measure(engines: dict[str, Any], rows: list[dict[str, str]], params: Any) ->
 def monitor_overrides(config: DemoConfig, logs_dir: Path, threshold: float, run_flywheel: bool) -> list[str]:
     """The demo's monitor: this run's logs, a window of the latest traffic, the demo's flywheel settings."""
     window = max(4, min(config.code_requests, 32))
-    flywheel = [override("trainer", config.trainer), override("mining_overrides", config.mining_overrides),
-                override("train_overrides", config.train_overrides), override("target", config.target),
-                override("shadow_overrides", config.shadow_overrides), override("tracking", config.tracking)]
     return [f"logs_dir={logs_dir}", f"window_requests={window}", f"min_requests={max(2, window // 4)}",
             f"min_acceptance={threshold:.4f}", f"run_flywheel={str(run_flywheel).lower()}",
-            override("target", config.target), override("flywheel_overrides", flywheel)]
+            override("target", config.target), override("flywheel_overrides", config.flywheel_overrides())]
 
 
 @dataclass
@@ -173,12 +180,13 @@ def _start(config: DemoConfig) -> DemoRun:
     banner(1, "bootstrap: reference target + v0 draft (skipped when a champion exists)", run.started)
     bootstrap_flow()
     v0 = v0_version()
-    if config.start_from_v0 and v0 is not None and tasks.resolve_champion(CHAMPION)["version"] != v0:
+    target = tasks.resolve_target(config.target)
+    if config.start_from_v0 and v0 is not None and tasks.resolve_champion(CHAMPION_URI)["version"] != v0:
         print(f"a previous demo promoted a newer champion; starting again from the v0 draft (version {v0})")
-        tasks.promote_version(v0)
-    target_dir = tasks.resolve_target(config.target)["dir"]
-    run.engine = Engine(load_model(target_dir), load_model(CHAMPION))  # run_traffic gives it a sink per phase
-    print(f"target {target_dir}; champion {CHAMPION} = version {run.engine.draft.model_id.version}", flush=True)
+        tasks.promote_version(v0, target_sha=target["sha256"])
+    target_dir = target["dir"]
+    run.engine = Engine(load_model(target_dir), load_model(CHAMPION_URI))  # run_traffic gives it a sink per phase
+    print(f"target {target_dir}; champion {CHAMPION_URI} = version {run.engine.draft.model_id.version}", flush=True)
     run.rows = workloads(config, bootstrap_prompts())
     run.params = SamplingParams(max_new_tokens=config.max_new_tokens, k=config.k, seed=config.seed)
     return run
@@ -247,7 +255,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     run = _start(config)
     old = run.engine.draft
     outcome = _shift_and_flywheel(run)
-    run.engine.swap_draft(load_model(CHAMPION))
+    run.engine.swap_draft(load_model(CHAMPION_URI))
     new = run.engine.draft
     if config.after_requests:
         banner(6, f"the champion (version {new.model_id.version}) serves {config.after_requests} code requests",

@@ -1,17 +1,20 @@
 """The `flywheel` flow: mine -> train -> shadow -> register -> promote (through the gate).
 
 One MLflow parent run per flow run, one nested run per stage, with the manifest and the shadow report
-attached. A candidate reaches `champion` only when the shadow gate says so and `promote` is on; any
-stage failure stops the flow before the registry is touched, marks the stage's and the parent's MLflow
-runs FAILED (tags `failed_stage`, `failure_reason`) and fails the Prefect flow run. This module wires
-stages; what each stage does lives in mining/, training/, serving/ and draftwheel/tracking.py.
+attached. Every stage's config (mining, trainer, shadow, with their overrides) is loaded before the first
+stage starts, so a bad field fails in seconds. One run at a time per state dir: a run holds the
+`flywheel` lock (`draftwheel.locks`) and a second one fails at once, naming the lock file.
+A candidate reaches `champion` only when the shadow gate says so, `promote` is on and the champion is
+still the one it was gated against; any stage failure stops the flow before the registry is touched, marks
+the stage's and the parent's MLflow runs FAILED (tags `failed_stage`, `failure_reason`) and fails the
+Prefect flow run. Registering and promoting go through `draftwheel.registry`, as on the command line.
+This module wires stages; what each stage does lives in mining/, training/, serving/ and draftwheel/.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -19,12 +22,13 @@ from typing import Any, Iterator
 from prefect import flow
 
 from draftwheel import home
-from draftwheel.config import load_config, to_dict
-from draftwheel.tracking import DRAFT_MODEL
+from draftwheel.config import ConfigError, load_config, to_dict
+from draftwheel.locks import state_lock
+from draftwheel.registry_names import CHAMPION_URI, DRAFT_MODEL, MEDUSA_MODEL
 from flows import tasks
+from training.trainers import TRAINERS
 
-BUILTIN_TRAINERS = tuple(tasks.TRAINERS)
-MEDUSA_MODEL = "draftwheel-medusa"
+BUILTIN_TRAINERS = tuple(TRAINERS)
 MEDUSA_NOTE = ("medusa: shadow replay compares draft models, so Medusa heads are registered as challenger of "
                f"{MEDUSA_MODEL} and not promoted by the flywheel; promote them explicitly")
 
@@ -39,7 +43,7 @@ class FlywheelConfig:
     """Serving logs to mine ("" = the state dir's logs/)."""
     target: str = ""
     """Target model dir ("" = the reference target in the state dir)."""
-    champion_uri: str = "models:/draftwheel-draft@champion"
+    champion_uri: str = CHAMPION_URI
     mining_config: str = ""
     """MiningConfig YAML ("" = the shipped configs/mining.yaml); `mining_overrides` are key=value on top."""
     mining_overrides: list[str] = field(default_factory=list)
@@ -68,6 +72,24 @@ class FlywheelConfig:
             path = getattr(self, name)
             if path and not Path(path).is_file():
                 raise ValueError(f"{name}: no such file {path!r}")
+
+    def check_stages(self) -> None:
+        """Load every stage's config with its overrides (the flow's own paths as placeholders): a bad
+        field raises `ConfigError` naming the stage and the field, before any stage runs."""
+        from mining.config import MiningConfig
+        from serving.shadow import ShadowConfig
+
+        checks = [("mining", MiningConfig, self.mining_config, "mining", list(self.mining_overrides)),
+                  ("shadow", ShadowConfig, self.shadow_config, "shadow", list(self.shadow_overrides))]
+        if self.trainer in TRAINERS:
+            placeholders = tasks.stage_overrides(self.trainer, "datasets", "champion", "target", "candidate")
+            checks.insert(1, ("train", TRAINERS[self.trainer].load()[0], self.train_config, self.trainer,
+                              list(self.train_overrides) + placeholders))
+        for stage_name, cls, path, shipped, overrides in checks:
+            try:
+                load_config(cls, tasks.stage_config_path(path, shipped) or None, overrides)
+            except ValueError as exc:
+                raise ConfigError(f"{stage_name} stage: {exc}") from exc
 
 
 def override(key: str, value: Any) -> str:
@@ -100,14 +122,7 @@ def stage(tracker: Any, name: str) -> Iterator[None]:
 
 
 def run_dir(config: FlywheelConfig) -> Path:
-    root = Path(config.work_dir) if config.work_dir else home.state_dir() / "flywheel"
-    path = root / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    suffix = 0
-    while path.exists():  # two runs in one second (tests) must not share a directory
-        suffix += 1
-        path = path.with_name(f"{path.name.split('.')[0]}.{suffix}")
-    path.mkdir(parents=True)
-    return path
+    return home.timestamped_dir("flywheel", config.work_dir or None)
 
 
 def _train(config: FlywheelConfig, tracker: Any, work: Path, mined: dict, champion: dict,
@@ -127,12 +142,31 @@ def _train(config: FlywheelConfig, tracker: Any, work: Path, mined: dict, champi
 
 def _shadow(config: FlywheelConfig, tracker: Any, work: Path, champion: dict, trained: dict,
             target: dict) -> dict[str, Any]:
+    """The shadow summary for the registry (`draftwheel.registry.report_summary`, or `not_gated` for Medusa)
+    and the gate's decision."""
+    from draftwheel.registry import not_gated, report_summary
+
     if config.trainer == "medusa":
         print(MEDUSA_NOTE, flush=True)
-        return {"decision": {"promote": False, "reasons": [MEDUSA_NOTE]}}
-    report_path = str(work / "shadow" / "report.json")
-    return tasks.shadow_compare(champion["dir"], trained["dir"], target["dir"], str(work / "datasets" / "holdout"),
-                                config.shadow_config, config.shadow_overrides, report_path, tracker=tracker)
+        return {"summary": not_gated(MEDUSA_NOTE), "decision": {"promote": False, "reasons": [MEDUSA_NOTE]}}
+    report_path = work / "shadow" / "report.json"
+    report = tasks.shadow_compare(champion["dir"], trained["dir"], target["dir"],
+                                  str(home.mined_dataset("holdout", work / "datasets")), config.shadow_config,
+                                  config.shadow_overrides, str(report_path), tracker=tracker)
+    return {"summary": report_summary(report, report_path), "decision": report["decision"]}
+
+
+def _register(config: FlywheelConfig, trained: dict, shadow: dict, mined: dict, champion: dict,
+              target: dict) -> str:
+    from draftwheel.registry import candidate_tags
+    from training.common import read_training_info
+
+    tags = candidate_tags(read_training_info(trained["dir"]), target["sha256"], manifest_sha256=mined["sha256"],
+                          stage=config.trainer if config.trainer in TRAINERS else None, trainer=config.trainer,
+                          training_config=trained["config"], shadow_decision=shadow["decision"],
+                          parent_version=champion["version"])
+    return tasks.register_candidate(trained["dir"], tags, shadow["summary"],
+                                    name=MEDUSA_MODEL if config.trainer == "medusa" else DRAFT_MODEL)
 
 
 def _turn(config: FlywheelConfig, tracker: Any, work: Path) -> dict[str, Any]:
@@ -153,26 +187,29 @@ def _turn(config: FlywheelConfig, tracker: Any, work: Path) -> dict[str, Any]:
     with stage(tracker, "train"):
         trained = _train(config, tracker, work, mined, champion, target)
     with stage(tracker, "shadow"):
-        decision = _shadow(config, tracker, work, champion, trained, target)["decision"]
-    report_path = str(work / "shadow" / "report.json")
+        shadow = _shadow(config, tracker, work, champion, trained, target)
+    decision = shadow["decision"]
     with stage(tracker, "register"):
-        version = tasks.register_candidate(trained["dir"], {
-            tasks.TARGET_SHA_TAG: target["sha256"], "manifest_sha256": mined["sha256"],
-            "trainer": config.trainer, "training_config": trained["config"],
-            "shadow_decision": decision, "shadow_report": report_path, "parent_version": champion["version"],
-        }, name=MEDUSA_MODEL if config.trainer == "medusa" else DRAFT_MODEL)
+        version = _register(config, trained, shadow, mined, champion, target)
         tracker.set_tags({"challenger_version": version})
     promoted = bool(decision["promote"]) and config.promote
     with stage(tracker, "promote"):
-        aliases = tasks.promote_version(version) if promoted else None
+        aliases = tasks.promote_version(version, target["sha256"], champion["version"]) if promoted else None
         tracker.set_tags({"promoted": str(promoted), "decision_reasons": "; ".join(decision["reasons"])[:5000]})
     return {"champion_before": champion["version"], "challenger_version": version, "promoted": promoted,
             "decision": decision, "aliases": aliases, "candidate_dir": trained["dir"],
-            "manifest_path": mined["path"], "report_path": report_path, "work_dir": str(work)}
+            "manifest_path": mined["path"], "report_path": shadow["summary"].get("report", ""), "work_dir": str(work)}
 
 
 def run_flywheel(config: FlywheelConfig) -> dict[str, Any]:
-    """One turn under a parent MLflow run (the flow's body; callable without Prefect only inside a flow)."""
+    """One turn under a parent MLflow run (the flow's body; callable without Prefect only inside a flow),
+    after checking every stage's config, holding the state dir's `flywheel` lock."""
+    config.check_stages()
+    with state_lock("flywheel", purpose="draftwheel flywheel"):
+        return _locked_run(config)
+
+
+def _locked_run(config: FlywheelConfig) -> dict[str, Any]:
     from draftwheel.tracking import get_tracker
 
     tracker = get_tracker(config.tracking)

@@ -20,8 +20,9 @@ from prefect import flow
 
 from draftwheel import home
 from draftwheel.config import load_config
+from draftwheel.registry_names import CHAMPION_URI, TARGET_SHA_TAG
 from flows import tasks
-from flows.flywheel import flywheel
+from flows.flywheel import FlywheelConfig, flywheel
 from serving.acceptance import acceptance_rate
 from serving.records import AcceptanceRecord, RecordError, parse_record
 from serving.sink import iter_lines
@@ -54,7 +55,7 @@ class MonitorConfig:
     """Trigger when the target's weights sha256 differs from the champion's `target_sha256` tag."""
     target: str = ""
     """Target model dir whose weights are checked ("" = the reference target in the state dir)."""
-    champion_uri: str = "models:/draftwheel-draft@champion"
+    champion_uri: str = CHAMPION_URI
     run_flywheel: bool = True
     """Start the flywheel when triggered (False = only report)."""
     flywheel_config: str = ""
@@ -72,6 +73,15 @@ class MonitorConfig:
             if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
                 label = name if name == "min_acceptance" else f"slice_min_acceptance.{name}"
                 raise ValueError(f"{label} must be a number in [0, 1], got {value!r}")
+
+    def triggered_overrides(self) -> list[str]:
+        """The triggered flywheel mines the logs the monitor watched, unless its own overrides say otherwise."""
+        return ([f"logs_dir={self.logs_dir}"] if self.logs_dir else []) + list(self.flywheel_overrides)
+
+    def check_stages(self) -> None:
+        """Check the flywheel this monitor would start, and its stages' configs, now rather than when triggered."""
+        if self.run_flywheel:
+            load_config(FlywheelConfig, self.flywheel_config or None, self.triggered_overrides()).check_stages()
 
 
 @dataclass
@@ -168,13 +178,11 @@ def run_monitor(config: MonitorConfig) -> dict[str, Any]:
     target_sha = tasks.resolve_target(config.target)["sha256"] if config.check_target_sha else None
     logs_dir = config.logs_dir or str(home.logs_dir())
     records = window(read_records(logs_dir), config, champion_sha=champion["sha256"])
-    decision = decide(records, config, target_sha, champion["tags"].get(tasks.TARGET_SHA_TAG))
+    decision = decide(records, config, target_sha, champion["tags"].get(TARGET_SHA_TAG))
     rates = ", ".join(f"{k} {s.acceptance_rate:.3f} (n={s.requests})" for k, s in decision.stats.items())
     print(f"monitor: champion v{champion['version']}, acceptance {rates}", flush=True)
     print(f"monitor: {'TRIGGER: ' + '; '.join(decision.reasons) if decision.trigger else 'no trigger'}", flush=True)
     result: dict[str, Any] = {"decision": decision.summary(), "champion_version": champion["version"], "flywheel": None}
     if decision.trigger and config.run_flywheel:
-        # The flywheel mines the logs the monitor watched, unless its own overrides say otherwise.
-        overrides = ([f"logs_dir={config.logs_dir}"] if config.logs_dir else []) + list(config.flywheel_overrides)
-        result["flywheel"] = flywheel(config.flywheel_config or None, overrides)
+        result["flywheel"] = flywheel(config.flywheel_config or None, config.triggered_overrides())
     return result

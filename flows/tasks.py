@@ -28,15 +28,8 @@ from prefect.cache_policies import NONE
 from draftwheel import home
 from draftwheel.config import load_config, to_dict
 from draftwheel.hashing import file_sha256, tree_sha256
+from training.trainers import TRAINERS  # built-ins; anything else is "package.module:function"
 
-# Built-in trainers: name -> (module, config class, train function). Anything else must be
-# "package.module:function" (see `train_candidate`).
-TRAINERS = {
-    "distill": ("training.distill", "DistillConfig", "train_distill"),
-    "dpo": ("training.dpo", "DpoConfig", "train_dpo"),
-    "medusa": ("training.medusa_train", "MedusaConfig", "train_medusa"),
-}
-TARGET_SHA_TAG = "target_sha256"
 SHIPPED_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
@@ -66,7 +59,7 @@ def _retry_registry(_task: Any, _task_run: Any, state: Any) -> bool:
 REGISTRY_RETRIES = dict(retries=3, retry_delay_seconds=2, retry_condition_fn=_retry_registry)
 
 
-def datasets_sha256(root: str | Path, names: tuple[str, ...] = ("distill", "preference", "holdout")) -> str:
+def datasets_sha256(root: str | Path, names: tuple[str, ...] = home.DATASET_KINDS) -> str:
     """sha256 of the mined datasets' contents (the manifest carries a timestamp, so it is not the key)."""
     return tree_sha256([Path(root) / name for name in names], root=root)
 
@@ -118,9 +111,7 @@ def train_cache_key(trainer: str, data_sha: str, config_path: str, overrides: li
 
 def _resolve_trainer(trainer: str):
     if trainer in TRAINERS:
-        module, config_cls, fn = TRAINERS[trainer]
-        mod = importlib.import_module(module)
-        return getattr(mod, config_cls), getattr(mod, fn)
+        return TRAINERS[trainer].load()
     if ":" not in trainer:
         raise ValueError(f"trainer: {trainer!r} is not one of {', '.join(TRAINERS)} nor 'package.module:function'")
     module, fn = trainer.split(":", 1)
@@ -129,18 +120,16 @@ def _resolve_trainer(trainer: str):
 
 def stage_overrides(trainer: str, dataset_dir: str, init_dir: str, target_dir: str, out_dir: str) -> list[str]:
     """The overrides the flow supplies to a built-in trainer's config: data, start point, target, output."""
-    data = Path(dataset_dir)
-    common = [f"target={target_dir}", f"output_dir={out_dir}", f"holdout={data / 'holdout'}"]
-    if trainer == "distill":
-        return common + [f"dataset={data / 'distill'}", f"student={init_dir}"]
-    if trainer == "dpo":
-        return common + [f"dataset={data / 'preference'}", f"student={init_dir}"]
-    return common + [f"dataset={data / 'distill'}"]  # medusa: heads on the frozen target, no draft
+    spec = TRAINERS[trainer]
+    overrides = [f"target={target_dir}", f"output_dir={out_dir}",
+                 f"holdout={home.mined_dataset('holdout', dataset_dir)}",
+                 f"dataset={home.mined_dataset(spec.dataset, dataset_dir)}"]
+    return overrides + ([f"student={init_dir}"] if spec.student else [])  # medusa: heads on the frozen target
 
 
 def launch_command(launcher: str, trainer: str, config_path: str, overrides: list[str]) -> list[str]:
     """`<launcher> -m training.<trainer> [--config F] k=v ...`, e.g. launcher "accelerate launch --num_processes 4"."""
-    module = TRAINERS[trainer][0]
+    module = TRAINERS[trainer].module
     return [*shlex.split(launcher), "-m", module, *(["--config", config_path] if config_path else []), *overrides]
 
 
@@ -183,18 +172,16 @@ def shadow_compare(champion_dir: str, challenger_dir: str, target_dir: str, hold
 
 
 @task(name="register", cache_policy=NONE, **REGISTRY_RETRIES)
-def register_candidate(model_dir: str, tags: dict[str, Any], name: str) -> str:
-    """Register the candidate as a new version of `name` and point `challenger` at it."""
-    from draftwheel.tracking import register_draft, set_alias
+def register_candidate(model_dir: str, tags: dict[str, Any], summary: dict[str, Any], name: str) -> str:
+    """Register the candidate with its shadow summary (`draftwheel.registry.record_candidate`)."""
+    from draftwheel.registry import record_candidate
 
-    version = register_draft(model_dir, tags, name=name)
-    set_alias(version, "challenger", name=name)
-    return version
+    return record_candidate(model_dir, tags, summary, name=name)
 
 
 @task(name="promote", cache_policy=NONE, **REGISTRY_RETRIES)
-def promote_version(version: str) -> dict[str, str]:
-    """Make `version` the champion (the old one becomes `previous`); return the aliases."""
-    from draftwheel.tracking import promote
+def promote_version(version: str, target_sha: str | None = None, gated_against: str | None = None) -> dict[str, str]:
+    """Make `version` the champion through `draftwheel.registry.promote` (checked, locked); return the aliases."""
+    from draftwheel.registry import promote
 
-    return promote(version)
+    return promote(version, target_sha=target_sha, gated_against=gated_against)

@@ -126,20 +126,23 @@ def _build_draft(config: BootstrapConfig, target: Any, data: dict[str, Path], dr
 
 
 def _register(config: BootstrapConfig, draft_dir: Path, target_sha: str) -> dict[str, Any]:
-    from draftwheel.tracking import RegistryError, get_alias_version, register_draft, set_alias
+    """Register the v0 draft and make it champion through `draftwheel.registry` (the path every promotion
+    takes), unless a champion exists."""
+    from draftwheel import registry, tracking
+    from draftwheel.registry_names import CHAMPION, STAGE_TAG, TARGET_SHA_TAG, TRAINING_CONFIG_TAG
 
     try:
-        existing = get_alias_version("champion")
-    except RegistryError:  # no registered model yet
+        existing = tracking.get_alias_version(CHAMPION)
+    except tracking.RegistryError:  # no registered model yet
         existing = None
     if existing is not None:
         print(f"bootstrap: champion exists (version {existing}); not registering", flush=True)
         return {"version": existing, "registered": False}
     info = common.read_training_info(draft_dir)
-    version = register_draft(draft_dir, tags={"target_sha256": target_sha, "stage": "bootstrap",
-                                              "training_config": to_dict(config),
-                                              "metrics": info.get("metrics", {})})
-    set_alias(version, "champion")
+    version = tracking.register_draft(draft_dir, tags={TARGET_SHA_TAG: target_sha, STAGE_TAG: "bootstrap",
+                                                       TRAINING_CONFIG_TAG: to_dict(config),
+                                                       "metrics": info.get("metrics", {})})
+    registry.promote(version, target_sha=target_sha)
     print(f"bootstrap: registered v0 draft as version {version} (champion)", flush=True)
     return {"version": version, "registered": True}
 

@@ -84,6 +84,11 @@ def resolve_target(spec: str) -> str:
     return str(ensure_reference_target(home.models_dir()))
 
 
+def resolve_dataset(path: str, kind: str) -> Path:
+    """A trainer's dataset dir: `path`, or where `draftwheel mine` writes `kind` by default."""
+    return Path(path) if path else home.mined_dataset(kind)
+
+
 def resolve_output_dir(output_dir: str, stage: str) -> Path:
     if output_dir:
         return Path(output_dir)
@@ -177,11 +182,11 @@ def module_main(train: Any, config_cls: type, description: str, config_file: str
     `--config F` plus `key=value` overrides, offline defaults, prints the output dir."""
     import argparse
 
-    from draftwheel.config import load_config
+    from draftwheel.config import add_override_arguments, load_config
 
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", default=None, help=f"YAML config ({config_file})")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides")
+    add_override_arguments(parser)
     args = parser.parse_args(argv)
     home.apply_offline_defaults()
     print(train(load_config(config_cls, args.config, args.overrides)))

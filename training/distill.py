@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainingArguments
 
-from draftwheel import home
 from draftwheel.config import to_dict
+from draftwheel.registry_names import CHAMPION_URI
 from draftwheel.tracking import get_tracker
 from training import common, losses
 from training.data import (DistillCollator, build_teacher_cache, cache_key, has_teacher_topk, load_dataset_dir,
@@ -38,7 +38,7 @@ DISTILL_COLUMNS = ("prompt_token_ids", "completion_token_ids")
 class DistillConfig(common.TrainCommon, common.LoraFields):
     """Distillation settings; see configs/distill.yaml for the defaults with comments."""
 
-    student: str = "models:/draftwheel-draft@champion"  # starting draft: model dir or models:/ URI
+    student: str = CHAMPION_URI  # starting draft: model dir or models:/ URI
     target: str = ""             # target model dir / models:/ URI; "" = the reference target in the state dir
     dataset: str = ""            # distill/ dataset dir; "" = <state>/datasets/distill
     holdout: str = ""            # holdout/ dataset dir for per-epoch agreement; "" = sibling of dataset, if any
@@ -151,7 +151,7 @@ class DistillTrainer(Trainer):
 
 
 def _resolve_paths(config: DistillConfig) -> tuple[Path, Path | None]:
-    dataset = Path(config.dataset) if config.dataset else home.datasets_dir() / "distill"
+    dataset = common.resolve_dataset(config.dataset, "distill")
     if config.holdout:
         return dataset, Path(config.holdout)
     sibling = dataset.parent / "holdout"

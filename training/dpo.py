@@ -20,8 +20,8 @@ from typing import Any
 
 from trl import DPOConfig, DPOTrainer
 
-from draftwheel import home
 from draftwheel.config import to_dict
+from draftwheel.registry_names import CHAMPION_URI
 from draftwheel.tracking import get_tracker
 from training import common
 from training.data import load_dataset_dir, load_holdout
@@ -34,7 +34,7 @@ PREFERENCE_COLUMNS = ("prompt_token_ids", "chosen_token_ids", "rejected_token_id
 class DpoConfig(common.TrainCommon, common.LoraFields):
     """DPO settings; see configs/dpo.yaml."""
 
-    student: str = "models:/draftwheel-draft@champion"  # start (and reference) model: dir or models:/ URI
+    student: str = CHAMPION_URI  # start (and reference) model: dir or models:/ URI
     target: str = ""             # optional: hold-out references (target argmax) and the target_sha256 tag
     dataset: str = ""            # preference/ dataset dir; "" = <state>/datasets/preference
     holdout: str = ""            # holdout/ dataset for agreement before/after; "" = sibling of dataset, if any
@@ -73,7 +73,7 @@ class TokenIdDPOTrainer(DPOTrainer):
 
 
 def _paths(config: DpoConfig) -> tuple[Path, Path | None]:
-    dataset = Path(config.dataset) if config.dataset else home.datasets_dir() / "preference"
+    dataset = common.resolve_dataset(config.dataset, "preference")
     holdout = Path(config.holdout) if config.holdout else dataset.parent / "holdout"
     return dataset, (holdout if holdout.is_dir() else None)
 

@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import Trainer, TrainingArguments
 
-from draftwheel import home
 from draftwheel.config import to_dict
 from draftwheel.tracking import get_tracker
 from serving.acceptance import mean_accepted_length
@@ -148,7 +147,7 @@ def head_accuracy(model: MedusaModel, examples: list[HoldoutExample]) -> dict[st
 
 
 def _paths(config: MedusaConfig) -> tuple[Path, Path | None]:
-    dataset = Path(config.dataset) if config.dataset else home.datasets_dir() / "distill"
+    dataset = common.resolve_dataset(config.dataset, "distill")
     holdout = Path(config.holdout) if config.holdout else dataset.parent / "holdout"
     return dataset, (holdout if holdout.is_dir() else None)
 

@@ -2,7 +2,8 @@
 
 The shadow command runs end to end on toy models (tests/serving/test_shadow.py explains them): the
 "good" draft must pass the gate over the "bad" champion, get registered, aliased and promoted; the
-"bad" draft must fail over the good champion and move no alias.
+"bad" draft must fail over the good champion, be registered with its failed verdict and move no alias.
+The failure paths are in test_registry_probes.py.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import pytest
 
 from draftwheel import registry_cli, tracking
+from draftwheel.registry_names import SHADOW_REPORT_TAG, TARGET_SHA_TAG
 from tests.draftwheel.test_tracking import fake_model_dir
 from tests.serving.test_shadow import toy_models  # noqa: F401 - module-scoped fixture reused here
 
@@ -24,6 +26,7 @@ def home(module_home):
 
 
 def run(*argv: str) -> int:
+    """`draftwheel ARGV` through the registry commands' own parser and exit codes."""
     parser = argparse.ArgumentParser(prog="draftwheel")
     registry_cli.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(list(argv))
@@ -36,7 +39,7 @@ def test_status_of_an_empty_registry(home, capsys):
 
 
 def test_promote_rollback_status(home, tmp_path, capsys):
-    v1, v2 = (tracking.register_draft(fake_model_dir(tmp_path / str(i), f"w{i}".encode()), {"target_sha256": "ab" * 32})
+    v1, v2 = (tracking.register_draft(fake_model_dir(tmp_path / str(i), f"w{i}".encode()), {TARGET_SHA_TAG: "ab" * 32})
               for i in range(2))
     assert run("rollback") == 1
     assert "no 'previous' version" in capsys.readouterr().err
@@ -46,8 +49,9 @@ def test_promote_rollback_status(home, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out) == {"champion": v1, "previous": v2}
     assert run("status") == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split() == ["version", "aliases", "created", "weights", "target", "shadow"]
-    rows = {line.split()[0]: line.split()[1] for line in table[1:]}
+    assert table[0].split() == ["model", "version", "aliases", "created", "from", "weights", "target", "shadow",
+                                "state"]
+    rows = {line.split()[1]: line.split()[2] for line in table[1:]}
     assert rows[v1] == "champion" and rows[v2] == "previous"
     assert run("promote", "999") == 1
     assert "999" in capsys.readouterr().err
@@ -57,7 +61,7 @@ def test_promote_rollback_status(home, tmp_path, capsys):
 def test_shadow_gate_registers_and_promotes(home, toy_models, tmp_path, capsys):  # noqa: F811
     models, holdout, _ = toy_models
     target, good, bad = (str(models[n].path) for n in ("target", "good", "bad"))
-    champion = tracking.register_draft(bad, {"target_sha256": models["target"].model_id.sha256})
+    champion = tracking.register_draft(bad, {TARGET_SHA_TAG: models["target"].model_id.sha256})
     tracking.promote(champion)
     common = ["--target", target, "--holdout", str(holdout), "--set", "include_canary=false",
               "--set", "min_requests=4", "--set", "max_requests=4", "--set", "bootstrap_resamples=200"]
@@ -69,15 +73,17 @@ def test_shadow_gate_registers_and_promotes(home, toy_models, tmp_path, capsys):
     new = tracking.get_alias_version("champion")
     assert new != champion and tracking.aliases() == {"champion": new, "challenger": new, "previous": champion}
     tags = tracking.get_version_tags(new)
-    assert tags["target_sha256"] == models["target"].model_id.sha256
-    assert json.loads(tags["shadow_report"])["gain"]["ci_low"] == report["overall"]["difference"]["ci_low"]
+    assert tags[TARGET_SHA_TAG] == models["target"].model_id.sha256
+    assert json.loads(tags[SHADOW_REPORT_TAG])["gain"]["ci_low"] == report["overall"]["difference"]["ci_low"]
 
-    # The bad draft against the new (good) champion: rejected, nothing registered or moved.
-    before = tracking.list_versions()
+    # The bad draft against the new (good) champion: rejected; registered with its verdict, no alias moved.
+    before = tracking.aliases()
     out = tmp_path / "fail.json"
     assert run("shadow", "--challenger", bad, "--out", str(out), "--promote", "--no-tracking", *common) == 3
     assert "shadow: REJECT" in capsys.readouterr().out
     assert not json.loads(out.read_text())["decision"]["promote"]
-    assert tracking.list_versions() == before
+    assert tracking.aliases() == before
     assert run("status") == 0
-    assert "pass +" in capsys.readouterr().out
+    status = capsys.readouterr().out
+    assert "pass +" in status and "fail " in status
+

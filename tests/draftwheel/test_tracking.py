@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 import pytest
 
 from draftwheel import tracking
+from draftwheel.registry import rollback
 from draftwheel.tracking import ArtifactError, RegistryError
 
 
@@ -66,16 +67,16 @@ def test_promote_and_rollback_move_aliases(registry, tmp_path):
     v1, v2, v3 = (tracking.register_draft(fake_model_dir(tmp_path / str(i), f"w{i}".encode()), {}, name=name)
                   for i in range(3))
     with pytest.raises(RegistryError, match="no 'previous'"):
-        tracking.rollback(name)
+        rollback(name)
     assert tracking.promote(v1, name) == {"champion": v1}
     assert tracking.promote(v2, name) == {"champion": v2, "previous": v1}
     tracking.set_alias(v3, "challenger", name)
     with pytest.raises(ValueError, match="champoin"):
         tracking.set_alias(v3, "champoin", name)
     assert tracking.get_alias_version("challenger", name) == v3
-    assert tracking.rollback(name) == {"champion": v1, "previous": v2, "challenger": v3}
+    assert rollback(name) == {"champion": v1, "previous": v2, "challenger": v3}
     # A second rollback undoes the first.
-    assert tracking.rollback(name) == {"champion": v2, "previous": v1, "challenger": v3}
+    assert rollback(name) == {"champion": v2, "previous": v1, "challenger": v3}
     # Promoting the champion again changes nothing (previous must not become the champion itself).
     assert tracking.promote(v2, name)["previous"] == v1
     rows = {r["version"]: r["aliases"] for r in tracking.list_versions(name)}
@@ -89,6 +90,12 @@ def test_promote_unknown_version_leaves_aliases(registry, tmp_path):
     with pytest.raises(RegistryError, match="version=99"):
         tracking.promote("99", name)
     assert tracking.aliases(name) == {"champion": v1}
+    # Several aliases move all or nothing: one unknown version and none of them moves.
+    v2 = tracking.register_draft(fake_model_dir(tmp_path / "m2", b"w2"), {}, name=name)
+    with pytest.raises(RegistryError, match="version=99"):
+        tracking.move_aliases({"challenger": v2, "previous": "99"}, name)
+    assert tracking.aliases(name) == {"champion": v1}
+    assert tracking.move_aliases({"challenger": v2, "champion": None}, name) == {"challenger": v2}
 
 
 def test_resolve_by_alias_and_version(registry, tmp_path):

@@ -18,6 +18,22 @@ def test_bad_config_fails_fast_with_the_field_named(capsys):
     assert "eval_requests" in capsys.readouterr().err
 
 
+def test_stage_configs_are_checked_before_anything_starts(capsys):
+    """Probe 10: every stage's sub-config, for the flywheel and for the flywheel a monitor or the demo starts."""
+    from flows.flywheel import override
+
+    assert main(["flywheel", "--set", override("shadow_overrides", ["no_such_field=1"])]) == 2
+    err = capsys.readouterr().err
+    assert "shadow stage" in err and "no_such_field" in err and len(err.strip().splitlines()) == 1
+    assert main(["flywheel", override("mining_overrides", ["holdout_fraction=2"])]) == 2
+    assert "mining stage" in capsys.readouterr().err
+    assert main(["monitor", override("flywheel_overrides", [override("train_overrides", ["beta=5"])])]) == 2
+    err = capsys.readouterr().err
+    assert "train stage" in err and "beta" in err
+    assert main(["demo", override("shadow_overrides", ["no_such_field=1"])]) == 2
+    assert "no_such_field" in capsys.readouterr().err
+
+
 def test_schedule_without_a_prefect_server_explains_what_to_start(tmp_path):
     # A subprocess: the session's Prefect test server would otherwise count as a configured API.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}

@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 
 from draftwheel import tracking
+from draftwheel.cli import main
 from draftwheel.config import ConfigError, load_config
+from draftwheel.locks import LockedError, state_lock
+from draftwheel.registry_names import CHAMPION_URI, SHADOW_REPORT_TAG, TARGET_SHA_TAG
 from flows.flywheel import FlywheelConfig, StageError, flywheel, override
 from serving.engine import Engine
 from serving.models import weights_sha256
@@ -35,13 +38,13 @@ def world(tmp_path_factory, prefect_server, one_torch_thread):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DRAFTWHEEL_HOME", str(root / "home"))
         dirs = build_models(root)
-        tags = {"target_sha256": weights_sha256(dirs["target"])}
+        tags = {TARGET_SHA_TAG: weights_sha256(dirs["target"])}
         versions = {name: tracking.register_draft(dirs[name], tags) for name in ("bad", "good")}
         tracking.promote(versions["bad"])
         logs = root / "logs"
         rng = random.Random(0)
         with JsonlSink(logs) as sink:
-            engine = Engine.from_paths(dirs["target"], "models:/draftwheel-draft@champion", sink=sink)
+            engine = Engine.from_paths(dirs["target"], CHAMPION_URI, sink=sink)
             for i in range(16):  # random word salads: distinct prompts that survive near-dedupe
                 prompt = " ".join(rng.choice(WORDS) for _ in range(8))
                 engine.generate([prompt], SamplingParams(max_new_tokens=12, k=4), slice=("chat", "code")[i % 2],
@@ -49,12 +52,15 @@ def world(tmp_path_factory, prefect_server, one_torch_thread):
         yield {"root": root, "dirs": dirs, "versions": versions, "logs": logs}
 
 
-def run_flywheel(world, trainer=TRAINER, source="good", extra=()):
+SHADOW = ["max_new_tokens=12", "min_requests=4", "include_canary=false"]
+
+
+def run_flywheel(world, trainer=TRAINER, source="good", extra=(), shadow=tuple(SHADOW), train=None):
     return flywheel(None, [
         f"trainer={trainer}", f"target={world['dirs']['target']}", f"logs_dir={world['logs']}",
-        override("train_overrides", [f"source={world['dirs'][source]}", *extra]),
+        override("train_overrides", train if train is not None else [f"source={world['dirs'][source]}", *extra]),
         override("mining_overrides", ["holdout_fraction=0.5"]),
-        override("shadow_overrides", ["max_new_tokens=12", "min_requests=4", "include_canary=false"]),
+        override("shadow_overrides", list(shadow)),
     ])
 
 
@@ -81,8 +87,10 @@ def test_flywheel_promotes_a_better_candidate(world):
     assert report["overall"]["champion"]["acceptance_rate"] < 0.5
     assert report["overall"]["difference"]["ci_low"] > 0
     tags = tracking.get_version_tags(result["challenger_version"])
-    assert tags["target_sha256"] == weights_sha256(world["dirs"]["target"])
+    assert tags[TARGET_SHA_TAG] == weights_sha256(world["dirs"]["target"])
     assert tags["manifest_sha256"] and json.loads(tags["shadow_decision"])["promote"] is True
+    summary = json.loads(tags[SHADOW_REPORT_TAG])  # the same summary the command line writes
+    assert summary["promote"] and summary["report"] == result["report_path"]
     status, _, children = last_run(world, "flywheel")
     assert status == "FINISHED"
     assert {"resolve", "mine", "train", "shadow", "register", "promote"} <= set(children)
@@ -103,7 +111,8 @@ def test_flywheel_refuses_a_worse_candidate(world):
     assert any(reason.startswith("FAIL") for reason in result["decision"]["reasons"])
     aliases = tracking.aliases()
     assert aliases["champion"] == world["versions"]["good"]  # untouched
-    assert aliases["challenger"] == result["challenger_version"]
+    assert aliases.get("challenger") != result["challenger_version"]  # as on the command line: rejected
+    assert not json.loads(tracking.get_version_tags(result["challenger_version"])[SHADOW_REPORT_TAG])["promote"]
     status, tags, _ = last_run(world, "flywheel")
     assert status == "FINISHED" and tags["promoted"] == "False"
 
@@ -157,3 +166,46 @@ def test_training_is_cached_on_unchanged_data_and_config(world):
     second = run_flywheel(world, source="good", extra=[f"calls={calls}"])
     assert len(calls.read_text().splitlines()) == 1  # the second run reused the candidate
     assert second["candidate_dir"] == first["candidate_dir"] and second["promoted"]
+
+
+def test_status_prints_every_version_the_flywheel_created(world, capsys):
+    """Probe 1: `draftwheel status` crashed (JSONDecodeError) after any flywheel run."""
+    tracking.promote(world["versions"]["bad"])
+    promoted = run_flywheel(world, source="good")
+    tracking.promote(world["versions"]["good"])
+    rejected = run_flywheel(world, source="bad")
+    capsys.readouterr()
+    assert main(["status"]) == 0
+    rows = {line.split()[1]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert " pass +" in rows[promoted["challenger_version"]] and " fail " in rows[rejected["challenger_version"]]
+    assert all(version in rows for version in world["versions"].values())
+
+
+def test_bad_stage_config_fails_before_the_first_stage(world):
+    """Probe 10: a bad shadow_overrides field used to fail after mining and training."""
+    before = len(list((world["root"] / "home" / "flywheel").glob("*")))
+    with pytest.raises(ConfigError, match="shadow stage.*no_such_field"):
+        run_flywheel(world, shadow=SHADOW + ["no_such_field=1"])
+    with pytest.raises(ConfigError, match="train stage.*beta"):
+        run_flywheel(world, trainer="distill", train=["beta=5"])
+    assert len(list((world["root"] / "home" / "flywheel").glob("*"))) == before  # no stage ran
+
+
+def test_a_second_run_on_the_same_state_dir_is_refused(world):
+    """Probe 5: two runs on one state dir both promoted against the same champion."""
+    before = tracking.aliases()
+    with state_lock("flywheel"), pytest.raises(LockedError, match="flywheel.lock"):
+        run_flywheel(world, source="good")
+    assert tracking.aliases() == before
+
+
+def test_no_promotion_against_a_champion_that_moved_during_the_run(world):
+    """Probe 5: a promotion made while this run trained (here by hand, mid-training) is not overridden by
+    a candidate gated against the old champion; `previous` stays a version that served."""
+    tracking.promote(world["versions"]["good"])
+    tracking.promote(world["versions"]["bad"])  # champion bad, previous good
+    with pytest.raises(StageError, match="gated against champion version") as info:
+        run_flywheel(world, source="good", extra=[f"promote={world['versions']['good']}"])
+    assert info.value.stage == "promote"
+    aliases = tracking.aliases()
+    assert aliases["champion"] == world["versions"]["good"] and aliases["previous"] == world["versions"]["bad"]

@@ -1,8 +1,8 @@
 """Custom trainers ("package.module:function") for flow tests: deterministic stand-ins for training.
 
 `copy_model` returns a copy of a prepared model dir (override `source=DIR`; `calls=FILE` logs each
-call), so a test decides whether the candidate is better or worse than the champion; `broken` fails
-the way a crashed trainer does.
+call; `promote=VERSION` promotes VERSION meanwhile, as a concurrent promotion would), so a test decides
+whether the candidate is better or worse than the champion; `broken` fails the way a crashed trainer does.
 """
 
 from __future__ import annotations
@@ -20,6 +20,10 @@ def copy_model(config_path: str, overrides: list[str], dataset_dir: str, init_di
     if "calls" in options:  # a log of calls, so a test can tell a cached result from a new one
         with open(options["calls"], "a") as log:
             log.write(f"{out_dir}\n")
+    if "promote" in options:
+        from draftwheel import tracking
+
+        tracking.promote(options["promote"])
     return Path(out_dir)
 
 

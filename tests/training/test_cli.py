@@ -8,11 +8,23 @@ from draftwheel.cli import build_parser, main
 
 
 def test_train_subcommands_are_registered():
+    from training.trainers import TRAINERS
+
     parser = build_parser()
-    for method in ("distill", "dpo", "medusa"):
+    for method in TRAINERS:
         args = parser.parse_args(["train", method, "--config", f"configs/{method}.yaml", "lr=1"])
         assert args.method == method and args.overrides == ["lr=1"]
+        # One override syntax everywhere: --set KEY=VALUE, or the same pairs bare.
+        assert parser.parse_args(["train", method, "--set", "a=1", "b=2"]).overrides == ["a=1", "b=2"]
     assert parser.parse_args(["bootstrap", "n_prompts=4"]).overrides == ["n_prompts=4"]
+    assert parser.parse_args(["bootstrap", "--set", "n_prompts=4"]).overrides == ["n_prompts=4"]
+
+
+def test_a_value_the_config_refuses_is_one_line_exit_2(capsys):
+    """Probe 9: `train distill beta=5` printed a ValueError traceback (exit 1)."""
+    assert main(["train", "distill", "beta=5"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "draftwheel train: config error: overrides: beta: must be in [0, 1], got 5.0"
 
 
 def test_unknown_config_field_is_a_config_error_naming_it(capsys):

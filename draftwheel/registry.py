@@ -1,0 +1,200 @@
+"""The one register / promote / rollback / status path, used by the command line and by the flows.
+
+- `record_candidate` registers a trained candidate with its provenance tags and the shadow summary
+  (`shadow_report` is always the JSON of `report_summary`), and points `challenger` at it unless the gate
+  rejected it; `record_shadow` does the same for a version that is registered already.
+- `promote` refuses a version serving would refuse (files missing or corrupt, trained for another target)
+  and, when given the champion the candidate was gated against, a champion that moved since; `promote`
+  and `rollback` move their aliases all or nothing, under the state dir's `registry` lock.
+- `status_rows` lists every version of every registered model, including aliases that point at a
+  version the registry no longer has, and versions whose files are gone.
+
+MLflow itself is only touched through `draftwheel.tracking`; models are never loaded here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from draftwheel import tracking
+from draftwheel.locks import state_lock
+from draftwheel.registry_names import (CHALLENGER, CHAMPION, DRAFT_MODEL, FILES_TAG, MANIFEST_TAG, PREVIOUS,
+                                       REGISTERED_MODELS, SHADOW_REPORT_TAG, STAGE_TAG, TARGET_SHA_TAG,
+                                       TRAINING_CONFIG_TAG, WEIGHTS_TAG, version_uri)
+
+LOCK_WAIT_S = 60.0
+
+
+class PromotionRefused(tracking.RegistryError):
+    """The version may not become champion; the message says why."""
+
+
+def _locked() -> Any:
+    return state_lock("registry", LOCK_WAIT_S, "registry alias move")
+
+
+def report_summary(report: dict[str, Any], report_path: str | Path | None = None) -> dict[str, Any]:
+    """The compact form of a shadow report stored in the version's `shadow_report` tag."""
+    overall = report["overall"]
+    return {"promote": report["decision"]["promote"], "champion": report["champion"].get("version", ""),
+            "n": overall["n"], "gain": overall["difference"], "champion_mal": overall["champion"]["mean"],
+            "challenger_mal": overall["challenger"]["mean"], "lossless_mismatches": len(report["lossless"]["mismatches"]),
+            "report": str(report_path or ""), "created": report.get("created", time.time())}
+
+
+def not_gated(reason: str) -> dict[str, Any]:
+    """The summary of a candidate no shadow run judged (e.g. Medusa heads): neither passed nor rejected."""
+    return {"promote": False, "skipped": reason, "created": time.time()}
+
+
+def candidate_tags(info: dict[str, Any], target_sha: str, **extra: Any) -> dict[str, Any]:
+    """Provenance tags of a candidate: its target, and from its training info (`draftwheel_training.json`,
+    read by the caller) the stage, config and dataset manifest; `extra` tags that are not None win."""
+    tags = {TARGET_SHA_TAG: target_sha, MANIFEST_TAG: info.get("manifest_sha256", ""),
+            STAGE_TAG: info.get("stage", ""), TRAINING_CONFIG_TAG: info.get("config", {})}
+    return {**tags, **{k: v for k, v in extra.items() if v is not None}}
+
+
+def _rejected(summary: dict[str, Any]) -> bool:
+    return not summary["promote"] and "skipped" not in summary
+
+
+def record_candidate(model_dir: str | Path, tags: dict[str, Any], summary: dict[str, Any],
+                     name: str = DRAFT_MODEL) -> str:
+    """Register `model_dir` as a new version of `name` with `tags` and the shadow `summary`; point
+    `challenger` at it unless the gate rejected it. Returns the version."""
+    version = tracking.register_draft(model_dir, {**tags, SHADOW_REPORT_TAG: summary}, name=name)
+    if not _rejected(summary):
+        with _locked():
+            tracking.move_aliases({CHALLENGER: version}, name)
+    return version
+
+
+def record_shadow(version: str, summary: dict[str, Any], name: str = DRAFT_MODEL) -> None:
+    """Tag a registered version with a shadow `summary`; point `challenger` at it unless rejected."""
+    tracking.set_version_tags(version, {SHADOW_REPORT_TAG: summary}, name=name)
+    if not _rejected(summary):
+        with _locked():
+            tracking.move_aliases({CHALLENGER: version}, name)
+
+
+def check_servable(version: str, name: str = DRAFT_MODEL, target_sha: str | None = None) -> dict[str, str]:
+    """Raise unless serving would load `version`: its files present and intact (downloaded and verified,
+    which also warms serving's cache) and its `target_sha256` equal to the target's. The target is
+    `target_sha` when given, else the one the current champion was trained for. Returns its tags."""
+    _, _, tags = tracking.resolve_model_uri(version_uri(version, name))  # ArtifactError when files are gone
+    trained_for = tags.get(TARGET_SHA_TAG, "")
+    source = "the given target"
+    if target_sha is None:
+        champion = tracking.get_alias_version(CHAMPION, name)
+        if champion is not None and champion != version and _exists(champion, name):
+            target_sha, source = tracking.get_version_tags(champion, name).get(TARGET_SHA_TAG), \
+                f"the champion (version {champion})'s target"
+    if target_sha and trained_for and trained_for != target_sha:
+        raise PromotionRefused(f"{name} version {version}: trained for target {trained_for[:12]}, but "
+                               f"{source} is {target_sha[:12]}; serving would refuse it")
+    return tags
+
+
+def _exists(version: str, name: str) -> bool:
+    return any(row["version"] == version for row in tracking.list_versions(name))
+
+
+def promote(version: str | int, name: str = DRAFT_MODEL, target_sha: str | None = None,
+            gated_against: str | None = None) -> dict[str, str]:
+    """`version` becomes champion and the old champion previous, all or nothing, after `check_servable`.
+
+    `gated_against`: the champion version the candidate beat in shadow; if another promotion moved the
+    champion since, refuse (the gate's verdict is about the old champion). Returns the new aliases.
+    """
+    version = str(version)
+    check_servable(version, name, target_sha)
+    with _locked():
+        current = tracking.get_alias_version(CHAMPION, name)
+        if gated_against is not None and current != gated_against:
+            raise PromotionRefused(f"{name} version {version} was gated against champion version {gated_against}, "
+                                   f"but the champion is now version {current} (another promotion ran "
+                                   f"meanwhile); not promoting it: run the gate again")
+        if current == version:
+            return tracking.aliases(name)
+        moves = {CHAMPION: version, **({PREVIOUS: current} if current and _exists(current, name) else {})}
+        return tracking.move_aliases(moves, name)
+
+
+def rollback(name: str = DRAFT_MODEL) -> dict[str, str]:
+    """Swap champion and previous (a second rollback undoes the first), all or nothing."""
+    with _locked():
+        current = tracking.aliases(name)
+        if PREVIOUS not in current:
+            raise tracking.RegistryError(f"{name}: no 'previous' version to roll back to")
+        champion = current.get(CHAMPION)
+        if champion is not None and not _exists(champion, name):
+            raise tracking.RegistryError(
+                f"{name}: the champion alias points at version {champion}, which the registry does not have; "
+                f"nothing moved. Choose the champion explicitly: draftwheel promote {current[PREVIOUS]}")
+        check_servable(current[PREVIOUS], name, target_sha="")
+        return tracking.move_aliases({CHAMPION: current[PREVIOUS], PREVIOUS: champion}, name)
+
+
+def _shadow_cell(raw: str) -> str:
+    if not raw:
+        return "-"
+    try:
+        shadow = json.loads(raw)
+    except json.JSONDecodeError:
+        shadow = None
+    if not isinstance(shadow, dict) or "promote" not in shadow:  # written by an older draftwheel
+        return f"report {raw}"
+    if "skipped" in shadow:
+        return "not gated"
+    gain = shadow.get("gain") or {}
+    return (f"{'pass' if shadow['promote'] else 'fail'} {gain.get('mean', 0):+.3f} "
+            f"[{gain.get('ci_low', 0):+.3f},{gain.get('ci_high', 0):+.3f}] n={shadow.get('n', 0)}")
+
+
+def _files_state(row: dict[str, Any]) -> str:
+    """"ok", or "FILES MISSING" when a local artifact store lost the version's files (remote: "ok")."""
+    source = urlparse(row["source"])
+    if source.scheme != "file":
+        return "ok"
+    names = json.loads(row["tags"].get(FILES_TAG, "{}"))
+    return "ok" if all((Path(source.path) / n).is_file() for n in names) else "FILES MISSING"
+
+
+def status_rows(names: tuple[str, ...] = REGISTERED_MODELS) -> list[dict[str, str]]:
+    """One row per version of each registered model (aliases, hashes, where it came from, the shadow
+    verdict, whether its files are there), plus one per alias pointing at a version that is gone."""
+    rows = []
+    for name in names:
+        versions = tracking.list_versions(name)
+        for v in versions:
+            tags = v["tags"]
+            rows.append({
+                "model": name, "version": v["version"], "aliases": ",".join(v["aliases"]) or "-",
+                "created": time.strftime("%Y-%m-%d %H:%M", time.gmtime(v["created"])),
+                "from": tags.get(STAGE_TAG) or tags.get("trainer") or "-",
+                "weights": tags.get(WEIGHTS_TAG, "")[:12] or "-", "target": tags.get(TARGET_SHA_TAG, "")[:12] or "-",
+                "shadow": _shadow_cell(tags.get(SHADOW_REPORT_TAG, "")), "state": _files_state(v)})
+        known = {v["version"] for v in versions}
+        dangling: dict[str, list[str]] = {}
+        for alias, version in (tracking.aliases(name) if versions else {}).items():
+            if version not in known:
+                dangling.setdefault(version, []).append(alias)
+        rows += [{"model": name, "version": version, "aliases": ",".join(sorted(aliases)), "created": "-",
+                  "from": "-", "weights": "-", "target": "-", "shadow": "-", "state": "VERSION MISSING"}
+                 for version, aliases in sorted(dangling.items())]
+    return rows
+
+
+def format_table(rows: list[dict[str, str]]) -> str:
+    if not rows:
+        return "(no versions registered)"
+    columns = list(rows[0])
+    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
+    lines = ["  ".join(c.ljust(widths[c]) for c in columns).rstrip()]
+    lines += ["  ".join(r[c].ljust(widths[c]) for c in columns).rstrip() for r in rows]
+    return "\n".join(lines)
