@@ -6,7 +6,8 @@ Workloads (built here, seeded):
   to an acceptance log; the suffix index is then built from that log (the start-up path), and the
   measured requests use other values in the same templates.
 - `chat`: bench_serving's diverse prompts (nothing like them in the log).
-Each measured prompt runs every method back to back on the same index state: the runs see the index
+`router` is serving.router's LinUCB choosing per request among its arms (it starts untrained and learns
+over the run, so it pays its exploration here). Each measured prompt runs every method back to back on the same index state: the runs see the index
 read-only, and the prompt's own output is added once after all methods ran (as serving would have
 added it), so no method drafts from another method's output of the same prompt. Greedy outputs of all
 methods are compared with plain decoding (`greedy_identical`); sampled runs are timed only.
@@ -42,12 +43,29 @@ from serving.models import from_objects, load_model
 from serving.params import SamplingParams
 from serving.prepack import unpacked_copy
 from serving.reference import DEFAULT_DRAFT_URI, ensure_reference_target
+from serving.router import ARMS, Router, features
 from serving.sink import JsonlSink
 from serving.suffix import SuffixConfig, SuffixIndex, target_key
 from serving.toy import build_tokenizer, tiny_llama
 
-METHODS = ("plain", "draft", "suffix", "hybrid")
+METHODS = ("plain", "draft", "suffix", "hybrid", "router")
 MODE = {"plain": "autoregressive", "draft": "draft", "suffix": "suffix", "hybrid": "hybrid"}
+
+
+def routed(router: Router, engine: Engine, prompt: str, params: SamplingParams, slice: str,
+           recent: list[float]):
+    """One request decoded the way the router chooses; it learns from the measured tokens/s."""
+    ids = engine.encode(prompt, chat=True)[1]
+    x = features(router.config, slice, len(ids), engine.suffix_index.propose(ids, 16).match_len,
+                 sum(recent[-8:]) / len(recent[-8:]) if recent else 0.5)
+    arm = router.choose(x)
+    mode, k = ARMS[arm]
+    completion, = engine.generate([prompt], SamplingParams(**{**params.__dict__, "k": k or params.k}),
+                                  slice=slice, chat=True, mode=mode)
+    router.update(arm, x, completion.stats.tokens_per_s)
+    if completion.record.drafted_tokens:
+        recent.append(completion.record.acceptance_rate)
+    return completion
 SCHEMAS = [
     "orders(id INTEGER, customer_id INTEGER, total REAL, status TEXT, created_at DATE)",
     "employees(id INTEGER, name TEXT, department TEXT, salary REAL, hired_on DATE)",
@@ -131,19 +149,23 @@ def hf_prompt_lookup(model: Any, ids: list[int], params: SamplingParams, lookup:
 
 
 def run_workload(engine: Engine, index: SuffixIndex, hf_target: Any, prompts: list[str], params: SamplingParams,
-                 lookup: int) -> dict:
+                 lookup: int, router: Router, slice: str) -> dict:
     """Every method on every prompt (see the module docstring); tokens/s, identity and source stats."""
     tokens = dict.fromkeys((*METHODS, "hf_prompt_lookup"), 0)
     seconds = dict.fromkeys(tokens, 0.0)
     identical = dict.fromkeys(tokens, 0)
     by_source: dict[str, list[int]] = {}  # source -> [steps, drafted, accepted] over suffix/hybrid runs
     engine.suffix_index = ReadOnlyIndex(index)
+    recent: list[float] = []
     for number, prompt in enumerate(prompts):
         run_params = SamplingParams(**{**params.__dict__, "seed": number})
         outputs = {}
         for method in METHODS:
             start = time.perf_counter()
-            completion, = engine.generate([prompt], run_params, slice="bench", chat=True, mode=MODE[method])
+            if method == "router":
+                completion = routed(router, engine, prompt, run_params, slice, recent)
+            else:
+                completion, = engine.generate([prompt], run_params, slice=slice, chat=True, mode=MODE[method])
             seconds[method] += time.perf_counter() - start
             outputs[method] = completion
             if method in ("suffix", "hybrid"):
@@ -163,7 +185,8 @@ def run_workload(engine: Engine, index: SuffixIndex, hf_target: Any, prompts: li
     result.update({
         "hybrid_vs_draft": rate["hybrid"] / rate["draft"], "suffix_vs_draft": rate["suffix"] / rate["draft"],
         "hybrid_vs_hf_prompt_lookup": rate["hybrid"] / rate["hf_prompt_lookup"],
-        "hybrid_vs_plain": rate["hybrid"] / rate["plain"], "prompts": len(prompts),
+        "hybrid_vs_plain": rate["hybrid"] / rate["plain"], "router_vs_hybrid": rate["router"] / rate["hybrid"],
+        "router_pulls": dict(router.pulls), "prompts": len(prompts),
         "steps_by_source": {s: {"steps": v[0], "drafted": v[1], "accepted": v[2],
                                 "acceptance_rate": v[2] / v[1] if v[1] else 0.0} for s, v in by_source.items()},
     })
@@ -235,6 +258,7 @@ def main(argv: list[str] | None = None) -> None:
     index = logged["index"]
     result["index_load_s"], result["logged_requests"] = logged["load_s"], index.requests
     sequences = index.sequences()  # the logged requests, before the measured ones are added
+    router = Router(champion=draft.model_id.name)  # learns across both workloads and temperatures, in order
     workloads = {"repetitive": repetitive_prompts(args.measure, seed=2), "chat": CHAT_PROMPTS[: args.chat]}
     for temperature in [float(t) for t in args.temperatures.split(",")]:
         params = SamplingParams(max_new_tokens=args.max_new_tokens, k=args.k, temperature=temperature)
@@ -242,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
         for name, prompts in workloads.items():
             print(f"{name} at temperature {temperature} ...", flush=True)
             result[f"{name}_t{temperature}"] = run_workload(engine, index, hf_target, prompts, params,
-                                                            args.lookup_tokens)
+                                                            args.lookup_tokens, router, name)
     print(f"index at {args.index_requests} logged requests ...", flush=True)
     result["index_scale"] = index_scale(sequences, args.index_requests,
                                         engine.target.model.config.vocab_size)
