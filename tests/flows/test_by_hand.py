@@ -20,10 +20,8 @@ from draftwheel import home, tracking
 from draftwheel.cli import main
 from draftwheel.registry_names import STAGE_TAG, TARGET_SHA_TAG
 from flows.flywheel import flywheel, override
-from serving.models import weights_sha256
 from serving.reference import default_target_dir
-from tests.flows.test_flywheel import WORDS
-from tests.flows.toy_world import build_models
+from tests.flows.toy_world import build_models, register_drafts, word_salads
 
 TRAIN = ["epochs=2", "batch_size=4", "max_length=64", "eval_max_samples=4", "logging_steps=1"]
 SHADOW = ["max_new_tokens=12", "min_requests=4", "include_canary=false"]
@@ -37,14 +35,10 @@ def state(tmp_path_factory, prefect_server, one_torch_thread):
         patch.setenv("DRAFTWHEEL_HOME", str(root / "home"))
         dirs = build_models(root)
         shutil.copytree(dirs["target"], default_target_dir())
-        champion = tracking.register_draft(dirs["bad"], {TARGET_SHA_TAG: weights_sha256(dirs["target"])})
+        champion = register_drafts(dirs, ("bad",))["bad"]
         tracking.promote(champion)
         workload = root / "prompts.jsonl"
-        import random
-
-        rng = random.Random(0)
-        workload.write_text("".join(json.dumps({"prompt": " ".join(rng.choice(WORDS) for _ in range(8)),
-                                                "slice": ("chat", "code")[i % 2]}) + "\n" for i in range(16)))
+        workload.write_text("".join(json.dumps(row) + "\n" for row in word_salads(16)))
         yield {"root": root, "dirs": dirs, "champion": champion, "workload": workload}
 
 

@@ -8,7 +8,6 @@ replay, the gate and the MLflow registry are the real ones.
 from __future__ import annotations
 
 import json
-import random
 import sqlite3
 from pathlib import Path
 
@@ -24,12 +23,10 @@ from serving.engine import Engine
 from serving.models import weights_sha256
 from serving.params import SamplingParams
 from serving.sink import JsonlSink
-from tests.flows.toy_world import build_models
+from tests.flows.toy_world import build_models, register_drafts, word_salads
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 TRAINER = "tests.flows.toy_trainers:copy_model"
-WORDS = ("sea sky fox dog poem stack list items read write test class return import print line "
-         "question lazy brown quick help today short things") .split()
 
 
 @pytest.fixture(scope="module")
@@ -38,17 +35,13 @@ def world(tmp_path_factory, prefect_server, one_torch_thread):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DRAFTWHEEL_HOME", str(root / "home"))
         dirs = build_models(root)
-        tags = {TARGET_SHA_TAG: weights_sha256(dirs["target"])}
-        versions = {name: tracking.register_draft(dirs[name], tags) for name in ("bad", "good")}
+        versions = register_drafts(dirs, ("bad", "good"))
         tracking.promote(versions["bad"])
         logs = root / "logs"
-        rng = random.Random(0)
         with JsonlSink(logs) as sink:
             engine = Engine.from_paths(dirs["target"], CHAMPION_URI, sink=sink)
-            for i in range(16):  # random word salads: distinct prompts that survive near-dedupe
-                prompt = " ".join(rng.choice(WORDS) for _ in range(8))
-                engine.generate([prompt], SamplingParams(max_new_tokens=12, k=4), slice=("chat", "code")[i % 2],
-                                chat=True)
+            for row in word_salads(16):
+                engine.generate([row["prompt"]], SamplingParams(max_new_tokens=12, k=4), slice=row["slice"], chat=True)
         yield {"root": root, "dirs": dirs, "versions": versions, "logs": logs}
 
 

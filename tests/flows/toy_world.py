@@ -8,9 +8,13 @@ last token, and any two such models would agree on everything.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 from serving.toy import build_tokenizer, save_model, tiny_llama, zero_extended_target
+
+WORDS = ("sea sky fox dog poem stack list items read write test class return import print line "
+         "question lazy brown quick help today short things").split()
 
 
 def build_models(root: Path) -> dict[str, Path]:
@@ -20,3 +24,20 @@ def build_models(root: Path) -> dict[str, Path]:
     models = {"target": zero_extended_target(good, 3), "good": good,
               "bad": tiny_llama(tokenizer, n_layers=1, hidden=64, seed=7, tie_embeddings=False)}
     return {name: save_model(model, tokenizer, root / name) for name, model in models.items()}
+
+
+def register_drafts(dirs: dict[str, Path], names: tuple[str, ...]) -> dict[str, str]:
+    """Register the named drafts in the state dir's registry, tagged as trained for `dirs["target"]`."""
+    from draftwheel import tracking
+    from draftwheel.registry_names import TARGET_SHA_TAG
+    from serving.models import weights_sha256
+
+    tags = {TARGET_SHA_TAG: weights_sha256(dirs["target"])}
+    return {name: tracking.register_draft(dirs[name], tags) for name in names}
+
+
+def word_salads(n: int, seed: int = 0) -> list[dict[str, str]]:
+    """`n` requests of random word salads, alternating chat/code: distinct prompts that survive near-dedupe."""
+    rng = random.Random(seed)
+    return [{"prompt": " ".join(rng.choice(WORDS) for _ in range(8)), "slice": ("chat", "code")[i % 2]}
+            for i in range(n)]
