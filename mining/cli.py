@@ -7,6 +7,7 @@ Heavy imports (torch, transformers, datasets) happen inside the command function
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -41,7 +42,8 @@ def register(subparsers: Any) -> None:
     mine.add_argument("--out", type=Path, help="output dir (default: $DRAFTWHEEL_HOME/datasets, where the "
                                                "trainers and shadow read by default)")
     mine.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="MiningConfig YAML (default: configs/mining.yaml)")
-    mine.add_argument("--tokenizer", help="target tokenizer/model dir (enables preference pairs and re-tokenising)")
+    mine.add_argument("--tokenizer", help="target tokenizer/model dir (enables preference pairs and re-tokenising; "
+                                          "default: the reference target in the state dir, as the flywheel, if present)")
     mine.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                       help="override a config field (repeatable), e.g. --set holdout_fraction=0.2")
     mine.add_argument("positional_overrides", nargs="*", metavar="KEY=VALUE",
@@ -76,6 +78,7 @@ def _mine_command(args: argparse.Namespace) -> int:
     from draftwheel.home import logs_dir, mined_dir
     from mining.config import MiningConfig
     from mining.pipeline import mine
+    from serving.reference import default_target_dir
 
     overrides = [*args.overrides, *args.positional_overrides] + ([f"tokenizer={args.tokenizer}"] if args.tokenizer else [])
     try:
@@ -83,6 +86,8 @@ def _mine_command(args: argparse.Namespace) -> int:
     except ValueError as exc:  # ConfigError, or a value MiningConfig.__post_init__ refuses (names the field)
         print(f"draftwheel mine: config error: {exc}", file=sys.stderr)
         return 2
+    if config.tokenizer is None and default_target_dir().is_dir():  # as the flywheel: the target's tokenizer
+        config = dataclasses.replace(config, tokenizer=str(default_target_dir()))
     try:
         manifest = mine(args.logs or logs_dir(), args.out or mined_dir(), config)
     except OSError as exc:  # missing logs or tokenizer dir, unwritable out: the message names the path
