@@ -53,6 +53,21 @@ class MiningConfig:
     """`weight` column of hard and rollback samples in distill/."""
     uniform_weight: float = 1.0
     """`weight` column of uniform samples in distill/."""
+    replay_share: float = 0.25
+    """Share of the distill mix given to replay of earlier traffic, split evenly over the served slices
+    (every slice in the logs, plus `replay_slices`), so a round on one slice keeps the others in training."""
+    replay_min_per_slice: int = 8
+    """At least this many replay samples per served slice (when its traffic has them)."""
+    replay_slices: list[str] = field(default_factory=list)
+    """Slices the champion serves besides those in the logs (the flywheel passes the canary set's);
+    one with no earlier traffic in the logs is reported under the manifest's `replay.missing`."""
+    replay_boost: dict[str, float] = field(default_factory=dict)
+    """Per-slice multiplier of the replay quota, e.g. {prose: 3.0} (the flywheel's retry sets it)."""
+    replay_weight: float = 1.0
+    """`weight` column of replay samples in distill/ (before the shortfall up-weighting)."""
+    replay_max_upweight: float = 4.0
+    """A slice that has fewer replay samples than its quota gets weight x quota/kept, at most this factor,
+    so its share of the loss stays near its share of the mix."""
     max_pairs_per_request: int = 4
     """Preference pairs per request: the first N rejections (each gives prefix, target token, draft token)."""
     near_dup_threshold: float = 0.8
@@ -95,9 +110,16 @@ class MiningConfig:
         for name in ("min_rollback_depth", "minhash_perm", "shingle_words", "quarantine_max_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        for name in ("uniform_ratio", "hard_weight", "uniform_weight"):
+        for name in ("uniform_ratio", "hard_weight", "uniform_weight", "replay_weight", "replay_min_per_slice"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.replay_share < 1.0:
+            raise ValueError(f"replay_share: must be in [0, 1), got {self.replay_share}")
+        if self.replay_max_upweight < 1.0:
+            raise ValueError(f"replay_max_upweight: must be >= 1, got {self.replay_max_upweight}")
+        for name, value in self.replay_boost.items():
+            if not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"replay_boost.{name}: must be a number >= 0, got {value!r}")
 
     @property
     def since_ts(self) -> float | None:

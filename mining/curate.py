@@ -3,10 +3,11 @@
 Candidates are read lazily, in rounds: each round reads (in file order) just enough of every slice's
 candidate list to fill what its quota still lacks, and keeps a small summary per candidate (MinHash
 signature, normalised-text key, whether scrubbing would change it). Candidates are then admitted in
-priority order -- hold-out first, then hard, rollback and uniform samples (each per slice, best
-first) -- unless they are an exact or near duplicate of something admitted before (the hold-out
+priority order -- hold-out first, then hard, rollback, uniform and replay samples (each per slice,
+best first) -- unless they are an exact or near duplicate of something admitted before (the hold-out
 included, so no training prompt resembles a hold-out prompt), or need scrubbing while no tokenizer is
-there to re-derive their ids. Writing the datasets is `mining.outputs`' job.
+there to re-derive their ids. The uniform and replay quotas follow what the categories before them
+actually kept. Writing the datasets is `mining.outputs`' job.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from mining.config import MiningConfig
 from mining.dedupe import NearDupIndex, exact_key
 from mining.pii import Scrubber, contains_pii
 from mining.scan import fetch_lines
-from mining.select import Selection
+from mining.select import Selection, replay_quotas
 from serving.records import RecordError, read_record
 
-CATEGORIES = ("hard", "rollback", "uniform")
+CATEGORIES = ("hard", "rollback", "uniform", "replay")
+FOCUS = CATEGORIES[:3]
 
 
 @dataclass
@@ -35,6 +37,7 @@ class Curated:
     train: dict[int, str] = field(default_factory=dict)              # row id -> category
     kept: dict[int, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))  # slice -> category counts
     dropped: Counter[str] = field(default_factory=Counter)
+    replay_quotas: dict[int, int] = field(default_factory=dict)  # slice -> replay quota (on kept counts)
 
 
 @dataclass
@@ -120,16 +123,27 @@ class _Curator:
                         kept[s][category] += 1
 
 
-def curate(files: list[Path], selection: Selection, config: MiningConfig, has_tokenizer: bool) -> Curated:
+def _quotas(category: str, selection: Selection, kept: dict[int, Counter[str]], config: MiningConfig,
+            boost: dict[int, float]) -> dict[int, int]:
+    """A category's per-slice quotas; uniform and replay follow what the categories before them kept."""
+    if category == "uniform":
+        return {s: round(config.uniform_ratio * (kept[s]["hard"] + kept[s]["rollback"])) for s in selection.quotas}
+    if category == "replay":
+        focus = sum(kept[s][c] for s in selection.quotas for c in FOCUS)
+        return replay_quotas(config, focus, sorted(selection.quotas), boost)
+    return {s: q[category] for s, q in selection.quotas.items()}
+
+
+def curate(files: list[Path], selection: Selection, config: MiningConfig, has_tokenizer: bool,
+           boost: dict[int, float] | None = None) -> Curated:
+    """Admit the hold-out, then each category's candidates up to its quotas (`boost`: replay_boost by slice id)."""
     curator = _Curator(files, config, has_tokenizer)
     curator.summarize(selection.holdout)
     curator.result.holdout = [r for r in selection.holdout["row"].tolist() if curator.admit(r, "holdout")]
     for category in CATEGORIES:
-        if category == "uniform":
-            # The anti-forgetting share follows what the hard categories actually got.
-            quotas = {s: round(config.uniform_ratio * (curator.result.kept[s]["hard"] + curator.result.kept[s]["rollback"]))
-                      for s in selection.quotas}
-        else:
-            quotas = {s: q[category] for s, q in selection.quotas.items()}
-        curator.fill(category, {s: selection.candidates[category].get(s, selection.holdout[:0]) for s in quotas}, quotas)
+        quotas = _quotas(category, selection, curator.result.kept, config, boost or {})
+        if category == "replay":
+            curator.result.replay_quotas = quotas
+        lists = {s: selection.candidates.get(category, {}).get(s, selection.holdout[:0]) for s in quotas}
+        curator.fill(category, lists, quotas)
     return curator.result

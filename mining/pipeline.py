@@ -2,7 +2,7 @@
 
 `mine(logs_dir, out_dir, config)` runs: scan (validate every line, quarantine bad ones, filter by time
 and slice, per-request stats into a compact on-disk index) -> select (hold-out by time, hard and
-deep-rollback samples per slice with caps, uniform mix) -> curate (PII, exact and near dedupe, hold-out
+deep-rollback samples per slice with caps, uniform mix, replay of every served slice) -> curate (PII, exact and near dedupe, hold-out
 isolation) -> write `distill/`, `preference/`, `holdout/`, `quarantine.jsonl`, the plot and
 `manifest.json`. Memory is bounded by the caps in the config, not by the size of the logs: lines are
 streamed, and only selected requests are read again. No training, no network, no Prefect.
@@ -59,8 +59,9 @@ def _prepare_out(out: Path) -> None:
 
 
 def write_outputs(files: list[Path], selection: Selection, curated: Curated, config: MiningConfig,
-                  tokenizer: Any, out: Path, scratch: Path) -> dict[str, Any]:
-    """Write the three datasets; returns rows and redaction counts per dataset."""
+                  tokenizer: Any, out: Path, scratch: Path, replay_weights: dict[str, float] | None = None) -> dict[str, Any]:
+    """Write the three datasets; returns rows and redaction counts per dataset. `replay_weights`: the
+    `weight` of a replay sample by slice name (default `replay_weight`)."""
     preps = {name: TextPrep(Scrubber() if config.scrub_pii else None, tokenizer)
              for name in ("distill", "preference", "holdout")}
     writers = {"distill": DatasetWriter(DISTILL, scratch / "distill.arrow"),
@@ -74,7 +75,10 @@ def write_outputs(files: list[Path], selection: Selection, curated: Curated, con
     train_rows = candidates[np.isin(candidates["row"], list(curated.train))]
     weights = {"hard": config.hard_weight, "rollback": config.hard_weight, "uniform": config.uniform_weight}
     for row_id, record in iter_records(files, train_rows):
-        writers["distill"].add(distill_row(record, preps["distill"], weights[curated.train[row_id]]))
+        category = curated.train[row_id]
+        weight = ((replay_weights or {}).get(record.slice, config.replay_weight) if category == "replay"
+                  else weights[category])
+        writers["distill"].add(distill_row(record, preps["distill"], weight))
         for pair in preference_rows(record, preps["preference"], config.max_pairs_per_request):
             writers["preference"].add(pair)
     written = {}
@@ -95,6 +99,20 @@ def _slices_section(scan: ScanResult, selection: Selection, curated: Curated) ->
     return section
 
 
+def replay_section(scan: ScanResult, curated: Curated, config: MiningConfig) -> dict[str, Any]:
+    """What the replay share did: per served slice its quota, what was kept and the weight of its samples
+    (up-weighted by quota/kept, at most `replay_max_upweight`, when its earlier traffic fell short), and
+    the `replay_slices` that have no earlier traffic in the logs (`missing`)."""
+    names = {slice_id: name for name, slice_id in scan.slice_ids.items()}
+    slices = {}
+    for slice_id, quota in sorted(curated.replay_quotas.items()):
+        kept = curated.kept.get(slice_id, {}).get("replay", 0)
+        factor = min(config.replay_max_upweight, quota / kept) if kept and quota > kept else 1.0
+        slices[names[slice_id]] = {"quota": quota, "kept": kept, "weight": config.replay_weight * factor}
+    return {"share": config.replay_share, "boost": dict(config.replay_boost), "slices": slices,
+            "missing": sorted(set(config.replay_slices) - set(scan.slice_ids))}
+
+
 def mine(logs_dir: str | Path, out_dir: str | Path, config: MiningConfig | None = None) -> dict[str, Any]:
     """Run the mining stage; returns the manifest (also written to `out_dir/manifest.json`)."""
     config = config or MiningConfig()
@@ -109,11 +127,14 @@ def mine(logs_dir: str | Path, out_dir: str | Path, config: MiningConfig | None 
         vocab_size = len(tokenizer) if tokenizer is not None else None  # token ids are checked against it
         scan, index = scan_pass(files, scratch, out / "quarantine.jsonl", config, vocab_size)
         timings["scan_s"], clock = time.perf_counter() - clock, time.perf_counter()
-        selection = select(index, scan.counts["kept"], scan.ts_range, config)
+        boost = {scan.slice_ids[name]: factor for name, factor in config.replay_boost.items() if name in scan.slice_ids}
+        selection = select(index, scan.counts["kept"], scan.ts_range, config, boost)
         timings["select_s"], clock = time.perf_counter() - clock, time.perf_counter()
-        curated = curate(files, selection, config, tokenizer is not None)
+        curated = curate(files, selection, config, tokenizer is not None, boost)
         timings["curate_s"], clock = time.perf_counter() - clock, time.perf_counter()
-        written = write_outputs(files, selection, curated, config, tokenizer, out, scratch)
+        replay = replay_section(scan, curated, config)
+        written = write_outputs(files, selection, curated, config, tokenizer, out, scratch,
+                                {name: entry["weight"] for name, entry in replay["slices"].items()})
         timings["write_s"] = time.perf_counter() - clock
     outputs = {name: {"path": name, "rows": info["rows"], "sha256": path_sha256(out / name)}
                for name, info in written.items()}
@@ -142,6 +163,7 @@ def mine(logs_dir: str | Path, out_dir: str | Path, config: MiningConfig | None 
         "holdout_cutoff_ts": selection.cutoff if math.isfinite(selection.cutoff) else None,
         "preference_note": None if tokenizer is not None else "no tokenizer configured: preference/ is empty",
         "slices": _slices_section(scan, selection, curated),
+        "replay": replay,
         "redactions": {**redactions, "total": dict(total)},
         "outputs": outputs,
         "timings": {name: round(value, 3) for name, value in timings.items()},

@@ -6,6 +6,9 @@
   (or acceptance <= `hard_threshold`), at most `max_hard_per_slice`, lowest first.
 - Rollback: per slice, the deepest rollbacks (>= `min_rollback_depth`) not already hard, capped.
 - Uniform: per slice, a uniform sample of the remaining requests, `uniform_ratio` per hard/rollback one.
+- Replay: for every served slice (every slice in the logs), a uniform sample of its remaining earlier
+  requests, `replay_quota` each: the same number for every slice whatever its traffic, so the slice a
+  round is about does not crowd the others out of training (times `replay_boost` for a named slice).
 
 Each list keeps distinct prompt keys and is over-sampled (`OVERSAMPLE`) so that the text-level
 dedupe and PII steps downstream can drop some and still fill the quotas. Everything streams over
@@ -120,8 +123,20 @@ def _hard_quota(config: MiningConfig, count: int) -> int:
     return min(config.max_hard_per_slice, math.ceil(config.hard_quantile * count))
 
 
-def select(index: IndexFile, kept: int, ts_range: tuple[float, float], config: MiningConfig) -> Selection:
-    """Run the whole selection over the index; see the module docstring for the rules."""
+def replay_quotas(config: MiningConfig, focus: int, served: list[int], boost: dict[int, float]) -> dict[int, int]:
+    """Replay samples per served slice: `replay_share` of the whole mix (focus + replay), split evenly over
+    the served slices, at least `replay_min_per_slice` each, times the slice's boost. 0 when the share is 0."""
+    if config.replay_share <= 0 or not served:
+        return {s: 0 for s in served}
+    even = config.replay_share / (1.0 - config.replay_share) * focus / len(served)
+    base = max(config.replay_min_per_slice, even)
+    return {s: math.ceil(base * boost.get(s, 1.0)) for s in served}
+
+
+def select(index: IndexFile, kept: int, ts_range: tuple[float, float], config: MiningConfig,
+           boost: dict[int, float] | None = None) -> Selection:
+    """Run the whole selection over the index; see the module docstring for the rules. `boost`: the
+    config's `replay_boost` by slice id."""
     window = math.ceil(config.holdout_fraction * kept) if kept else 0
     cutoff = math.inf
     if window:
@@ -143,9 +158,15 @@ def select(index: IndexFile, kept: int, ts_range: tuple[float, float], config: M
         q["uniform"] = math.ceil(config.uniform_ratio * (q["hard"] + q["rollback"]))
     uniform = top_rows(index, {s: OVERSAMPLE * q["uniform"] for s, q in quotas.items()},
                        lambda c: (c["ts"] < cutoff) & ~np.isin(c["row"], taken), _by_rand)
+    taken = np.concatenate([taken, _row_ids(uniform, quotas, "uniform")])
+    focus = sum(q["hard"] + q["rollback"] + q["uniform"] for q in quotas.values())
+    for s, quota in replay_quotas(config, focus, sorted(quotas), boost or {}).items():
+        quotas[s]["replay"] = quota
+    replay = top_rows(index, {s: OVERSAMPLE * q["replay"] for s, q in quotas.items()},
+                      lambda c: (c["ts"] < cutoff) & ~np.isin(c["row"], taken), _by_rand)
     selection = Selection(cutoff=cutoff, holdout_window=window if window else 0, train_counts=counts, quotas=quotas,
                           holdout=holdout[HOLDOUT_GROUP],
-                          candidates={"hard": hard, "rollback": rollback, "uniform": uniform})
+                          candidates={"hard": hard, "rollback": rollback, "uniform": uniform, "replay": replay})
     _drop_holdout_keys(index, selection)
     return selection
 
