@@ -3,13 +3,15 @@
 `Engine.generate` / `Engine.stream` tokenise a prompt (applying the chat template when asked), run one
 of the decoding loops in `serving.decoding`, and turn the result into a `Completion` carrying
 per-request stats and the v1 `AcceptanceRecord`, which is also handed to the optional sink and
-metrics objects. Batch size is 1; concurrency (queueing) is the HTTP layer's business, and concurrent
-calls are safe because every request owns its KV caches. The engine does not scrub PII, rotate logs
-or export metrics itself.
+metrics objects (and to the suffix index, which learns from every finished request). An optional
+router (`serving.routing`) picks the mode of requests that name none. Batch size is 1; concurrency
+(queueing) is the HTTP layer's business, and concurrent calls are safe because every request owns its
+KV caches. The engine does not scrub PII, rotate logs or export metrics itself.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -86,9 +88,10 @@ def _eos_ids(loaded: LoadedModel) -> set[int]:
 class Engine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, medusa: Any = None,
                  sink: Any = None, metrics: Any = None, medusa_id: ModelId | None = None, prepack: bool = True,
-                 suffix_index: SuffixIndex | None = None):
+                 suffix_index: SuffixIndex | None = None, router: Any = None):
         """With `prepack` (the default), CPU models get oneDNN-packed linear layers, in place
-        (serving.prepack): the engine owns the models it is given."""
+        (serving.prepack): the engine owns the models it is given. With `router` (a
+        `serving.routing.RequestRouter`), requests that name no mode get the mode and k it picks."""
         if draft is not None:
             check_compatible(target, draft)
         self.prepack = prepack
@@ -104,6 +107,7 @@ class Engine:
         self.suffix_index = suffix_index  # modes suffix/hybrid draft from it; every finished request updates it
         if suffix_index is not None:
             suffix_index.check_target(target.model_id)
+        self.router = router
 
     @classmethod
     def from_paths(cls, target: str | Path, draft: str | Path | None = None, medusa: str | Path | None = None,
@@ -188,8 +192,11 @@ class Engine:
         """Yield text deltas as they become stable, then the final `Completion`."""
         params = params or SamplingParams()
         draft = self._draft  # read once: a concurrent swap_draft does not affect this request
-        mode = self._resolve_mode(mode, draft)
         text_in, ids = self.encode(prompt, chat)
+        pick = self.router.pick(draft, self.suffix_index, slice, ids) if mode is None and self.router else None
+        if pick is not None:
+            mode, params = pick.mode, dataclasses.replace(params, k=pick.k or params.k)
+        mode = self._resolve_mode(mode, draft)
         self._check_fits(len(ids), params,
                          [self.target.model] + ([draft.model] if mode in ("draft", "hybrid") else []))
         seed = params.seed if params.seed is not None or params.greedy else int(torch.randint(0, 2**62, (1,)))
@@ -205,7 +212,11 @@ class Engine:
         latency = time.perf_counter() - start
         record = self._record(req, mode, draft, slice, text_in, seed, ts, start, latency)
         self._publish(record)
-        yield self._completion(prompt, req, record)
+        completion = self._completion(prompt, req, record)
+        if pick is not None:
+            self.router.learn(pick, draft, completion.stats.tokens_per_s,
+                              record.acceptance_rate if record.drafted_tokens else None)
+        yield completion
 
     def generate(self, prompts: list[Any], params: SamplingParams | None = None, slice: str = "default",
                  chat: bool = False, mode: str | None = None) -> list[Completion]:

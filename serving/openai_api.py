@@ -7,7 +7,8 @@ penalties, ...). Fields take JSON types as sent (strict: `"stream": "yes"` or `"
 400, not a guess), and `check_text` refuses text that is not valid Unicode (a lone surrogate such as
 `"\\ud800"`, which JSON can carry but no tokenizer or log line can encode), naming the field.
 draftwheel extensions, sent by the `openai` client through `extra_body`: `slice` (the record's
-workload label; `metadata.slice` works too), `top_k` and `k` (draft length).
+workload label; `metadata.slice` works too), `top_k`, `k` (draft length) and `mode` (decoding mode,
+e.g. `hybrid`; an unknown or unservable mode is a 400).
 
 No I/O and no engine calls here; routing, queueing and SSE framing live in `serving.server`.
 """
@@ -66,6 +67,7 @@ class _Request(BaseModel):
     slice: str | None = None
     top_k: int | None = None
     k: int | None = None
+    mode: str | None = None  # decoding mode (serving.records.MODES); None = the server's choice
 
     def unsupported(self) -> list[tuple[str, str]]:
         """(field, why) for every feature that was asked for but is not served."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from draftwheel.registry_names import CHAMPION_URI
+from serving.records import MODES
 
 MiB = 1024 * 1024
 
@@ -51,6 +52,28 @@ class ServeConfig:
     """On SIGINT/SIGTERM, how long in-flight requests may run before they are cut (and counted in the log)."""
     reload_poll_s: float = 30.0
     device: str = "cpu"
+    mode: str | None = None
+    """Mode of requests that name none (a request may send `mode` in its body): draft, medusa,
+    autoregressive, suffix or hybrid; None = the router's pick when `router` is on, else the engine's
+    default (draft, else medusa, else autoregressive). suffix and hybrid need `suffix_tier`."""
+    suffix_tier: bool = False
+    """Keep a suffix index of this target's earlier requests (built from the newest acceptance logs at
+    start-up, updated as requests finish) so modes suffix and hybrid draft from it. Off by default: the
+    tier's benchmark goals on the reference target (issue 12) are not measured yet, and hybrid refuses
+    an eagle3 champion."""
+    suffix_max_requests: int = 50_000
+    """Suffix index bound: most requests kept (oldest evicted first)."""
+    suffix_max_tokens: int = 4_000_000
+    """Suffix index bound: most tokens kept (prompt + output; oldest evicted first)."""
+    suffix_startup_max_bytes: int = 256 * MiB
+    """At start-up, read only the newest log files up to this many bytes on disk (at least the newest one)."""
+    router: bool = False
+    """Let the LinUCB router (serving.routing) pick mode and k per request when neither the request nor
+    `mode` names one; its state is kept in $DRAFTWHEEL_HOME/serving/router.json, fresh per champion.
+    Off by default until it beats the fixed hybrid in benchmarks/bench_suffix.py."""
+    state_save_s: float = 60.0
+    """How often the suffix index stats and the router state are written under $DRAFTWHEEL_HOME/serving
+    (and once at shutdown)."""
 
     def __post_init__(self) -> None:
         checks = {"port": 0 <= self.port <= 65535, "log_max_bytes": self.log_max_bytes > 0,
@@ -58,10 +81,16 @@ class ServeConfig:
                   "default_max_tokens": self.default_max_tokens >= 1,
                   "default_temperature": self.default_temperature >= 0, "reload_poll_s": self.reload_poll_s > 0,
                   "max_body_bytes": self.max_body_bytes > 0, "max_prompt_chars": self.max_prompt_chars > 0,
-                  "drain_timeout_s": self.drain_timeout_s >= 0}
+                  "drain_timeout_s": self.drain_timeout_s >= 0, "suffix_max_requests": self.suffix_max_requests >= 1,
+                  "suffix_max_tokens": self.suffix_max_tokens >= 1,
+                  "suffix_startup_max_bytes": self.suffix_startup_max_bytes >= 0, "state_save_s": self.state_save_s > 0}
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"{name}: invalid value {getattr(self, name)!r}")
+        if self.mode is not None and self.mode not in MODES:
+            raise ValueError(f"mode: {self.mode!r} not one of {', '.join(MODES)} (or null)")
+        if self.mode in ("suffix", "hybrid") and not self.suffix_tier:
+            raise ValueError(f"mode: {self.mode!r} needs suffix_tier: true")
         if self.api_key is not None and (not self.api_key.strip() or self.api_key != self.api_key.strip()):
             raise ValueError(f"api_key: {self.api_key!r} is empty or has surrounding blanks (use null for no key; "
                              "an unset shell variable passed as --api-key \"$KEY\" arrives as an empty string)")

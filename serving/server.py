@@ -167,7 +167,8 @@ class _Service:
         """Runs on the worker thread: tokenise, size max_tokens, then stream deltas and the Completion."""
         _, ids = self.engine.encode(prompt, chat)
         params = self._params(request, len(ids))
-        yield from self.engine.stream(prompt, params, slice=request.record_slice, chat=chat)
+        yield from self.engine.stream(prompt, params, slice=request.record_slice, chat=chat,
+                                      mode=request.mode or self.config.mode)
 
     def run(self, request: CompletionRequest | ChatRequest, prompt: Any, chat: bool) -> AsyncIterator[Any]:
         return self.worker.iterate(lambda: self.job(request, prompt, chat))
@@ -348,6 +349,7 @@ def create_app(engine: Any, config: ServeConfig | None = None, watcher: Any = No
                 "target": asdict(engine.target.model_id),
                 "draft": asdict(draft.model_id) if draft is not None else None,
                 "medusa": engine.medusa is not None,
+                "suffix_index": engine.suffix_index.stats() if engine.suffix_index is not None else None,
                 "queue_depth": int(metrics.value("draftwheel_queue_depth")),
                 "reload": None if watcher is None else {
                     "uri": watcher.uri, "current_version": watcher.current_version, "swaps": watcher.swaps,

@@ -6,8 +6,10 @@ $DRAFTWHEEL_API_KEY) is a config error, never an open server. Before loading any
 created if missing and opened for writing (refused if that fails); a model that cannot be loaded is one
 line naming its setting and path or URI (exit code 2, no traceback). On SIGINT/SIGTERM uvicorn drains
 in-flight requests for at most `drain_timeout_s`, then cuts the rest. When the draft is a registry URI (`models:/NAME@ALIAS`), a
-`serving.reload.DraftWatcher` swaps in the new draft whenever the alias moves. On shutdown the watcher
-is stopped and the log is fsynced and closed. Heavy imports happen inside the command function so
+`serving.reload.DraftWatcher` swaps in the new draft whenever the alias moves. With `suffix_tier` or
+`router` on, `serving.serving_state.attach_tier` builds the suffix index from the log dir and the router,
+and a saver writes their state under $DRAFTWHEEL_HOME/serving. On shutdown the watcher and saver are
+stopped and the log is fsynced and closed. Heavy imports happen inside the command function so
 `draftwheel --help` stays fast; the HTTP API itself lives in `serving.server`.
 """
 
@@ -158,11 +160,16 @@ def serve(config: Any) -> None:
     import uvicorn
 
     from serving.server import create_app
+    from serving.serving_state import attach_tier
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine, sink = open_engine(config)
-    watcher = None
+    watcher = saver = None
     try:
+        with _setting(f"suffix_tier/router (log_dir {sink.log_dir})"):
+            saver = attach_tier(engine, config, sink.log_dir)
+        if saver is not None:
+            saver.start()
         watcher = _start_watcher(engine, config)
         log.info("serving target=%s draft=%s on http://%s:%d (logs: %s)", engine.target.model_id.name,
                  engine.draft.model_id.name if engine.draft else None, config.host, config.port, sink.log_dir)
@@ -171,6 +178,8 @@ def serve(config: Any) -> None:
     finally:
         if watcher is not None:
             watcher.stop()
+        if saver is not None:
+            saver.stop()
         sink.close()
 
 

@@ -63,14 +63,20 @@ def log_files(log_dir: str | Path, prefix: str = "acceptance") -> list[Path]:
     return files + ([active] if active.exists() else [])
 
 
+def read_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """Yield `(line_number, line)` for every non-empty line of one log file (plain or gzip)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as handle:
+        for number, line in enumerate(handle, start=1):
+            if line.strip():
+                yield number, line.rstrip("\n")
+
+
 def iter_lines(log_dir: str | Path, prefix: str = "acceptance") -> Iterator[tuple[Path, int, str]]:
     """Yield `(file, line_number, line)` for every non-empty line of every log file, in write order."""
     for path in log_files(log_dir, prefix):
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8", errors="replace") as handle:
-            for number, line in enumerate(handle, start=1):
-                if line.strip():
-                    yield path, number, line.rstrip("\n")
+        for number, line in read_lines(path):
+            yield path, number, line
 
 
 class JsonlSink:

@@ -21,6 +21,8 @@ counts the tree holds, for the recent occurrences only.
 - `SuffixIndex`: the shared part, for one target (never mixed: records of another target are refused),
   bounded by `max_requests` and `max_tokens` with the oldest requests evicted first. `add(...)` is the
   update, O(tokens added + tokens evicted); `propose(...)` is a pure function of (index, context).
+  `stats()`: its size and, over the suffix/hybrid records added, the share of steps it drafted.
+  `from_logs(..., max_bytes)` builds it at start-up from the newest log files only.
 - `RequestIndex`: the per-request part over the prompt and the output so far.
 - `best_proposal`: the better of both, as arctic-inference does.
 
@@ -39,6 +41,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from serving.acceptance import acceptance_rate
 from serving.records import AcceptanceRecord, ModelId, RecordError, parse_record
 
 _KEY_BITS = 21  # a token id must fit in 21 bits (vocabularies up to 2M) to pack 3 of them in one int64
@@ -248,6 +251,18 @@ class TokenStore:
         return self._buf.nbytes + table + sys.getsizeof(self.sequences)
 
 
+def newest_within(files: list[Path], max_bytes: int) -> list[Path]:
+    """The newest of `files` (oldest first) whose sizes sum to at most `max_bytes`; at least the newest one."""
+    kept: list[Path] = []
+    total = 0
+    for path in reversed(files):
+        total += path.stat().st_size if path.exists() else 0
+        if kept and total > max_bytes:
+            break
+        kept.append(path)
+    return kept[::-1]
+
+
 def target_key(model_id: ModelId) -> str:
     """The key an index is kept under: the target's weights sha256, else its name and version."""
     return model_id.sha256 or f"{model_id.name}@{model_id.version}"
@@ -261,6 +276,7 @@ class SuffixIndex:
         self.config = config or SuffixConfig()
         self._store = TokenStore(self.config.min_match)
         self._lock = threading.Lock()
+        self.served = Counter()  # over the records added: requests/steps in modes suffix and hybrid, suffix steps
 
     @property
     def requests(self) -> int:
@@ -291,7 +307,26 @@ class SuffixIndex:
         if target_key(record.target_id) != self.target:
             return False
         self.add(record.prompt_token_ids + record.output_token_ids)
+        if record.mode in ("suffix", "hybrid"):
+            suffix_steps = [s for s in record.steps if s.source == "suffix"]
+            with self._lock:
+                self.served.update(requests=1, steps=len(record.steps), suffix_steps=len(suffix_steps),
+                                   suffix_drafted=sum(s.k for s in suffix_steps),
+                                   suffix_accepted=sum(s.accepted for s in suffix_steps))
         return True
+
+    def stats(self) -> dict[str, float | int]:
+        """Size and use: kept requests and tokens, and over the suffix/hybrid records
+        added (the log read at start-up included) `hit_rate`, the share of their verification steps the
+        index drafted, and `suffix_acceptance_rate`, the share of its drafted tokens accepted."""
+        with self._lock:
+            served = dict(self.served)
+            size = {"requests": self.requests, "tokens": self.tokens}  # not nbytes(): it walks the whole table
+        steps, drafted = served.get("steps", 0), served.get("suffix_drafted", 0)
+        return {**size, "served_requests": served.get("requests", 0), "served_steps": steps,
+                "suffix_steps": served.get("suffix_steps", 0),
+                "hit_rate": served.get("suffix_steps", 0) / steps if steps else 0.0,
+                "suffix_acceptance_rate": acceptance_rate(served.get("suffix_accepted", 0), drafted)}
 
     def propose(self, context: Sequence[int], max_k: int) -> Proposal:
         with self._lock:
@@ -319,16 +354,23 @@ class SuffixIndex:
         return index
 
     @classmethod
-    def from_logs(cls, log_dir: str | Path, target: str, config: SuffixConfig | None = None) -> SuffixIndex:
-        """Built from an acceptance-log dir (all files, in write order; bad lines skipped)."""
-        from serving.sink import iter_lines
+    def from_logs(cls, log_dir: str | Path, target: str, config: SuffixConfig | None = None,
+                  max_bytes: int | None = None) -> SuffixIndex:
+        """Built from an acceptance-log dir in write order, bad lines skipped; with `max_bytes`, only the
+        newest files whose sizes (on disk) sum to at most that, and always the newest one (a bound on start-up)."""
+        from serving.sink import log_files, read_lines
+
+        files = log_files(log_dir)
+        if max_bytes is not None:
+            files = newest_within(files, max_bytes)
 
         def records() -> Iterable[AcceptanceRecord]:
-            for _, _, line in iter_lines(log_dir):
-                try:
-                    yield parse_record(line)
-                except RecordError:
-                    continue
+            for path in files:
+                for _, line in read_lines(path):
+                    try:
+                        yield parse_record(line)
+                    except RecordError:
+                        continue
 
         return cls.from_records(records(), target, config)
 
