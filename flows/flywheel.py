@@ -7,7 +7,9 @@ stage starts, so a bad field fails in seconds. One run at a time per state dir: 
 A candidate reaches `champion` only when the shadow gate says so, `promote` is on and the champion is
 still the one it was gated against; any stage failure stops the flow before the registry is touched, marks
 the stage's and the parent's MLflow runs FAILED (tags `failed_stage`, `failure_reason`) and fails the
-Prefect flow run. Registering and promoting go through `draftwheel.registry`, as on the command line.
+Prefect flow run. Mining keeps a replay share of every served slice (the logs' and the canary set's); when
+the gate rejects on slice regressions alone, the turn retries (`max_retries`) with more replay of the
+blocking slices (`flows.replay`); each attempt is a nested MLflow run `attempt-N` holding its stages. Registering and promoting go through `draftwheel.registry`, as on the command line.
 This module wires stages; what each stage does lives in mining/, training/, serving/ and draftwheel/.
 """
 
@@ -25,7 +27,7 @@ from draftwheel import home
 from draftwheel.config import ConfigError, load_config, to_dict
 from draftwheel.locks import state_lock
 from draftwheel.registry_names import CHAMPION_URI, DRAFT_MODEL, MEDUSA_MODEL
-from flows import tasks
+from flows import replay, tasks
 from training.trainers import TRAINERS
 
 BUILTIN_TRAINERS = tuple(TRAINERS)
@@ -61,11 +63,20 @@ class FlywheelConfig:
     """Log runs to MLflow (the registry is used either way)."""
     work_dir: str = ""
     """Per-run datasets and reports go under here ("" = <state dir>/flywheel)."""
+    max_retries: int = 1
+    """Attempts after the first when the gate rejects on slice regressions alone (0 = never retry)."""
+    retry_replay_boost: float = 3.0
+    """A retry multiplies the blocking slices' replay quota (mining `replay_boost`) by this."""
 
     def __post_init__(self) -> None:
         if self.trainer not in BUILTIN_TRAINERS and ":" not in self.trainer:
             raise ValueError(f"trainer must be one of {', '.join(BUILTIN_TRAINERS)} or 'package.module:function', "
                              f"got {self.trainer!r}")
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries: must be >= 0, got {self.max_retries!r}")
+        if self.retry_replay_boost <= 1.0:
+            raise ValueError(f"retry_replay_boost: must be > 1 (a retry with the same data repeats the "
+                             f"first attempt), got {self.retry_replay_boost!r}")
         if not self.champion_uri.startswith("models:/"):
             raise ValueError(f"champion_uri must be a registry URI models:/NAME@ALIAS, got {self.champion_uri!r}")
         for name in ("mining_config", "train_config", "shadow_config"):
@@ -175,9 +186,44 @@ def _turn(config: FlywheelConfig, tracker: Any, work: Path) -> dict[str, Any]:
         target = tasks.resolve_target(config.target)
         champion = tasks.resolve_champion(config.champion_uri)
         tracker.log_params({"target": target["dir"], "champion_version": champion["version"]})
+    served = _served_slices(config)
+    attempts: list[dict[str, Any]] = []
+    boost: dict[str, float] = {}
+    for number in range(1, config.max_retries + 2):
+        attempt_work = work if number == 1 else work / f"attempt-{number}"
+        with tracker.run(f"attempt-{number}", nested=True, tags={"replay_boost": json.dumps(boost)}):
+            result = _attempt(config, tracker, attempt_work, champion, target, served, boost)
+        plan = replay.plan_retry(result["decision"], result["replay"], boost, config.retry_replay_boost)
+        retry = plan.boost is not None and number <= config.max_retries
+        attempts.append({"attempt": number, "replay_boost": boost, "challenger_version": result["challenger_version"],
+                         "decision": {k: result["decision"].get(k) for k in ("promote", "failed_checks",
+                                                                             "blocking_slices")},
+                         "next": f"retry: {plan.reason}" if retry else (
+                             None if result["decision"]["promote"] else
+                             f"stop: {plan.reason if plan.boost is None else 'max_retries reached'}")})
+        if not retry:
+            break
+        boost = plan.boost
+    return {**result, "champion_before": champion["version"], **replay.attempts_report(attempts)}
+
+
+def _served_slices(config: FlywheelConfig) -> list[str]:
+    """The canary set's slices when the shadow stage replays it (mining keeps replay of each)."""
+    from serving.shadow import ShadowConfig
+
+    shadow = load_config(ShadowConfig, tasks.stage_config_path(config.shadow_config, "shadow") or None,
+                         config.shadow_overrides)
+    return replay.served_slices(shadow)
+
+
+def _attempt(config: FlywheelConfig, tracker: Any, work: Path, champion: dict, target: dict, served: list[str],
+             boost: dict[str, float]) -> dict[str, Any]:
+    """mine -> train -> shadow -> register -> promote once, with `boost` as mining's replay_boost."""
+    mining_overrides = [override("replay_slices", served), *config.mining_overrides,
+                        *([override("replay_boost", boost)] if boost else [])]
     with stage(tracker, "mine"):
         mined = tasks.mine_datasets(config.logs_dir or str(home.logs_dir()), str(work / "datasets"),
-                                    config.mining_config, config.mining_overrides, target["dir"])
+                                    config.mining_config, mining_overrides, target["dir"])
         tracker.log_params(mined["config"])
         counts = mined["manifest"].get("counts", {})
         tracker.log_metrics({k: v for k, v in counts.items() if isinstance(v, (int, float))})
@@ -196,7 +242,7 @@ def _turn(config: FlywheelConfig, tracker: Any, work: Path) -> dict[str, Any]:
     with stage(tracker, "promote"):
         aliases = tasks.promote_version(version, target["sha256"], champion["version"]) if promoted else None
         tracker.set_tags({"promoted": str(promoted), "decision_reasons": "; ".join(decision["reasons"])[:5000]})
-    return {"champion_before": champion["version"], "challenger_version": version, "promoted": promoted,
+    return {"challenger_version": version, "promoted": promoted, "replay": mined["manifest"].get("replay", {}),
             "decision": decision, "aliases": aliases, "candidate_dir": trained["dir"],
             "manifest_path": mined["path"], "report_path": shadow["summary"].get("report", ""), "work_dir": str(work)}
 
@@ -224,11 +270,16 @@ def _locked_run(config: FlywheelConfig) -> dict[str, Any]:
             raise
         tracker.set_tags({"promoted": str(result["promoted"]), "challenger_version": result["challenger_version"],
                           "champion_before": result["champion_before"]})
+        tracker.set_tags({"blocking_slices": ",".join(result["blocking_slices"]),
+                          "attempts": str(len(result["attempts"]))})
         tracker.log_dict(result, "flywheel_result.json")
     result["mlflow_run_id"] = run_id
+    (work / "result.json").write_text(json.dumps(result, indent=2, default=str))
     print(f"flywheel: challenger v{result['challenger_version']} "
           f"{'PROMOTED to champion' if result['promoted'] else 'not promoted'}: "
           f"{'; '.join(result['decision']['reasons'])}", flush=True)
+    for line in result["tried"]:
+        print(f"flywheel: {line}", flush=True)
     return result
 
 

@@ -48,24 +48,32 @@ def world(tmp_path_factory, prefect_server, one_torch_thread):
 SHADOW = ["max_new_tokens=12", "min_requests=4", "include_canary=false"]
 
 
-def run_flywheel(world, trainer=TRAINER, source="good", extra=(), shadow=tuple(SHADOW), train=None):
+def run_flywheel(world, trainer=TRAINER, source="good", extra=(), shadow=tuple(SHADOW), train=None,
+                 mining=("holdout_fraction=0.5",), settings=()):
     return flywheel(None, [
         f"trainer={trainer}", f"target={world['dirs']['target']}", f"logs_dir={world['logs']}",
         override("train_overrides", train if train is not None else [f"source={world['dirs'][source]}", *extra]),
-        override("mining_overrides", ["holdout_fraction=0.5"]),
+        override("mining_overrides", list(mining)),
         override("shadow_overrides", list(shadow)),
+        *settings,
     ])
 
 
 def last_run(world, name):
-    """(status, tags) of the newest MLflow run called `name`, read straight from the sqlite store."""
+    """(status, tags, {descendant name: status}) of the newest MLflow run called `name`, read straight from
+    the sqlite store; descendants are the attempts and, under them, the stages (names unique per attempt)."""
     with sqlite3.connect(world["root"] / "home" / "mlflow.db") as db:
         run_id, status = db.execute("SELECT run_uuid, status FROM runs WHERE name = ? ORDER BY start_time DESC "
                                     "LIMIT 1", (name,)).fetchone()
         tags = dict(db.execute("SELECT key, value FROM tags WHERE run_uuid = ?", (run_id,)).fetchall())
-        children = db.execute("SELECT r.name, r.status FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid "
-                              "WHERE t.key = 'mlflow.parentRunId' AND t.value = ?", (run_id,)).fetchall()
-    return status, tags, dict(children)
+        descendants, parents = {}, [run_id]
+        while parents:
+            rows = db.execute("SELECT r.run_uuid, r.name, r.status FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid "
+                              f"WHERE t.key = 'mlflow.parentRunId' AND t.value IN ({','.join('?' * len(parents))})",
+                              parents).fetchall()
+            descendants.update({name: status for _, name, status in rows})
+            parents = [run for run, _, _ in rows]
+    return status, tags, descendants
 
 
 def test_flywheel_promotes_a_better_candidate(world):
@@ -86,7 +94,8 @@ def test_flywheel_promotes_a_better_candidate(world):
     assert summary["promote"] and summary["report"] == result["report_path"]
     status, _, children = last_run(world, "flywheel")
     assert status == "FINISHED"
-    assert {"resolve", "mine", "train", "shadow", "register", "promote"} <= set(children)
+    assert {"resolve", "attempt-1", "mine", "train", "shadow", "register", "promote"} <= set(children)
+    assert "attempt-2" not in children and result["attempts"][0]["next"] is None  # promoted: no retry
     # The report is logged once, on the shadow stage run itself (no nested run of its own).
     with sqlite3.connect(world["root"] / "home" / "mlflow.db") as db:
         shadow_run, = db.execute("SELECT run_uuid FROM runs WHERE name = 'shadow' ORDER BY start_time DESC "
@@ -202,3 +211,43 @@ def test_no_promotion_against_a_champion_that_moved_during_the_run(world):
     assert info.value.stage == "promote"
     aliases = tracking.aliases()
     assert aliases["champion"] == world["versions"]["good"] and aliases["previous"] == world["versions"]["bad"]
+
+
+# The copy of the champion changes nothing; with a zero slice tolerance and min_gain -1 the gate rejects it on
+# the slice checks alone (every slice's CI is [0, 0], not above -0), the case a retry is for.
+SLICE_ONLY = SHADOW + ["min_gain=-1", "slice_tolerance=0", "min_slice_requests=3"]
+# One hard sample per slice and no rollback/uniform ones: the rest of each slice is left for replay.
+LEAN_MINING = ["holdout_fraction=0.5", "max_rollback_per_slice=0", "uniform_ratio=0"]
+
+
+def _replay_sensitive(world, **kw):
+    return run_flywheel(world, trainer="tests.flows.toy_trainers:replay_sensitive", shadow=SLICE_ONLY,
+                        mining=LEAN_MINING, train=[f"first={world['dirs']['bad']}", f"source={world['dirs']['good']}"],
+                        **kw)
+
+
+def test_a_slice_only_rejection_is_retried_once_with_more_replay(world):
+    tracking.promote(world["versions"]["bad"])
+    result = _replay_sensitive(world)
+    first, second = result["attempts"]
+    assert first["decision"]["failed_checks"] == ["slice"] and first["decision"]["blocking_slices"] == ["chat", "code"]
+    assert first["replay_boost"] == {} and first["next"].startswith("retry: slice regression on chat, code")
+    assert second["replay_boost"] == {"chat": 3.0, "code": 3.0} and second["decision"]["promote"]
+    assert result["promoted"] and tracking.aliases()["champion"] == second["challenger_version"]
+    assert not json.loads(tracking.get_version_tags(first["challenger_version"])[SHADOW_REPORT_TAG])["promote"]
+    assert "chat x3, code x3" in result["tried"][1] and "rejected (slice; blocking chat, code)" in result["tried"][0]
+    manifest = json.loads(Path(result["manifest_path"]).read_text())
+    assert manifest["replay"]["boost"] == {"chat": 3.0, "code": 3.0}
+    assert json.loads((Path(result["work_dir"]).parent / "result.json").read_text())["tried"] == result["tried"]
+    status, tags, runs = last_run(world, "flywheel")
+    assert status == "FINISHED" and runs["attempt-1"] == runs["attempt-2"] == "FINISHED"
+    assert tags["attempts"] == "2" and tags["blocking_slices"] == ""
+
+
+def test_retries_stop_at_max_retries_and_the_report_names_the_blocking_slices(world):
+    tracking.promote(world["versions"]["bad"])
+    result = _replay_sensitive(world, settings=["max_retries=0"])
+    assert not result["promoted"] and len(result["attempts"]) == 1
+    assert result["blocking_slices"] == ["chat", "code"] and result["attempts"][0]["next"] == "stop: max_retries reached"
+    status, tags, runs = last_run(world, "flywheel")
+    assert tags["blocking_slices"] == "chat,code" and "attempt-2" not in runs
