@@ -69,6 +69,10 @@ class ShadowConfig:
     """Request i uses seed + i, identical for champion and challenger."""
     k: int = 4
     """Draft tokens per verification step."""
+    suffix_tier: bool = False
+    """Replay both drafts as serving does with `suffix_tier` on: mode hybrid, each draft with its own suffix
+    index that starts empty and learns from the requests it replays (never from the logs, which hold the
+    holdout's own answers). Needs `lm` drafts (hybrid refuses eagle3)."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.confidence < 1.0:

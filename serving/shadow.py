@@ -2,8 +2,9 @@
 
 `run_shadow` replays the mined holdout set (and the repo's fixed canary prompts) through one target
 with each draft and with the target alone. Every prompt runs with the same sampling settings and
-seed for both drafts; the order of the two drafts alternates from prompt to prompt so slow drift of
-the machine (thermal, other load) does not favour one side. It records per request the accepted
+seed for both drafts, in mode draft, or with `suffix_tier` in mode hybrid as serving runs it (each draft
+with its own suffix index, learning from its replays); the order of the two drafts alternates from
+prompt to prompt so slow drift of the machine (thermal, other load) does not favour one side. It records per request the accepted
 length, acceptance rate and tokens/s, checks losslessness (greedy output of each draft identical to
 target-only greedy decoding), and hands the report to `serving.gate`. It writes report.json and the
 plot when asked, and logs both to a tracker passed in. It does not touch the registry: moving
@@ -26,6 +27,7 @@ from serving.engine import Completion, Engine
 from serving.gate import ShadowConfig, gate, plot_slices, slice_table, summarize
 from serving.models import LoadedModel, load_model
 from serving.params import SamplingParams
+from serving.suffix import SuffixIndex, target_key
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +89,9 @@ def _first_difference(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def _run(engine: Engine, request: ShadowRequest, params: SamplingParams, mode: str) -> Completion:
+def _run(engine: Engine, request: ShadowRequest, params: SamplingParams, mode: str | None = None) -> Completion:
+    """One replay; mode None = the arm's serving mode (hybrid with the suffix tier, else draft)."""
+    mode = mode or ("hybrid" if engine.suffix_index is not None else "draft")
     return engine.generate([request.prompt], params, slice=request.slice, chat=request.chat, mode=mode)[0]
 
 
@@ -96,20 +100,33 @@ def _replay_one(engines: dict[str, Engine], request: ShadowRequest, index: int,
     """One prompt through target-only, champion and challenger: (request row, lossless mismatches)."""
     params = _params(request, index, config)
     # The target-only run is the reference for losslessness, so it is always greedy.
-    reference = _run(engines["champion"], request, _params(request, index, config, greedy=True), "autoregressive")
+    reference = _run(engines["target"], request, _params(request, index, config, greedy=True), "autoregressive")
     order = ("champion", "challenger") if index % 2 == 0 else ("challenger", "champion")
-    runs = {arm: _run(engines[arm], request, params, "draft") for arm in order}
+    runs = {arm: _run(engines[arm], request, params) for arm in order}
     row = {"id": request.id, "slice": request.slice, "source": request.source,
            "target_only": {"tokens_per_s": reference.stats.tokens_per_s},
            **{arm: _figures(runs[arm]) for arm in ("champion", "challenger")}}
     mismatches = []
     for arm in ("champion", "challenger"):
         greedy = runs[arm] if params.greedy else _run(engines[arm], request, _params(
-            request, index, config, greedy=True), "draft")
+            request, index, config, greedy=True))
         if greedy.token_ids != reference.token_ids:
             mismatches.append({"id": request.id, "model": arm,
                                "first_difference": _first_difference(greedy.token_ids, reference.token_ids)})
     return row, mismatches
+
+
+def _engines(models: dict[str, LoadedModel], config: ShadowConfig) -> dict[str, Engine]:
+    """Engines sharing one target object (no second copy in memory): target-only, champion, challenger.
+    With the suffix tier each draft gets its own index, so neither learns from the other's replays and
+    the target-only reference run feeds neither."""
+    target = models["target"]
+
+    def index() -> SuffixIndex | None:
+        return SuffixIndex(target_key(target.model_id)) if config.suffix_tier else None
+
+    return {"target": Engine(target), **{arm: Engine(target, models[arm], suffix_index=index())
+                                         for arm in ("champion", "challenger")}}
 
 
 def _as_loaded(spec: str | Path | LoadedModel) -> LoadedModel:
@@ -130,8 +147,7 @@ def run_shadow(champion: str | Path | LoadedModel, challenger: str | Path | Load
     tracker = tracker or NullTracker()
     requests = load_requests(holdout_dir, config)
     models = {"target": _as_loaded(target), "champion": _as_loaded(champion), "challenger": _as_loaded(challenger)}
-    # Two engines sharing one target object: no second copy of the target in memory.
-    engines = {arm: Engine(models["target"], models[arm]) for arm in ("champion", "challenger")}
+    engines = _engines(models, config)
     started = time.time()
     rows, mismatches = [], []
     for index, request in enumerate(requests):

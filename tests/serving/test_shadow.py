@@ -129,3 +129,17 @@ def test_sampled_shadow_replay_rejects_the_worse_draft(toy_models):
     assert not result["decision"]["promote"]
     assert result["lossless"] == {"checked": 6, "mismatches": []}
     assert result["overall"]["difference"]["ci_high"] < 0
+
+
+def test_shadow_replay_with_the_suffix_tier(toy_models):
+    models, holdout, _ = toy_models
+    # With the tier both drafts run in mode hybrid: the bad draft (never accepted alone, accepted length
+    # exactly 1.0 in mode draft) now gains from suffix drafts (toy outputs repeat, so the request's own
+    # part proposes well), which shrinks the good draft's edge: in mode draft it is > 1.0 token per step
+    # at the CI's lower bound (test_shadow_replay_promotes_the_better_draft). The replay stays lossless.
+    config = ShadowConfig(bootstrap_resamples=500, include_canary=False, min_requests=4, suffix_tier=True)
+    result = run_shadow(models["bad"], models["good"], models["target"], holdout, config)
+    assert result["lossless"] == {"checked": 6, "mismatches": []}
+    assert result["overall"]["champion"]["mean"] > 1.0
+    assert result["overall"]["difference"]["mean"] < 1.0
+    assert result["config"]["suffix_tier"] is True
