@@ -7,7 +7,8 @@
   and, when given the champion the candidate was gated against, a champion that moved since; `promote`
   and `rollback` move their aliases all or nothing, under the state dir's `registry` lock.
 - `status_rows` lists every version of every registered model, including aliases that point at a
-  version the registry no longer has, and versions whose files are gone.
+  version the registry no longer has, and versions whose files are gone, and the delivered gain the
+  monitor recorded for a version (`record_delivered`).
 
 MLflow itself is only touched through `draftwheel.tracking`; models are never loaded here.
 """
@@ -22,7 +23,7 @@ from urllib.parse import urlparse
 
 from draftwheel import tracking
 from draftwheel.locks import state_lock
-from draftwheel.registry_names import (CHALLENGER, CHAMPION, DRAFT_MODEL, FILES_TAG, MANIFEST_TAG, PREVIOUS,
+from draftwheel.registry_names import (CHALLENGER, CHAMPION, DELIVERED_TAG, DRAFT_MODEL, FILES_TAG, MANIFEST_TAG, PREVIOUS,
                                        REGISTERED_MODELS, SHADOW_REPORT_TAG, STAGE_TAG, TARGET_SHA_TAG,
                                        TRAINING_CONFIG_TAG, WEIGHTS_TAG, version_uri)
 
@@ -80,6 +81,16 @@ def record_shadow(version: str, summary: dict[str, Any], name: str = DRAFT_MODEL
     if not _rejected(summary):
         with _locked():
             tracking.move_aliases({CHALLENGER: version}, name)
+
+
+def record_delivered(version: str, gain: dict[str, Any], name: str = DRAFT_MODEL) -> None:
+    """Tag `version` with the monitor's delivered gain (`flows.served.delivered_gain`)."""
+    tracking.set_version_tags(version, {DELIVERED_TAG: gain}, name=name)
+
+
+def previous_version(name: str = DRAFT_MODEL) -> str | None:
+    """The version the `previous` alias points at (the champion before the current one), or None."""
+    return tracking.get_alias_version(PREVIOUS, name)
 
 
 def check_servable(version: str, name: str = DRAFT_MODEL, target_sha: str | None = None) -> dict[str, str]:
@@ -156,6 +167,23 @@ def _shadow_cell(raw: str) -> str:
             f"[{gain.get('ci_low', 0):+.3f},{gain.get('ci_high', 0):+.3f}] n={shadow.get('n', 0)}")
 
 
+def _delivered_cell(raw: str) -> str:
+    """Per slice: live mean accepted length as champion and its change against the previous champion."""
+    try:
+        gain = json.loads(raw) if raw else None
+    except json.JSONDecodeError:
+        gain = None
+    if not isinstance(gain, dict) or not gain.get("slices"):
+        return "-"
+    cells = []
+    for name, entry in gain["slices"].items():
+        if name == "overall":
+            continue
+        change = "" if entry.get("mal_change") is None else f" {entry['mal_change']:+.0%}"
+        cells.append(f"{name} {entry['champion']['mean_accepted_length']:.2f}{change} n={entry['champion']['requests']}")
+    return "; ".join(cells) or "-"
+
+
 def _files_state(row: dict[str, Any]) -> str:
     """"ok", or "FILES MISSING" when a local artifact store lost the version's files (remote: "ok")."""
     source = urlparse(row["source"])
@@ -178,14 +206,16 @@ def status_rows(names: tuple[str, ...] = REGISTERED_MODELS) -> list[dict[str, st
                 "created": time.strftime("%Y-%m-%d %H:%M", time.gmtime(v["created"])),
                 "from": tags.get(STAGE_TAG) or tags.get("trainer") or "-",
                 "weights": tags.get(WEIGHTS_TAG, "")[:12] or "-", "target": tags.get(TARGET_SHA_TAG, "")[:12] or "-",
-                "shadow": _shadow_cell(tags.get(SHADOW_REPORT_TAG, "")), "state": _files_state(v)})
+                "shadow": _shadow_cell(tags.get(SHADOW_REPORT_TAG, "")),
+                "delivered": _delivered_cell(tags.get(DELIVERED_TAG, "")), "state": _files_state(v)})
         known = {v["version"] for v in versions}
         dangling: dict[str, list[str]] = {}
         for alias, version in (tracking.aliases(name) if versions else {}).items():
             if version not in known:
                 dangling.setdefault(version, []).append(alias)
         rows += [{"model": name, "version": version, "aliases": ",".join(sorted(aliases)), "created": "-",
-                  "from": "-", "weights": "-", "target": "-", "shadow": "-", "state": "VERSION MISSING"}
+                  "from": "-", "weights": "-", "target": "-", "shadow": "-", "delivered": "-",
+                  "state": "VERSION MISSING"}
                  for version, aliases in sorted(dangling.items())]
     return rows
 

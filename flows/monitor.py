@@ -3,6 +3,9 @@
 It reads the most recent acceptance records from the serving logs and triggers `flywheel` when
 (a) the acceptance rate over a window of recent requests, overall or on one slice, is below its
 threshold, or (b) the target's weights sha256 no longer matches the one the champion was trained for.
+It also reports the delivered gain: the champion's live acceptance rate and mean accepted length per
+slice against the previous champion's (records carry `draft_id.version`), logged to an MLflow run
+`monitor` and stored on the champion's registry version, where `draftwheel status` shows it.
 The decision logic is plain functions (`window`, `acceptance_by_slice`, `decide`) tested without
 Prefect; the flow only gathers inputs, decides and calls the flywheel. It never trains or promotes by
 itself.
@@ -23,12 +26,9 @@ from draftwheel.config import load_config
 from draftwheel.registry_names import CHAMPION_URI, TARGET_SHA_TAG
 from flows import tasks
 from flows.flywheel import FlywheelConfig, flywheel
-from serving.acceptance import acceptance_rate
+from flows.served import SliceStats, VersionTally, acceptance_by_slice, delivered_gain, delivered_metrics, is_drafted
 from serving.records import AcceptanceRecord, RecordError, parse_record
 from serving.sink import iter_lines
-
-# Records without drafting (plain decoding) say nothing about the draft.
-_DRAFTING_MODES = ("draft", "medusa")
 
 
 @dataclass
@@ -61,6 +61,10 @@ class MonitorConfig:
     flywheel_config: str = ""
     """Flywheel config file for the triggered run ("" = defaults)."""
     flywheel_overrides: list[str] = field(default_factory=list)
+    delivered_gain: bool = True
+    """Report the champion's live figures per slice against the previous champion's and tag its version."""
+    tracking: bool = True
+    """Log the delivered gain to an MLflow run `monitor`."""
 
     def __post_init__(self) -> None:
         if self.window_requests < 1:
@@ -85,17 +89,6 @@ class MonitorConfig:
 
 
 @dataclass
-class SliceStats:
-    requests: int
-    drafted: int
-    accepted: int
-
-    @property
-    def acceptance_rate(self) -> float:
-        return acceptance_rate(self.accepted, self.drafted)
-
-
-@dataclass
 class MonitorDecision:
     trigger: bool
     reasons: list[str]
@@ -116,7 +109,7 @@ def window(records: Iterable[AcceptanceRecord], config: MonitorConfig, now: floa
     now = time.time() if now is None else now
 
     def keep(record: AcceptanceRecord) -> bool:
-        if record.mode not in _DRAFTING_MODES or record.drafted_tokens <= 0:
+        if not is_drafted(record):
             return False
         draft_sha = record.draft_id.sha256 if record.draft_id else None
         if config.champion_only and champion_sha and draft_sha != champion_sha:
@@ -125,18 +118,6 @@ def window(records: Iterable[AcceptanceRecord], config: MonitorConfig, now: floa
 
     newest = heapq.nlargest(config.window_requests, filter(keep, records), key=lambda r: r.ts)
     return newest[::-1]
-
-
-def acceptance_by_slice(records: Iterable[AcceptanceRecord]) -> dict[str, SliceStats]:
-    """Token-weighted acceptance per slice and "overall" (a long request counts for its tokens)."""
-    stats: dict[str, SliceStats] = {"overall": SliceStats(0, 0, 0)}
-    for record in records:
-        for key in ("overall", record.slice):
-            entry = stats.setdefault(key, SliceStats(0, 0, 0))
-            entry.requests += 1
-            entry.drafted += record.drafted_tokens
-            entry.accepted += record.accepted_tokens
-    return stats
 
 
 def decide(records: list[AcceptanceRecord], config: MonitorConfig,
@@ -174,15 +155,44 @@ def monitor(config_path: str | None = None, overrides: list[str] | None = None) 
 
 def run_monitor(config: MonitorConfig) -> dict[str, Any]:
     """The monitor flow's body: gather inputs, decide, maybe run the flywheel (as a subflow)."""
+    from draftwheel import registry, tracking
+
     champion = tasks.resolve_champion(config.champion_uri)
     target_sha = tasks.resolve_target(config.target)["sha256"] if config.check_target_sha else None
     logs_dir = config.logs_dir or str(home.logs_dir())
-    records = window(read_records(logs_dir), config, champion_sha=champion["sha256"])
+    name = tracking.parse_model_uri(config.champion_uri)[0]
+    previous = registry.previous_version(name) if config.delivered_gain else None
+    tally = VersionTally(name, [champion["version"], *([previous] if previous else [])])
+    records = window(tally.watch(read_records(logs_dir)), config, champion_sha=champion["sha256"])
     decision = decide(records, config, target_sha, champion["tags"].get(TARGET_SHA_TAG))
     rates = ", ".join(f"{k} {s.acceptance_rate:.3f} (n={s.requests})" for k, s in decision.stats.items())
     print(f"monitor: champion v{champion['version']}, acceptance {rates}", flush=True)
     print(f"monitor: {'TRIGGER: ' + '; '.join(decision.reasons) if decision.trigger else 'no trigger'}", flush=True)
-    result: dict[str, Any] = {"decision": decision.summary(), "champion_version": champion["version"], "flywheel": None}
+    result: dict[str, Any] = {"decision": decision.summary(), "champion_version": champion["version"], "flywheel": None,
+                              "delivered": _delivered(config, tally, champion["version"], previous, name)}
     if decision.trigger and config.run_flywheel:
         result["flywheel"] = flywheel(config.flywheel_config or None, config.triggered_overrides())
     return result
+
+
+def _delivered(config: MonitorConfig, tally: VersionTally, champion: str, previous: str | None,
+               name: str) -> dict[str, Any] | None:
+    """The delivered gain: printed, logged to an MLflow run `monitor`, stored on the champion's version."""
+    from draftwheel import registry
+    from draftwheel.tracking import get_tracker
+
+    if not config.delivered_gain:
+        return None
+    gain = delivered_gain(tally, champion, previous)
+    for slice_name, entry in gain["slices"].items():
+        change = "" if entry["mal_change"] is None else f" ({entry['mal_change']:+.1%} vs v{previous})"
+        print(f"monitor: delivered v{champion} {slice_name}: mean accepted length "
+              f"{entry['champion']['mean_accepted_length']:.3f}{change}, acceptance "
+              f"{entry['champion']['acceptance_rate']:.3f}, n={entry['champion']['requests']}", flush=True)
+    if gain["slices"]:  # a champion that served nothing yet keeps its last figures
+        tracker = get_tracker(config.tracking)
+        with tracker.run("monitor", tags={"champion_version": champion, "previous_version": str(previous or "")}):
+            tracker.log_metrics(delivered_metrics(gain))
+            tracker.log_dict(gain, "delivered_gain.json")
+        registry.record_delivered(champion, gain, name=name)
+    return gain

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from draftwheel import registry_cli, tracking
+from draftwheel import registry, registry_cli, tracking
 from draftwheel.registry_names import SHADOW_REPORT_TAG, TARGET_SHA_TAG
 from tests.draftwheel.test_tracking import fake_model_dir
 from tests.serving.test_shadow import toy_models  # noqa: F401 - module-scoped fixture reused here
@@ -47,12 +47,21 @@ def test_promote_rollback_status(home, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out.splitlines()[-1]) == {"champion": v2, "previous": v1}
     assert run("rollback") == 0
     assert json.loads(capsys.readouterr().out) == {"champion": v1, "previous": v2}
+    registry.record_delivered(v1, {"champion": v1, "previous": v2, "slices": {
+        "overall": {"champion": {"requests": 12, "acceptance_rate": 0.5, "mean_accepted_length": 1.4},
+                    "mal_change": 0.4},
+        "code": {"champion": {"requests": 10, "acceptance_rate": 0.5, "mean_accepted_length": 1.5},
+                 "previous": {"requests": 9, "acceptance_rate": 0.25, "mean_accepted_length": 1.0}, "mal_change": 0.5},
+        "prose": {"champion": {"requests": 2, "acceptance_rate": 0.2, "mean_accepted_length": 1.1},
+                  "previous": None, "mal_change": None}}})
     assert run("status") == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split() == ["model", "version", "aliases", "created", "from", "weights", "target", "shadow",
-                                "state"]
+                                "delivered", "state"]
     rows = {line.split()[1]: line.split()[2] for line in table[1:]}
     assert rows[v1] == "champion" and rows[v2] == "previous"
+    delivered = {row["version"]: row["delivered"] for row in registry.status_rows()}
+    assert delivered == {v1: "code 1.50 +50% n=10; prose 1.10 n=2", v2: "-"}
     assert run("promote", "999") == 1
     assert "999" in capsys.readouterr().err
     assert tracking.aliases() == {"champion": v1, "previous": v2}

@@ -8,6 +8,7 @@ replay, the gate and the MLflow registry are the real ones.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 
@@ -251,3 +252,34 @@ def test_retries_stop_at_max_retries_and_the_report_names_the_blocking_slices(wo
     assert result["blocking_slices"] == ["chat", "code"] and result["attempts"][0]["next"] == "stop: max_retries reached"
     status, tags, runs = last_run(world, "flywheel")
     assert tags["blocking_slices"] == "chat,code" and "attempt-2" not in runs
+
+
+def test_monitor_reports_the_delivered_gain_after_a_promotion(world, tmp_path, capsys):
+    """The promoted champion's live figures per slice against the previous champion's, from the logs; the
+    registry version carries them and `draftwheel status` shows them."""
+    from flows.monitor import monitor
+
+    logs = tmp_path / "logs"
+    with JsonlSink(logs) as sink:
+        for champion in ("bad", "good"):  # bad served, then good was promoted and served
+            tracking.promote(world["versions"][champion])
+            engine = Engine.from_paths(world["dirs"]["target"], CHAMPION_URI, sink=sink)
+            for row in word_salads(6, seed=3):
+                engine.generate([row["prompt"]], SamplingParams(max_new_tokens=12, k=4), slice=row["slice"], chat=True)
+    assert tracking.aliases()["previous"] == world["versions"]["bad"]
+    result = monitor(None, [f"logs_dir={logs}", f"target={world['dirs']['target']}", "run_flywheel=false",
+                            "window_requests=16", "min_requests=4"])
+    delivered = result["delivered"]
+    assert delivered["champion"] == world["versions"]["good"] and delivered["previous"] == world["versions"]["bad"]
+    for name in ("chat", "code"):
+        entry = delivered["slices"][name]
+        assert entry["champion"]["requests"] == entry["previous"]["requests"] == 3
+        assert entry["champion"]["acceptance_rate"] == 1.0 and entry["mal_change"] > 0  # the target's own function
+    tags = tracking.get_version_tags(world["versions"]["good"])
+    assert json.loads(tags["delivered_gain"])["slices"]["code"]["mal_change"] == delivered["slices"]["code"]["mal_change"]
+    _, run_tags, _ = last_run(world, "monitor")
+    assert run_tags["champion_version"] == world["versions"]["good"]
+    capsys.readouterr()
+    assert main(["status"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.split()[1] == world["versions"]["good"])
+    assert re.search(r"chat \d\.\d\d \+\d+% n=3; code \d\.\d\d \+\d+% n=3", row), row

@@ -126,3 +126,28 @@ def test_shipped_monitor_config_loads():
     assert load_config(MonitorConfig, CONFIGS / "monitor.yaml") == MonitorConfig()
     with pytest.raises(ConfigError, match="windw"):
         load_config(MonitorConfig, CONFIGS / "monitor.yaml", ["windw=3"])
+
+
+def test_delivered_gain_compares_the_champion_with_the_previous_champion_per_slice():
+    from flows.served import VersionTally, delivered_gain, delivered_metrics
+
+    def served(version, slice, accepted, n):
+        rows = [record(i, slice, accepted=accepted) for i in range(n)]
+        for row in rows:
+            row.draft_id = ModelId("draftwheel-draft", version, "d" * 64)
+        return rows
+
+    records = (served("1", "code", 2, 4) + served("2", "code", 6, 4) + served("2", "chat", 5, 2)
+               + served("3", "code", 9, 3) + [record(9, "code", 0, mode="autoregressive")])
+    tally = VersionTally("draftwheel-draft", ["2", "1"])
+    assert list(tally.watch(records)) == records  # passes everything through
+    gain = delivered_gain(tally, "2", "1")
+    code = gain["slices"]["code"]
+    # one step of 10 drafts per request: MAL = (accepted + 1) / 1, acceptance = accepted / 10 (serving.acceptance)
+    assert code["champion"] == {"requests": 4, "acceptance_rate": 0.6, "mean_accepted_length": 7.0}
+    assert code["previous"]["mean_accepted_length"] == 3.0 and code["mal_change"] == pytest.approx(7 / 3 - 1)
+    assert gain["slices"]["chat"]["previous"] is None and gain["slices"]["chat"]["mal_change"] is None
+    assert gain["slices"]["overall"]["champion"]["requests"] == 6  # version 3 and plain decoding not counted
+    metrics = delivered_metrics(gain)
+    assert metrics["delivered.code.mal_change"] == pytest.approx(7 / 3 - 1) and "delivered.chat.mal_change" not in metrics
+    assert delivered_gain(VersionTally("draftwheel-draft", ["5"]), "5", None)["slices"] == {}
