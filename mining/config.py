@@ -33,6 +33,9 @@ class MiningConfig:
     """Keep requests with ts < until (unix seconds or ISO 8601; None = no upper bound)."""
     slices: list[str] = field(default_factory=list)
     """Keep only these slices (empty = all)."""
+    skip_suffix_served_above: float | None = None
+    """Skip requests whose suffix-drafted steps (`source: suffix`) have a mean accepted length above this:
+    the suffix tier already serves them well, so they need no training (None = keep them)."""
     holdout_fraction: float = 0.1
     """The latest fraction of the kept requests (by ts) is held out; none of them is used for training."""
     holdout_max: int = 2000
@@ -96,6 +99,9 @@ class MiningConfig:
                 parse_time(getattr(self, name))
             except ValueError as exc:
                 raise ValueError(f"{name}: not unix seconds or ISO 8601: {getattr(self, name)!r}") from exc
+        if self.skip_suffix_served_above is not None and self.skip_suffix_served_above < 1.0:
+            raise ValueError(f"skip_suffix_served_above: a mean accepted length, >= 1 or null, "
+                             f"got {self.skip_suffix_served_above!r}")
         if not 0.0 <= self.holdout_fraction < 1.0:
             raise ValueError(f"holdout_fraction: must be in [0, 1), got {self.holdout_fraction}")
         if not 0.0 < self.hard_quantile <= 1.0:

@@ -6,7 +6,7 @@ writes its own index and quarantine part, and the parts are merged in file order
 identical whatever the number of workers. One group runs in-process. Per line: skip
 blanks, validate (`serving.records.read_record`, token ids against the vocabulary when it is known),
 quarantine bad lines with their position, apply the
-time and slice filters, compute the request's stats, and append one index row. Selection, text and
+time and slice filters, skip requests the suffix tier served well (`skip_suffix_served_above`), compute the request's stats, and append one index row. Selection, text and
 outputs are later stages' business.
 """
 
@@ -31,7 +31,7 @@ from mining.dedupe import exact_key
 from mining.index import IndexFile
 from mining.pii import Scrubber
 from mining.scan import Quarantine, file_size, scan_lines
-from mining.stats import SliceStats, request_stats
+from mining.stats import SliceStats, request_stats, suffix_served_length
 from serving.records import RecordError, read_record
 
 AUTO_PARALLEL_BYTES = 256 * 2**20  # below this, starting workers costs more than it saves
@@ -61,6 +61,7 @@ def scan_group(files: list[Path], first_file: int, scratch: Path, part: int, con
     result = ScanResult()
     counts = result.counts
     since, until, wanted = config.since_ts, config.until_ts, set(config.slices)
+    skip_suffix = config.skip_suffix_served_above
     lo, hi = math.inf, -math.inf
     index = IndexFile(scratch / f"index.{part}.bin")
     scrubber = Scrubber() if config.scrub_pii else None
@@ -86,6 +87,9 @@ def scan_group(files: list[Path], first_file: int, scratch: Path, part: int, con
                     continue
                 if wanted and record.slice not in wanted:
                     counts["filtered_slice"] += 1
+                    continue
+                if skip_suffix is not None and suffix_served_length(record) > skip_suffix:
+                    counts["filtered_suffix"] += 1
                     continue
                 rate, _, depth, codes = request_stats(record)
                 slice_id = result.slice_ids.get(record.slice)

@@ -39,6 +39,13 @@ def request_stats(record: Any) -> tuple[float, float, int, list[int]]:
     return rate, length, min(depth, MAX_DEPTH), codes
 
 
+def suffix_served_length(record: Any) -> float:
+    """Mean accepted length (bonus included) of the record's steps the suffix index drafted
+    (`source == "suffix"`); 0.0 when it drafted none."""
+    suffix = [s for s in record.steps if s.source == "suffix"]
+    return mean_accepted_length(sum(s.accepted for s in suffix), len(suffix))
+
+
 def _quantile(hist: np.ndarray, q: float) -> float | None:
     """Upper edge of the histogram bin holding the q-quantile (bin width 1/BINS)."""
     total = hist.sum()

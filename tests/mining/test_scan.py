@@ -225,3 +225,25 @@ def test_a_log_file_that_is_a_symlink_to_itself_is_quarantined_not_fatal(tmp_pat
     assert manifest["counts"]["kept"] == 10 and manifest["quarantine_by_kind"] == {"unreadable_file": 1}
     [entry] = [json.loads(line) for line in (tmp_path / "out" / "quarantine.jsonl").read_text().splitlines()]
     assert entry["file"] == str(loop) and "symbolic links" in entry["reason"]
+
+
+def test_requests_the_suffix_tier_served_well_are_skipped(tmp_path):
+    records = [make_record(i, ts=1000.0 + i) for i in range(40)]
+    for record in records[::3]:  # every third request: the suffix index drafted all its steps
+        for step in record["steps"]:
+            step["source"] = "suffix"
+    write_lines(tmp_path / "logs" / "a.jsonl", records)
+
+    def suffix_length(record):
+        steps = [s for s in record["steps"] if s.get("source") == "suffix"]
+        return (sum(s["accepted"] for s in steps) + len(steps)) / len(steps) if steps else 0.0
+
+    threshold = 3.0
+    skipped = sum(suffix_length(r) > threshold for r in records)
+    assert 0 < skipped < len(records[::3])  # the rule separates some suffix-served requests from others
+    manifest = mine(tmp_path / "logs", tmp_path / "out", fast_config(skip_suffix_served_above=threshold))
+    assert manifest["counts"]["filtered_suffix"] == skipped
+    assert manifest["counts"]["kept"] == len(records) - skipped
+    assert "filtered_suffix" not in mine(tmp_path / "logs", tmp_path / "out2", fast_config())["counts"]
+    with pytest.raises(ValueError, match="skip_suffix_served_above"):
+        fast_config(skip_suffix_served_above=0.5)
