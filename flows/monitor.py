@@ -191,7 +191,8 @@ def _delivered(config: MonitorConfig, tally: VersionTally, champion: str, previo
               f"{entry['champion']['acceptance_rate']:.3f}, n={entry['champion']['requests']}", flush=True)
     if gain["slices"]:  # a champion that served nothing yet keeps its last figures
         tracker = get_tracker(config.tracking)
-        with tracker.run("monitor", tags={"champion_version": champion, "previous_version": str(previous or "")}):
+        tags = {"champion_version": champion, "previous_version": str(previous or "")}
+        with tracker.run("monitor", nested=True, tags=tags):
             tracker.log_metrics(delivered_metrics(gain))
             tracker.log_dict(gain, "delivered_gain.json")
         registry.record_delivered(champion, gain, name=name)
