@@ -4,7 +4,8 @@
 `draftwheel.registry` (the same path the flows use): a challenger dir is registered with the shadow
 summary, gets the `challenger` alias unless rejected and, with --promote, becomes `champion`. `promote V`
 and `rollback` move aliases (checked, locked, all or nothing); `status` prints every version of every
-registered model. Heavy imports happen inside the commands so `--help` is fast. Exit codes: 0 done,
+registered model, then (text output only) the serving suffix index's size and hit rate from the
+stats file `draftwheel serve` writes. Heavy imports happen inside the commands so `--help` is fast. Exit codes: 0 done,
 1 registry unreachable or failing, 2 a refusal or bad input (one line naming what), 3 a rejected challenger.
 """
 
@@ -176,12 +177,30 @@ def _rollback(args: argparse.Namespace) -> int:
     return _registry_command(action)
 
 
+def suffix_index_line(root: str | Path | None = None) -> str:
+    """One line on the serving suffix index, from the stats file the server writes
+    ($DRAFTWHEEL_HOME/serving/suffix_stats.json; serving.serving_state)."""
+    import time
+
+    from serving.serving_state import read_suffix_stats
+
+    stats = read_suffix_stats(root)
+    if stats is None:
+        return "suffix index: none written (serve with suffix_tier: true)"
+    age = time.time() - stats.get("written", 0.0)
+    return (f"suffix index: {stats['requests']} requests, {stats['tokens']} tokens; hit rate "
+            f"{stats['hit_rate']:.1%} of {stats['served_steps']} steps in {stats['served_requests']} suffix/hybrid "
+            f"requests, suffix drafts accepted {stats['suffix_acceptance_rate']:.1%} (written {age:.0f} s ago)")
+
+
 def _status(args: argparse.Namespace) -> int:
     from draftwheel import registry
 
     def action() -> int:
         rows = registry.status_rows()
         print(json.dumps(rows, indent=2) if args.json else registry.format_table(rows))
+        if not args.json:
+            print(suffix_index_line())
         return 0
 
     return _registry_command(action)

@@ -96,3 +96,20 @@ def test_shadow_gate_registers_and_promotes(home, toy_models, tmp_path, capsys):
     status = capsys.readouterr().out
     assert "pass +" in status and "fail " in status
 
+
+
+def test_status_shows_the_suffix_index_the_server_wrote(home, capsys):
+    from serving.serving_state import serving_dir, write_suffix_stats
+    from serving.suffix import SuffixIndex
+
+    assert run("status") == 0
+    assert "suffix index: none written" in capsys.readouterr().out.splitlines()[-1]
+    index = SuffixIndex("target-sha")
+    index.add([1, 2, 3, 4])
+    write_suffix_stats(index, serving_dir())
+    assert run("status") == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith("suffix index: 1 requests, 4 tokens; hit rate 0.0% of 0 steps")
+    assert run("status", "--json") == 0
+    assert isinstance(json.loads(capsys.readouterr().out), list)  # --json stays the rows alone
+    (serving_dir() / "suffix_stats.json").unlink()
