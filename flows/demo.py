@@ -59,7 +59,8 @@ class DemoConfig:
     shadow_overrides: list[str] = field(default_factory=lambda: ["max_new_tokens=32", "min_requests=6"])
     """On top of configs/shadow.yaml: shorter replays. The canary set stays in, so the gate also weighs
     the chat and prose slices a code-only round could hurt."""
-    trainer: str = "distill"
+    trainer: str = "auto"
+    """The flywheel's trainer: auto (the champion's kind: eagle for the eagle3 v0) | distill | dpo | eagle."""
     target: str = ""
     """Target model dir ("" = the reference target, SmolLM2-135M-Instruct)."""
     start_from_v0: bool = True

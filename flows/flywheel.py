@@ -16,6 +16,7 @@ This module wires stages; what each stage does lives in mining/, training/, serv
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,17 @@ from flows import replay, tasks
 from training.trainers import TRAINERS
 
 BUILTIN_TRAINERS = tuple(TRAINERS)
+AUTO = "auto"
+AUTO_CHOICES = {"eagle3": "eagle", "lm": "distill"}  # champion draft kind -> the trainer that improves it
+
+
+def trainer_for(config: "FlywheelConfig", champion_dir: str) -> str:
+    """The trainer this turn runs: the configured one, or with `auto` the one for the champion's kind."""
+    if config.trainer != AUTO:
+        return config.trainer
+    from serving.eagle import is_eagle3_dir
+
+    return AUTO_CHOICES["eagle3" if is_eagle3_dir(champion_dir) else "lm"]
 MEDUSA_NOTE = ("medusa: shadow replay compares draft models, so Medusa heads are registered as challenger of "
                f"{MEDUSA_MODEL} and not promoted by the flywheel; promote them explicitly")
 
@@ -39,8 +51,9 @@ MEDUSA_NOTE = ("medusa: shadow replay compares draft models, so Medusa heads are
 class FlywheelConfig:
     """One turn of the flywheel: which trainer, each stage's config, where things are."""
 
-    trainer: str = "distill"
-    """distill | dpo | medusa, or "package.module:function" for your own trainer (see flows.tasks)."""
+    trainer: str = "auto"
+    """auto (the champion's kind: eagle for an eagle3 champion, else distill) | distill | dpo | medusa | eagle,
+    or "package.module:function" for your own trainer (see flows.tasks)."""
     logs_dir: str = ""
     """Serving logs to mine ("" = the state dir's logs/)."""
     target: str = ""
@@ -69,7 +82,7 @@ class FlywheelConfig:
     """A retry multiplies the blocking slices' replay quota (mining `replay_boost`) by this."""
 
     def __post_init__(self) -> None:
-        if self.trainer not in BUILTIN_TRAINERS and ":" not in self.trainer:
+        if self.trainer not in BUILTIN_TRAINERS + (AUTO,) and ":" not in self.trainer:
             raise ValueError(f"trainer must be one of {', '.join(BUILTIN_TRAINERS)} or 'package.module:function', "
                              f"got {self.trainer!r}")
         if self.max_retries < 0:
@@ -92,10 +105,12 @@ class FlywheelConfig:
 
         checks = [("mining", MiningConfig, self.mining_config, "mining", list(self.mining_overrides)),
                   ("shadow", ShadowConfig, self.shadow_config, "shadow", list(self.shadow_overrides))]
-        if self.trainer in TRAINERS:
-            placeholders = tasks.stage_overrides(self.trainer, "datasets", "champion", "target", "candidate")
-            checks.insert(1, ("train", TRAINERS[self.trainer].load()[0], self.train_config, self.trainer,
-                              list(self.train_overrides) + placeholders))
+        # "auto" picks its trainer from the champion at run time: check both candidates' configs now.
+        for name in AUTO_CHOICES.values() if self.trainer == AUTO else [self.trainer]:
+            if name in TRAINERS and not (self.trainer == AUTO and self.train_config):
+                placeholders = tasks.stage_overrides(name, "datasets", "champion", "target", "candidate")
+                checks.insert(1, ("train", TRAINERS[name].load()[0], self.train_config, name,
+                                  list(self.train_overrides) + placeholders))
         for stage_name, cls, path, shipped, overrides in checks:
             try:
                 load_config(cls, tasks.stage_config_path(path, shipped) or None, overrides)
@@ -172,7 +187,11 @@ def _register(config: FlywheelConfig, trained: dict, shadow: dict, mined: dict, 
     from draftwheel.registry import candidate_tags
     from training.common import read_training_info
 
-    tags = candidate_tags(read_training_info(trained["dir"]), target["sha256"], manifest_sha256=mined["sha256"],
+    from serving.eagle import is_eagle3_dir
+
+    kind = "medusa" if config.trainer == "medusa" else ("eagle3" if is_eagle3_dir(trained["dir"]) else "lm")
+    tags = candidate_tags(read_training_info(trained["dir"]), target["sha256"], draft_kind=kind,
+                          manifest_sha256=mined["sha256"],
                           stage=config.trainer if config.trainer in TRAINERS else None, trainer=config.trainer,
                           training_config=trained["config"], shadow_decision=shadow["decision"],
                           parent_version=champion["version"])
@@ -185,7 +204,9 @@ def _turn(config: FlywheelConfig, tracker: Any, work: Path) -> dict[str, Any]:
     with stage(tracker, "resolve"):
         target = tasks.resolve_target(config.target)
         champion = tasks.resolve_champion(config.champion_uri)
-        tracker.log_params({"target": target["dir"], "champion_version": champion["version"]})
+        config = dataclasses.replace(config, trainer=trainer_for(config, champion["dir"]))
+        tracker.log_params({"target": target["dir"], "champion_version": champion["version"],
+                            "trainer": config.trainer})
     served = _served_slices(config)
     attempts: list[dict[str, Any]] = []
     boost: dict[str, float] = {}

@@ -40,7 +40,8 @@ def register(subparsers: Any) -> None:
     gen.add_argument("--json", action="store_true", help="print the completion, stats and record as JSON")
     gen.set_defaults(func=_generate_command)
 
-    bench = subparsers.add_parser("bench", help="benchmark: ours plain/speculative vs HF generate plain/assisted",
+    bench = subparsers.add_parser("bench", help="benchmark: ours plain/speculative vs HF generate plain/assisted/"
+                                               "prompt lookup",
                                   description="Greedy side-by-side benchmark on the same prompts in one run; "
                                               "writes the design.md bench keys as JSON. HF generate runs on an "
                                               "unpacked copy of the models (HF as users run it); HF "
@@ -50,7 +51,21 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--prompts", required=True, type=Path, help="text file (one prompt a line) or JSONL")
     bench.add_argument("--max-new-tokens", type=int, default=64)
     bench.add_argument("--out", type=Path, help="write the JSON result here")
+    bench.add_argument("--assistant", help="a small causal LM for the HF assisted baseline when --draft is "
+                                           "not one (e.g. an eagle3 draft); default: --draft itself")
+    bench.add_argument("--prompt-lookup-tokens", type=int, default=10,
+                       help="tokens per guess of the HF prompt-lookup baseline (default 10)")
     bench.set_defaults(func=_bench_command)
+
+    export = subparsers.add_parser("export", help="write a registered eagle3 draft as a directory vLLM serves",
+                                   description="Copy an eagle3 draft (a dir or models:/NAME@ALIAS) in the "
+                                               "speculators EAGLE-3 format and check every field vLLM reads. Serve "
+                                               "it with vLLM: LLM(model=TARGET, speculative_config={'method': "
+                                               "'eagle3', 'model': OUT, 'num_speculative_tokens': K}).")
+    export.add_argument("--uri", required=True, help="eagle3 draft: a dir or models:/draftwheel-draft@champion")
+    export.add_argument("--format", choices=["speculators"], default="speculators")
+    export.add_argument("--out", required=True, type=Path, help="output directory")
+    export.set_defaults(func=_export_command)
 
 
 def _load_engine(args: argparse.Namespace, with_draft: bool):
@@ -91,7 +106,13 @@ def _bench_command(args: argparse.Namespace) -> int:
     try:
         prompts = read_prompts(args.prompts)
         engine = _load_engine(args, with_draft=True)
-        result = run_bench(engine, prompts, args.max_new_tokens, k=args.k, chat=args.chat)
+        assistant = None
+        if args.assistant:
+            from serving.models import load_model
+
+            assistant = load_model(args.assistant).model
+        result = run_bench(engine, prompts, args.max_new_tokens, k=args.k, chat=args.chat, assistant=assistant,
+                           prompt_lookup_tokens=args.prompt_lookup_tokens)
     except (ValueError, OSError, RuntimeError) as exc:
         return _fail("bench", exc)
     text = json.dumps(result, indent=2)
@@ -100,3 +121,19 @@ def _bench_command(args: argparse.Namespace) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
     return 0
+
+
+def _export_command(args: argparse.Namespace) -> int:
+    from serving.eagle import Eagle3FormatError, export_speculators, is_eagle3_dir
+    from serving.models import resolve_spec
+
+    try:
+        src = resolve_spec(args.uri)
+        if not is_eagle3_dir(src):
+            raise ValueError(f"{args.uri} ({src}) is not an eagle3 draft: only eagle3 drafts export to speculators")
+        out = export_speculators(src, args.out)
+    except (ValueError, OSError, Eagle3FormatError) as exc:
+        return _fail("export", exc)
+    print(out)
+    return 0
+

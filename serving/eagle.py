@@ -380,3 +380,54 @@ def vocab_from_counts(counts: torch.Tensor, size: int, always: list[int] | None 
     t2d[chosen] = True
     return chosen - torch.arange(size), t2d
 
+
+REQUIRED_TENSORS = ("fc.weight", "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
+                    "layers.0.self_attn.v_proj.weight", "layers.0.self_attn.o_proj.weight",
+                    "layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight", "layers.0.mlp.down_proj.weight",
+                    "layers.0.input_layernorm.weight", "layers.0.hidden_norm.weight",
+                    "layers.0.post_attention_layernorm.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")
+
+
+def check_export(path: str | Path) -> Eagle3Config:
+    """Check a directory against the speculators EAGLE-3 contract vLLM reads; raise Eagle3FormatError
+    naming the first problem, return the parsed config."""
+    path = Path(path)
+    config = parse_config(json.loads((path / CONFIG_FILE).read_text()))
+    state = load_file(str(path / WEIGHTS_FILE))
+    missing = [k for k in REQUIRED_TENSORS if k not in state]
+    if missing:
+        raise Eagle3FormatError(f"{path / WEIGHTS_FILE}: missing tensors {missing}")
+    d2t, t2d = state["d2t"], state["t2d"]
+    if d2t.dtype != torch.int64 or t2d.dtype != torch.bool:
+        raise Eagle3FormatError(f"d2t/t2d: expected int64/bool, got {d2t.dtype}/{t2d.dtype}")
+    if d2t.shape != (config.draft_vocab_size,) or t2d.shape != (config.vocab_size,):
+        raise Eagle3FormatError(f"d2t/t2d: shapes {tuple(d2t.shape)}/{tuple(t2d.shape)} do not match "
+                                f"draft_vocab_size {config.draft_vocab_size} / vocab_size {config.vocab_size}")
+    targets = torch.arange(config.draft_vocab_size) + d2t
+    if int(targets.min()) < 0 or int(targets.max()) >= config.vocab_size or not bool(t2d[targets].all()) \
+            or int(t2d.sum()) != config.draft_vocab_size:
+        raise Eagle3FormatError("d2t/t2d: the draft-to-target map and the target mask disagree")
+    expected = {"fc.weight": (config.hidden_size, 3 * config.target_hidden_size),
+                "lm_head.weight": (config.draft_vocab_size, config.hidden_size),
+                "layers.0.self_attn.q_proj.weight": (config.num_attention_heads * config.head_dim,
+                                                     2 * config.hidden_size)}
+    for key, shape in expected.items():
+        if tuple(state[key].shape) != shape:
+            raise Eagle3FormatError(f"{key}: shape {tuple(state[key].shape)}, expected {shape}")
+    return config
+
+
+def export_speculators(src: str | Path, out: str | Path) -> Path:
+    """Copy a stored eagle3 draft to `out` (config.json, model.safetensors, tokenizer files) and check it.
+    Drafts are stored in this format already, so export is a copy plus the format checks."""
+    import shutil
+
+    src, out = Path(src), Path(out)
+    check_export(src)
+    out.mkdir(parents=True, exist_ok=True)
+    for item in src.iterdir():
+        if item.is_file() and not item.name.startswith("draftwheel_"):
+            shutil.copy2(item, out / item.name)
+    check_export(out)
+    return out
+

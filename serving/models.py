@@ -56,6 +56,11 @@ def _resolve(spec: str) -> tuple[Path, ModelId | None, dict[str, str]]:
     return Path(snapshot_download(spec)), ModelId(name=spec), {}
 
 
+def resolve_spec(spec: str | Path) -> Path:
+    """The local directory a model spec (dir, hub id, models:/ URI) names."""
+    return _resolve(str(spec))[0]
+
+
 def load_model(spec: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> LoadedModel:
     """Load a causal LM and its tokenizer from a local dir, a hub id or `models:/NAME@ALIAS`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

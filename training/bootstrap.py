@@ -2,12 +2,16 @@
 
 Steps, each skipped when its result already exists (so re-running is cheap and safe):
 1. the reference target (`serving.reference.ensure_reference_target`, offline, sha256-checked);
-2. general traffic: the target's own greedy completions of `chat` workload prompts, with its top-k
-   log-probs kept from generation (`training.traffic`), saved as distill/ + holdout/ datasets;
-3. the v0 draft: a shallow Llama whose decoder layers are copies of chosen target layers and whose
-   embeddings, final norm and LM head are the target's (embeddings/head frozen during training),
-   briefly distilled on that traffic (`training.distill`);
-4. registration as `draftwheel-draft` with the target's weights sha256 tag, alias `champion`.
+2. general traffic: the target's own greedy completions of `chat` workload prompts (`training.traffic`),
+   saved as distill/ + holdout/ datasets (with its top-k log-probs for an `lm` draft);
+3. the v0 draft, by `draft_kind`:
+   - `eagle3` (default): an EAGLE-3 draft (serving.eagle) trained with `training.eagle_train` on those
+     completions plus offline text (stdlib docstrings, teacher-forced: a batched target forward is far
+     cheaper on CPU than generating);
+   - `lm`: a shallow Llama whose decoder layers are copies of chosen target layers and whose
+     embeddings, final norm and LM head are the target's (embeddings/head frozen during training),
+     briefly distilled on that traffic (`training.distill`);
+4. registration as `draftwheel-draft` with the target's weights sha256 and draft-kind tags, alias `champion`.
 
 It does not serve or mine; the CLI and the Prefect bootstrap flow call `bootstrap()`.
 """
@@ -25,11 +29,15 @@ from draftwheel.config import to_dict
 from training import common
 
 
+DRAFT_KINDS = ("eagle3", "lm")
+
+
 @dataclass
 class BootstrapConfig:
     """v0 draft settings; see configs/bootstrap.yaml."""
 
     target: str = ""             # target model dir; "" = the reference target (converted once)
+    draft_kind: str = "eagle3"   # eagle3 (one layer over the target's features) | lm (a small causal LM)
     draft_name: str = "v0-draft"  # dir under <state>/models for the v0 draft
     init_layers: list[int] = field(default_factory=lambda: [0, 1])  # target layers copied into the draft
     workload: str = "chat"       # mining.workloads name for the general traffic
@@ -37,21 +45,27 @@ class BootstrapConfig:
     holdout_prompts: int = 8     # hold-out prompts for the agreement evaluation
     max_new_tokens: int = 48     # target completion length
     gen_batch_size: int = 8      # prompts per batched target generation
-    top_k: int = 64              # teacher log-probs kept per generated position
+    top_k: int = 64              # lm: teacher log-probs kept per generated position (eagle3 reads features instead)
     seed: int = 0                # workload sampling seed
     loss: str = "fkl"            # distillation loss (training.losses)
     learning_rate: float = 3e-3  # distillation learning rate
     epochs: float = 8.0          # distillation epochs
     batch_size: int = 4          # distillation batch size
     max_length: int = 256        # tokens per training sequence
+    text_sequences: int = 64     # eagle3: extra teacher-forced text (stdlib docstrings, the `prose` workload)
+    ttt_steps: int = 3           # eagle3: training-time-test unroll depth
     register: bool = True        # register the draft and set `champion` (unless a champion exists)
     tracking: bool = True        # log the distillation run to MLflow
 
     def __post_init__(self) -> None:
+        common.require(self.draft_kind in DRAFT_KINDS, "draft_kind",
+                       f"must be one of {', '.join(DRAFT_KINDS)}, got {self.draft_kind!r}")
+        common.require(self.text_sequences >= 0, "text_sequences", f"must be >= 0, got {self.text_sequences}")
+        common.require(self.ttt_steps >= 1, "ttt_steps", f"must be >= 1, got {self.ttt_steps}")
         common.require(bool(self.init_layers), "init_layers", "must name at least one target layer")
         common.require(bool(self.draft_name) and "/" not in self.draft_name, "draft_name",
                         f"must be a plain dir name, got {self.draft_name!r}")
-        for name in ("n_prompts", "max_new_tokens", "gen_batch_size", "top_k", "batch_size", "max_length"):
+        for name in ("n_prompts", "max_new_tokens", "gen_batch_size", "batch_size", "max_length"):
             common.require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         common.require(self.holdout_prompts >= 0, "holdout_prompts", f"must be >= 0, got {self.holdout_prompts}")
         common.require(self.learning_rate > 0, "learning_rate", f"must be > 0, got {self.learning_rate}")
@@ -96,7 +110,7 @@ def _traffic(config: BootstrapConfig, target: Any, data_dir: Path, workload: lis
         workload = build_workload(config.workload, config.n_prompts + config.holdout_prompts, config.seed)
     print(f"bootstrap: target completions of {len(workload)} {config.workload} prompts", flush=True)
     rows = target_traffic(target.model, target.tokenizer, workload, config.max_new_tokens,
-                          config.gen_batch_size, top_k=config.top_k)
+                          config.gen_batch_size, top_k=config.top_k if config.draft_kind == "lm" else 0)
     tmp = data_dir.with_name(data_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.parent.mkdir(parents=True, exist_ok=True)
@@ -105,8 +119,55 @@ def _traffic(config: BootstrapConfig, target: Any, data_dir: Path, workload: lis
     return {"distill": data_dir / "distill", "holdout": data_dir / "holdout"}
 
 
+def text_rows(tokenizer: Any, n: int, seed: int, max_length: int) -> list[dict]:
+    """Offline text as extra eagle3 data: stdlib docstring paragraphs (the `prose` workload's source), the
+    whole text a "completion", so every position teaches the draft the target's prediction there."""
+    from mining.workloads import build_workload
+
+    rows = []
+    for item in build_workload("prose", n, seed):
+        ids = tokenizer(item["prompt"])["input_ids"][:max_length]
+        rows.append({"prompt": "", "completion": item["prompt"], "prompt_token_ids": ids[:1],
+                     "completion_token_ids": ids[1:], "slice": "text", "weight": 1.0})
+    return rows
+
+
+def _build_eagle_draft(config: BootstrapConfig, target: Any, data: dict[str, Path], draft_dir: Path,
+                       tracker: Any) -> None:
+    """The v0 eagle3 draft: fresh (its head starts as the target's, restricted to the mined vocabulary),
+    trained on the target's completions plus offline text."""
+    from datasets import concatenate_datasets, load_from_disk
+
+    from training.eagle_train import EagleConfig, train_eagle
+    from training.traffic import save_rows
+
+    dataset = data["distill"]
+    if config.text_sequences:
+        mixed = dataset.with_name("distill+text")
+        if not (mixed / "dataset_info.json").is_file():
+            text = save_rows(text_rows(target.tokenizer, config.text_sequences, config.seed, config.max_length),
+                             mixed.with_name("text"))
+            completions = load_from_disk(str(dataset))
+            columns = load_from_disk(str(text)).column_names
+            concatenate_datasets([completions.select_columns(columns),
+                                  load_from_disk(str(text))]).save_to_disk(str(mixed))
+        dataset = mixed
+    tmp = draft_dir.with_name(draft_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    eagle = EagleConfig(student="", target=str(target.path), dataset=str(dataset),
+                        holdout=str(data["holdout"]) if data["holdout"].is_dir() else "", output_dir=str(tmp),
+                        learning_rate=config.learning_rate, epochs=config.epochs, batch_size=config.batch_size,
+                        max_length=config.max_length, ttt_steps=config.ttt_steps, tracking=config.tracking,
+                        eval_max_samples=config.holdout_prompts, seed=config.seed, logging_steps=5)
+    train_eagle(eagle, tracker)
+    tmp.rename(draft_dir)
+
+
 def _build_draft(config: BootstrapConfig, target: Any, data: dict[str, Path], draft_dir: Path, tracker: Any) -> None:
     from training.distill import DistillConfig, train_distill
+
+    if config.draft_kind == "eagle3":
+        return _build_eagle_draft(config, target, data, draft_dir, tracker)
 
     init_dir = draft_dir.with_name(f".{draft_dir.name}-init")
     common.save_candidate(init_draft_from_target(target.model, config.init_layers), target.tokenizer, init_dir,
@@ -140,6 +201,7 @@ def _register(config: BootstrapConfig, draft_dir: Path, target_sha: str) -> dict
         return {"version": existing, "registered": False}
     info = common.read_training_info(draft_dir)
     version = tracking.register_draft(draft_dir, tags={TARGET_SHA_TAG: target_sha, STAGE_TAG: "bootstrap",
+                                                       "draft_kind": config.draft_kind,
                                                        TRAINING_CONFIG_TAG: to_dict(config),
                                                        "metrics": info.get("metrics", {})})
     registry.promote(version, target_sha=target_sha)
@@ -163,7 +225,8 @@ def bootstrap(config: BootstrapConfig | None = None, workload: list[dict] | None
         result["built"] = False
     else:
         # Keyed by what shapes the traffic, so a changed config never silently reuses stale data.
-        key = f"{config.workload}-{config.n_prompts}-{config.holdout_prompts}-{config.max_new_tokens}-{config.seed}"
+        key = (f"{config.workload}-{config.n_prompts}-{config.holdout_prompts}-{config.max_new_tokens}-{config.seed}"
+               f"-{config.draft_kind}")
         data = _traffic(config, target, home.datasets_dir() / "bootstrap" / key, workload)
         _build_draft(config, target, data, draft_dir, get_tracker(config.tracking))
         result["built"] = True

@@ -40,17 +40,19 @@ COLUMNS = ("prompt_token_ids", "completion_token_ids")
 class EagleConfig(common.TrainCommon):
     """EAGLE-3 draft training; see configs/eagle.yaml for the defaults with comments."""
 
-    draft: str = "models:/draftwheel-draft@champion"  # warm start (an eagle3 dir/URI); other kinds start fresh
+    student: str = "models:/draftwheel-draft@champion"  # starting draft: an eagle3 dir/URI warm-starts; other kinds start fresh
     target: str = ""             # target model dir / models:/ URI; "" = the reference target in the state dir
     dataset: str = ""            # distill/ dataset dir; "" = <state>/datasets/distill
     holdout: str = ""            # holdout/ dataset dir; "" = sibling of dataset, if any
-    draft_vocab_size: int = 8192  # rows of the draft head (FR-Spec: most frequent output tokens)
+    draft_vocab_size: int = 4096  # rows of the draft head (FR-Spec: most frequent output tokens)
     min_vocab_coverage: float = 0.97  # rebuild the warm start's vocabulary below this output-token coverage
     aux_layer_ids: list[int] = field(default_factory=list)  # target layers fused; [] = EAGLE-3's (2, L/2, L-3)
     ttt_steps: int = 4           # training-time-test unroll depth
     ttt_decay: float = 0.8       # weight of unroll step s is ttt_decay**s
     prompt_loss: bool = True     # also learn positions inside the prompt (more signal; serving sees prompts too)
     feature_cache: str = ""      # "" = <state>/cache/eagle-features
+    identity_init: bool = True   # a fresh draft starts as the target's top aux feature through its norm and head
+    bf16: bool = True            # bfloat16 autocast for the target features and training (AMX/AVX512-BF16 CPUs, GPUs)
     learning_rate: float = 2e-3
     epochs: float = 4.0
     batch_size: int = 8
@@ -75,8 +77,12 @@ class Sequences:
     slices: list[str]
 
 
-def load_sequences(path: Path, max_length: int, output_column: str = "completion_token_ids") -> Sequences:
+def load_sequences(path: Path, max_length: int, output_column: str = "completion_token_ids",
+                   max_samples: int = 0) -> Sequences:
+    """prompt + output ids per row (truncated as the other trainers do), at most `max_samples` rows (0 = all)."""
     dataset = load_dataset_dir(path, ("prompt_token_ids", output_column))
+    if max_samples:
+        dataset = dataset.select(range(min(max_samples, len(dataset))))
     seqs = Sequences([], [], [])
     for row in dataset:
         ids, prompt_len = join_and_truncate(row["prompt_token_ids"], row[output_column], max_length)
@@ -109,6 +115,14 @@ def fresh_draft(target: Any, config: EagleConfig, counts: torch.Tensor, target_s
     with torch.no_grad():
         draft.lm_head.weight.copy_(target.get_output_embeddings().weight[draft.draft_to_target])
         draft.norm.weight.copy_(target.model.norm.weight)
+        if config.identity_init:
+            # Start as "the target's highest aux feature, through the target's own norm and head": fc passes
+            # that feature through, and the layer's residual branches start at zero (as Medusa's blocks do).
+            hidden = c.hidden_size
+            draft.fc.weight.zero_()
+            draft.fc.weight[:, 2 * c.target_hidden_size:].copy_(torch.eye(hidden, c.target_hidden_size))
+            draft.layers[0].self_attn.o_proj.weight.zero_()
+            draft.layers[0].mlp.down_proj.weight.zero_()
     return draft
 
 
@@ -227,17 +241,17 @@ def _eos_ids(tokenizer: Any, model: Any) -> list[int]:
 
 
 def prepare_draft(config: EagleConfig, target: Any, counts: torch.Tensor, eos: list[int]) -> tuple[Eagle3Draft, dict]:
-    """Warm start from `config.draft` when it is an eagle3 draft for this target, else a fresh draft;
+    """Warm start from `config.student` when it is an eagle3 draft for this target, else a fresh draft;
     a new vocabulary when the warm start's covers less than `min_vocab_coverage` of the outputs."""
     from serving.models import load_model
 
     warm = None
-    if config.draft:
+    if config.student:
         try:
-            loaded = load_model(config.draft)
+            loaded = load_model(config.student)
             warm = loaded.model if loaded.kind == "eagle3" else None
         except (FileNotFoundError, OSError, ValueError) as exc:
-            print(f"[eagle] no warm start from {config.draft}: {exc}")
+            print(f"[eagle] no warm start from {config.student}: {exc}")
     info: dict[str, Any] = {"warm_start": bool(warm)}
     if warm is None:
         draft = fresh_draft(target.model, config, counts, target.model_id.sha256, eos)
@@ -270,20 +284,20 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
     cache_root = Path(config.feature_cache) if config.feature_cache else home.state_dir() / "cache" / "eagle-features"
     started = time.perf_counter()
     features, hit = cached_features(target.model, train_seqs.ids, draft.c.aux_layer_ids, target.model_id.sha256,
-                                    cache_root)
+                                    cache_root, bf16=config.bf16)
     info.update(feature_cache_hit=hit, feature_s=common.seconds_since(started))
     train_set = EagleDataset(train_seqs, features, config.prompt_loss)
     callbacks: list[TrainerCallback] = []
     holdout = None
     if holdout_dir.is_dir():
-        hold_seqs = load_sequences(holdout_dir, config.max_length, "output_token_ids")
+        hold_seqs = load_sequences(holdout_dir, config.max_length, "output_token_ids", config.eval_max_samples)
         info["vocab_coverage_holdout"] = coverage(draft.t2d, output_counts(hold_seqs, vocab))
         hold_features, _ = cached_features(target.model, hold_seqs.ids, draft.c.aux_layer_ids,
-                                           target.model_id.sha256, cache_root)
+                                           target.model_id.sha256, cache_root, bf16=config.bf16)
         holdout = BestEpochCallback(EagleDataset(hold_seqs, hold_features, prompt_loss=False), config.eval_k, tracker)
         callbacks.append(holdout)
     draft.train()
-    args = TrainingArguments(**common.training_arguments_kwargs(config, out_dir))
+    args = TrainingArguments(**common.training_arguments_kwargs(config, out_dir), bf16=config.bf16)
     trainer = EagleTrainer(model=draft, args=args, train_dataset=train_set, data_collator=collate,
                            callbacks=callbacks, lm_head_weight=target.model.get_output_embeddings().weight.detach(),
                            ttt_steps=config.ttt_steps, ttt_decay=config.ttt_decay)

@@ -46,6 +46,8 @@ TRAINERS: dict[str, Trainer] = {t.name: t for t in (
             "preference-tune the draft on accept/reject pairs (TRL DPO)", dataset="preference"),
     Trainer("medusa", "training.medusa_train", "MedusaConfig", "train_medusa",
             "train Medusa heads on the frozen target", student=False),
+    Trainer("eagle", "training.eagle_train", "EagleConfig", "train_eagle",
+            "train an EAGLE-3 draft (one layer over the target's hidden states, mined draft vocabulary)"),
 )}
 
 

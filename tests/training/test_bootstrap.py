@@ -33,13 +33,14 @@ def test_bootstrap_builds_registers_and_is_idempotent(tmp_path):
     target_dir = toy.save_model(toy.tiny_llama(tokenizer, n_layers=3, seed=0, tie_embeddings=False), tokenizer,
                                 tmp_path / "target")
     workload = [{"prompt": p, "slice": "chat"} for p in PROMPTS]
-    config = BootstrapConfig(target=str(target_dir), init_layers=[0, 2], n_prompts=6, holdout_prompts=2,
-                             max_new_tokens=8, gen_batch_size=8, top_k=8, epochs=1, learning_rate=2e-3,
-                             tracking=False)
+    config = BootstrapConfig(target=str(target_dir), draft_kind="lm", init_layers=[0, 2], n_prompts=6,
+                             holdout_prompts=2, max_new_tokens=8, gen_batch_size=8, top_k=8, epochs=1,
+                             learning_rate=2e-3, tracking=False)
     first = bootstrap(config, workload=workload)
     assert first["built"] and first["registered"]
     assert get_alias_version("champion") == first["version"]
     assert get_version_tags(first["version"])["target_sha256"] == weights_sha256(target_dir)
+    assert get_version_tags(first["version"])["draft_kind"] == "lm"
     draft = AutoModelForCausalLM.from_pretrained(first["draft_dir"])
     assert draft.config.num_hidden_layers == 2
     assert first["metrics"]["eval_agreement"] >= 0.0 and first["metrics"]["steps"] > 0
@@ -47,7 +48,33 @@ def test_bootstrap_builds_registers_and_is_idempotent(tmp_path):
     assert not again["built"] and not again["registered"] and again["version"] == first["version"]
 
 
+def test_bootstrap_builds_an_eagle3_v0_by_default(tmp_path):
+    """The default kind: an eagle3 v0 trained on the target's completions plus offline text, registered
+    with its kind, and served by the Engine with output identical to the target alone."""
+    from draftwheel.tracking import get_version_tags
+    from serving.engine import Engine
+    from serving.models import load_model
+    from serving.params import SamplingParams
+
+    tokenizer = toy.build_tokenizer()
+    target_dir = toy.save_model(toy.tiny_llama(tokenizer, n_layers=3, seed=0, tie_embeddings=False), tokenizer,
+                                tmp_path / "target")
+    workload = [{"prompt": p, "slice": "chat"} for p in PROMPTS]
+    config = BootstrapConfig(target=str(target_dir), n_prompts=6, holdout_prompts=2, max_new_tokens=8,
+                             text_sequences=4, epochs=2, learning_rate=5e-3, tracking=False)
+    assert config.draft_kind == "eagle3"
+    result = bootstrap(config, workload=workload)
+    assert result["built"] and get_version_tags(result["version"])["draft_kind"] == "eagle3"
+    engine = Engine(load_model(target_dir), load_model(result["draft_dir"]))
+    assert engine.draft.kind == "eagle3"
+    params = SamplingParams(max_new_tokens=12, k=3)
+    plain = engine.generate(PROMPTS[:3], params, mode="autoregressive")
+    assert [c.token_ids for c in engine.generate(PROMPTS[:3], params)] == [c.token_ids for c in plain]
+
+
 def test_bootstrap_config_validation():
+    with pytest.raises(ValueError, match="draft_kind"):
+        BootstrapConfig(draft_kind="tree")
     with pytest.raises(ValueError, match="init_layers"):
         BootstrapConfig(init_layers=[])
     with pytest.raises(ValueError, match="draft_name"):

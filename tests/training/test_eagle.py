@@ -70,7 +70,7 @@ def test_vocab_from_counts_keeps_most_frequent_and_always():
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, toy_models, toy_data):
     out = tmp_path_factory.mktemp("eagle") / "candidate"
-    config = EagleConfig(draft="", target=str(toy_models["target"]), dataset=str(toy_data["distill"]),
+    config = EagleConfig(student="", target=str(toy_models["target"]), dataset=str(toy_data["distill"]),
                          output_dir=str(out), draft_vocab_size=128, epochs=60, batch_size=4, learning_rate=1e-2,
                          ttt_steps=3, eval_k=3, tracking=False, max_length=64, warmup_steps=0,
                          feature_cache=str(out.parent / "cache"))
@@ -102,8 +102,9 @@ def test_trained_draft_serves_losslessly(trained, toy_models):
     target = load_model(toy_models["target"])
     engine = Engine(target, load_model(out))
     prompts = ["def add(a, b):", "The quick brown fox", "Hello! How can I help"]
-    completions = engine.generate(prompts, SamplingParams(max_new_tokens=24, k=3))
+    # Chat-templated, as the training traffic was (training.traffic applies the template).
+    completions = engine.generate(prompts, SamplingParams(max_new_tokens=24, k=3), chat=True)
     reference = Engine(load_model(toy_models["target"])).generate(prompts, SamplingParams(max_new_tokens=24),
-                                                                  mode="autoregressive")
+                                                                  mode="autoregressive", chat=True)
     assert [c.token_ids for c in completions] == [r.token_ids for r in reference]
     assert sum(c.record.accepted_tokens for c in completions) > 0

@@ -1,0 +1,169 @@
+"""The eagle3 draft kind in the Engine, on a tiny random target (seconds on CPU).
+
+The draft is fitted in the fixture for a few hundred steps on the target's own greedy continuations
+(training-time test, training.eagle_ttt), so acceptance is partial: both the all-accepted and the
+rollback paths run. Greedy output must equal the target's alone; sampled output must follow the
+target's law (chi-square, shared helper with the draft-model test); the speculators directory must
+round-trip with identical outputs and carry every field the format requires.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from serving.eagle import Eagle3Config, Eagle3Draft, Eagle3FormatError, load_eagle3, save_eagle3
+from serving.engine import Engine
+from serving.models import IncompatibleModelsError, from_objects, load_model
+from serving.params import SamplingParams
+from serving.toy import build_tokenizer, save_model, tiny_llama
+from tests.serving.test_engine import PROMPTS, check_two_token_law, hf_greedy, noisy_copy
+from training.eagle_ttt import teacher_log_probs, ttt_loss, unroll
+
+
+def fit_draft(target, tokenizer, steps=300, seed=0) -> Eagle3Draft:
+    """A draft fitted to the target's greedy continuations of PROMPTS (plus sampled ones for variety)."""
+    torch.manual_seed(seed)
+    sequences = []
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt)["input_ids"]
+        sequences.append(ids + hf_greedy(target, ids, 40))
+    width = min(len(s) for s in sequences)
+    ids = torch.tensor([s[:width] for s in sequences])
+    with torch.no_grad():
+        out = target(input_ids=ids, output_hidden_states=True)
+    config = Eagle3Config.for_target(target.config, draft_vocab_size=target.config.vocab_size // 2)
+    counts = torch.bincount(ids.flatten(), minlength=target.config.vocab_size)
+    from serving.eagle import vocab_from_counts
+
+    d2t, t2d = vocab_from_counts(counts, config.draft_vocab_size)
+    draft = Eagle3Draft(config, d2t=d2t, t2d=t2d).attach_target(target)
+    aux = torch.cat([out.hidden_states[i] for i in config.aux_layer_ids], -1)
+    with torch.no_grad():
+        teacher = teacher_log_probs(out.hidden_states[-1], target.lm_head.weight, draft)
+    mask = torch.ones(ids.shape, dtype=torch.bool)
+    optimizer = torch.optim.Adam(draft.parameters(), lr=3e-3)
+    for _ in range(steps):
+        loss, _ = ttt_loss(unroll(draft, ids, aux, 3), teacher, mask, decay=0.8)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return draft.eval()
+
+
+@pytest.fixture(scope="module")
+def pair():
+    tokenizer = build_tokenizer()
+    target = tiny_llama(tokenizer, n_layers=2, seed=0, tie_embeddings=False)
+    return tokenizer, target, fit_draft(target, tokenizer)
+
+
+@pytest.fixture(scope="module")
+def engine(pair):
+    tokenizer, target, draft = pair
+    return Engine(from_objects(target, tokenizer, "target"), from_objects(draft, tokenizer, "eagle"))
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_identical_to_target_alone(engine, pair, k):
+    _, target, _ = pair
+    completions = engine.generate(PROMPTS + ["Once upon a time"], SamplingParams(max_new_tokens=40, k=k))
+    for completion in completions:
+        assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 40), completion.prompt
+    steps = [s for c in completions for s in c.record.steps]
+    assert any(s.accepted < s.k for s in steps), "no rejection: the crop path is untested"
+    assert any(s.accepted == s.k > 0 for s in steps), "no full acceptance: the bonus path is untested"
+
+
+def test_adaptive_k_greedy_identical(engine, pair):
+    _, target, _ = pair
+    params = SamplingParams(max_new_tokens=30, k=5, adaptive_k=True)
+    for completion in engine.generate(PROMPTS[:3], params):
+        assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 30)
+
+
+def test_sampled_tokens_follow_target_distribution(engine, pair):
+    """Lossless with q zero outside the draft vocabulary. The control law is a noisy copy of the
+    target (the eagle draft has no standalone law to compare)."""
+    tokenizer, target, _ = pair
+    control = (tokenizer, target, noisy_copy(target, 1.0))
+    completions = check_two_token_law(engine, control, SamplingParams(max_new_tokens=3, temperature=1.0, top_k=3, k=2))
+    assert any(s.accepted > 0 for c in completions for s in c.record.steps), "no draft token ever accepted"
+
+
+def test_speculators_round_trip_identical_outputs(engine, pair, tmp_path):
+    tokenizer, target, draft = pair
+    out = save_eagle3(draft, tmp_path / "eagle", tokenizer)
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3"
+    assert config["architectures"] == ["Eagle3Speculator"]
+    assert config["transformer_layer_config"]["num_hidden_layers"] == 1
+    assert config["draft_vocab_size"] == draft.c.draft_vocab_size
+    assert config["target_hidden_size"] == target.config.hidden_size
+    assert config["eagle_aux_hidden_state_layer_ids"] == draft.c.aux_layer_ids
+    spec = config["speculators_config"]
+    assert spec["algorithm"] == "eagle3" and spec["default_proposal_method"] == "greedy"
+    assert spec["proposal_methods"][0]["speculative_tokens"] >= 1 and "verifier" in spec
+    weights = load_file(str(out / "model.safetensors"))
+    assert weights["d2t"].dtype == torch.int64 and weights["t2d"].dtype == torch.bool
+    assert int(weights["t2d"].sum()) == config["draft_vocab_size"]
+    # d2t holds offsets: target id = i + d2t[i], and exactly those ids are set in t2d.
+    targets = torch.arange(config["draft_vocab_size"]) + weights["d2t"]
+    assert weights["t2d"][targets].all()
+    assert "embed_tokens.weight" not in weights  # shared with the target, never saved
+    target_dir = save_model(target, tokenizer, tmp_path / "target")
+    reloaded = Engine(load_model(target_dir), load_model(out))
+    assert reloaded.draft.kind == "eagle3"
+    params = SamplingParams(max_new_tokens=24, k=3)
+    again = reloaded.generate(PROMPTS, params)
+    first = engine.generate(PROMPTS, params)
+    assert [c.token_ids for c in again] == [c.token_ids for c in first]
+    assert [s.accepted for c in again for s in c.record.steps] == [s.accepted for c in first for s in c.record.steps]
+
+
+def test_bad_speculators_dirs_name_the_field(pair, tmp_path):
+    tokenizer, _, draft = pair
+    out = save_eagle3(draft, tmp_path / "eagle")
+    config = json.loads((out / "config.json").read_text())
+    del config["eagle_aux_hidden_state_layer_ids"]
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(Eagle3FormatError, match="eagle_aux_hidden_state_layer_ids"):
+        load_eagle3(out)
+
+
+def test_draft_for_another_target_shape_is_refused(pair):
+    tokenizer, _, draft = pair
+    other = tiny_llama(tokenizer, n_layers=2, hidden=32, seed=3)
+    with pytest.raises(IncompatibleModelsError, match="eagle3"):
+        Engine(from_objects(other, tokenizer, "other"), from_objects(draft, tokenizer, "eagle"))
+
+
+def test_export_cli_copies_checks_and_reloads(pair, engine, tmp_path, capsys):
+    from draftwheel.cli import main
+    from serving.eagle import check_export
+
+    tokenizer, target, draft = pair
+    stored = save_eagle3(draft, tmp_path / "stored", tokenizer)
+    (stored / "draftwheel_training.json").write_text("{}")  # our own file: not exported
+    out = tmp_path / "export"
+    assert main(["export", "--uri", str(stored), "--format", "speculators", "--out", str(out)]) == 0
+    assert not (out / "draftwheel_training.json").exists()
+    assert check_export(out).draft_vocab_size == draft.c.draft_vocab_size
+    target_dir = save_model(target, tokenizer, tmp_path / "target")
+    params = SamplingParams(max_new_tokens=20, k=4)
+    exported = Engine(load_model(target_dir), load_model(out)).generate(PROMPTS[:3], params)
+    assert [c.token_ids for c in exported] == [c.token_ids for c in engine.generate(PROMPTS[:3], params)]
+    # A non-eagle3 dir and a corrupted mask are refused with one line naming the problem.
+    capsys.readouterr()
+    assert main(["export", "--uri", str(target_dir), "--out", str(tmp_path / "x")]) == 1
+    assert "not an eagle3 draft" in capsys.readouterr().err
+    weights = load_file(str(out / "model.safetensors"))
+    weights["t2d"] = torch.zeros_like(weights["t2d"])
+    from safetensors.torch import save_file
+
+    save_file(weights, str(out / "model.safetensors"))
+    with pytest.raises(Eagle3FormatError, match="d2t/t2d"):
+        check_export(out)
