@@ -92,7 +92,8 @@ class InFlight:
         try:
             return await self.app(scope, receive, send)
         except asyncio.CancelledError:
+            # Only uvicorn cancels a request's task, when its drain timeout passed: count the request and
+            # end the task quietly (re-raised, uvicorn would log it as a crash with a traceback).
             self.counter.cancelled += 1
-            raise
         finally:
             self.counter.active -= 1

@@ -20,6 +20,8 @@ import contextlib
 import dataclasses
 import logging
 import os
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -163,6 +165,10 @@ def serve(config: Any) -> None:
     from serving.serving_state import attach_tier
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if threading.current_thread() is threading.main_thread():
+        # uvicorn re-raises the signal it drained on; SIGTERM's default action would kill the process
+        # before the `finally` below fsyncs and closes the log. As KeyboardInterrupt, uvicorn.run returns.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     engine, sink = open_engine(config)
     watcher = saver = None
     try:
