@@ -105,17 +105,27 @@ class FlywheelConfig:
 
         checks = [("mining", MiningConfig, self.mining_config, "mining", list(self.mining_overrides)),
                   ("shadow", ShadowConfig, self.shadow_config, "shadow", list(self.shadow_overrides))]
-        # "auto" picks its trainer from the champion at run time: check both candidates' configs now.
-        for name in AUTO_CHOICES.values() if self.trainer == AUTO else [self.trainer]:
-            if name in TRAINERS and not (self.trainer == AUTO and self.train_config):
-                placeholders = tasks.stage_overrides(name, "datasets", "champion", "target", "candidate")
-                checks.insert(1, ("train", TRAINERS[name].load()[0], self.train_config, name,
-                                  list(self.train_overrides) + placeholders))
         for stage_name, cls, path, shipped, overrides in checks:
             try:
                 load_config(cls, tasks.stage_config_path(path, shipped) or None, overrides)
             except ValueError as exc:
                 raise ConfigError(f"{stage_name} stage: {exc}") from exc
+        self._check_train_stage()
+
+    def _check_train_stage(self) -> None:
+        """The trainer's config with its overrides. `auto` learns its trainer from the champion only at run
+        time, so its overrides must suit at least one trainer it may pick (each one's error is named)."""
+        names = [n for n in (AUTO_CHOICES.values() if self.trainer == AUTO else [self.trainer]) if n in TRAINERS]
+        errors = []
+        for name in names:
+            placeholders = tasks.stage_overrides(name, "datasets", "champion", "target", "candidate")
+            try:
+                load_config(TRAINERS[name].load()[0], tasks.stage_config_path(self.train_config, name) or None,
+                            list(self.train_overrides) + placeholders)
+            except ValueError as exc:
+                errors.append(f"{name}: {exc}")
+        if names and len(errors) == len(names):
+            raise ConfigError("train stage: " + "; ".join(errors))
 
 
 def override(key: str, value: Any) -> str:

@@ -88,6 +88,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
         req.timed_step(draft_s, target.last_forward_s)
         if controller:
             controller.update(k, accepted, draft_s, target.last_forward_s)
-        req.steps.append(Step(k=k, accepted=accepted, draft_token_ids=drafted.tolist(), target_token_id=last))
+        req.steps.append(Step(k=k, accepted=accepted, draft_token_ids=drafted.tolist(), target_token_id=last,
+                              source=SOURCE))
         req.emit(emitted.tolist())
         yield
