@@ -45,7 +45,7 @@ class DemoConfig:
     eval_requests: int = 8
     """Held-out prompts per slice for the before/after table (never served to the logs)."""
     max_new_tokens: int = 48
-    k: int = 4
+    k: int = 3
     """Draft tokens per verification step."""
     seed: int = 0
     trigger_ratio: float = 0.85

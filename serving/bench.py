@@ -182,3 +182,34 @@ def run_bench(engine: Engine, prompts: list[Any], max_new_tokens: int, k: int = 
         if "hf_assisted" in cpu_rate:
             result["cpu_speedup_vs_hf_assisted"] = cpu_rate["spec"] / cpu_rate["hf_assisted"]
     return result
+
+
+def run_sampled_bench(engine: Engine, prompts: list[Any], max_new_tokens: int, k: int = 4, chat: bool = False,
+                      temperature: float = 0.7, progress: bool = True) -> dict[str, Any]:
+    """Sampling speed: our plain vs speculative decoding at `temperature`, same prompts and seeds, in one
+    run (interleaved). Outputs differ between the two by design (rejection sampling is exact in law,
+    not per sample: tests/serving check the law with a chi-square test), so no identity is counted."""
+    from tqdm import tqdm
+
+    tokens = {"plain": 0, "spec": 0}
+    seconds = {"plain": 0.0, "spec": 0.0}
+    drafted = accepted = steps = 0
+    warm = SamplingParams(max_new_tokens=4, k=k, temperature=temperature, seed=0)
+    _ours(engine, prompts[0], warm, chat, "draft")
+    for seed, prompt in enumerate(tqdm(prompts, desc="bench sampled", disable=not progress)):
+        params = SamplingParams(max_new_tokens=max_new_tokens, k=k, temperature=temperature, seed=seed)
+        for name, mode in (("plain", "autoregressive"), ("spec", "draft")):
+            completion, clock = _ours(engine, prompt, params, chat, mode)
+            tokens[name] += len(completion.token_ids)
+            seconds[name] += clock.wall
+            if name == "spec":
+                drafted += completion.record.drafted_tokens
+                accepted += completion.record.accepted_tokens
+                steps += completion.record.verify_steps
+    rate = {name: tokens[name] / seconds[name] for name in tokens}
+    return {"temperature": temperature, "plain_tokens_per_s": rate["plain"], "spec_tokens_per_s": rate["spec"],
+            "speedup_vs_plain": rate["spec"] / rate["plain"],
+            "acceptance_rate": acceptance_rate(accepted, drafted),
+            "mean_accepted_length": mean_accepted_length(accepted, steps),
+            "k": k, "prompts": len(prompts), "max_new_tokens": max_new_tokens, "draft_kind": engine.draft.kind}
+

@@ -53,6 +53,8 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--out", type=Path, help="write the JSON result here")
     bench.add_argument("--assistant", help="a small causal LM for the HF assisted baseline when --draft is "
                                            "not one (e.g. an eagle3 draft); default: --draft itself")
+    bench.add_argument("--temperature", type=float, default=0.0,
+                       help="> 0: measure sampling instead (ours plain vs speculative, same seeds; no HF)")
     bench.add_argument("--prompt-lookup-tokens", type=int, default=10,
                        help="tokens per guess of the HF prompt-lookup baseline (default 10)")
     bench.set_defaults(func=_bench_command)
@@ -101,7 +103,7 @@ def _generate_command(args: argparse.Namespace) -> int:
 
 
 def _bench_command(args: argparse.Namespace) -> int:
-    from serving.bench import read_prompts, run_bench
+    from serving.bench import read_prompts, run_bench, run_sampled_bench
 
     try:
         prompts = read_prompts(args.prompts)
@@ -111,8 +113,12 @@ def _bench_command(args: argparse.Namespace) -> int:
             from serving.models import load_model
 
             assistant = load_model(args.assistant).model
-        result = run_bench(engine, prompts, args.max_new_tokens, k=args.k, chat=args.chat, assistant=assistant,
-                           prompt_lookup_tokens=args.prompt_lookup_tokens)
+        if args.temperature > 0:
+            result = run_sampled_bench(engine, prompts, args.max_new_tokens, k=args.k, chat=args.chat,
+                                       temperature=args.temperature)
+        else:
+            result = run_bench(engine, prompts, args.max_new_tokens, k=args.k, chat=args.chat,
+                               assistant=assistant, prompt_lookup_tokens=args.prompt_lookup_tokens)
     except (ValueError, OSError, RuntimeError) as exc:
         return _fail("bench", exc)
     text = json.dumps(result, indent=2)

@@ -41,17 +41,17 @@ class BootstrapConfig:
     draft_name: str = "v0-draft"  # dir under <state>/models for the v0 draft
     init_layers: list[int] = field(default_factory=lambda: [0, 1])  # target layers copied into the draft
     workload: str = "chat"       # mining.workloads name for the general traffic
-    n_prompts: int = 24          # training prompts (target completions)
-    holdout_prompts: int = 8     # hold-out prompts for the agreement evaluation
-    max_new_tokens: int = 48     # target completion length
-    gen_batch_size: int = 8      # prompts per batched target generation
+    n_prompts: int = 256         # training prompts (target completions)
+    holdout_prompts: int = 16    # hold-out prompts for the per-epoch evaluation
+    max_new_tokens: int = 128    # target completion length
+    gen_batch_size: int = 32     # prompts per batched target generation
     top_k: int = 64              # lm: teacher log-probs kept per generated position (eagle3 reads features instead)
     seed: int = 0                # workload sampling seed
     loss: str = "fkl"            # distillation loss (training.losses)
-    learning_rate: float = 3e-3  # distillation learning rate
-    epochs: float = 8.0          # distillation epochs
-    batch_size: int = 4          # distillation batch size
-    max_length: int = 256        # tokens per training sequence
+    learning_rate: float = 5e-3  # training learning rate (cosine decay)
+    epochs: float = 8.0          # training epochs
+    batch_size: int = 8          # training batch size
+    max_length: int = 384        # tokens per training sequence
     text_sequences: int = 64     # eagle3: extra teacher-forced text (stdlib docstrings, the `prose` workload)
     ttt_steps: int = 3           # eagle3: training-time-test unroll depth
     register: bool = True        # register the draft and set `champion` (unless a champion exists)

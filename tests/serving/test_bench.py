@@ -67,3 +67,16 @@ def test_read_prompts_text_and_jsonl(tmp_path):
     empty.write_text("\n")
     with pytest.raises(ValueError, match="no prompts"):
         read_prompts(empty)
+
+
+def test_bench_sampled_compares_plain_and_speculative(dirs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DRAFTWHEEL_HOME", str(tmp_path / "home"))
+    target, draft = dirs
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The quick brown\nHello! How can\n")
+    assert main(["bench", "--target", str(target), "--draft", str(draft), "--prompts", str(prompts),
+                 "--max-new-tokens", "10", "--k", "3", "--temperature", "0.7"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["temperature"] == 0.7 and result["prompts"] == 2
+    assert result["speedup_vs_plain"] == pytest.approx(result["spec_tokens_per_s"] / result["plain_tokens_per_s"])
+    assert 0.0 <= result["acceptance_rate"] <= 1.0
