@@ -97,12 +97,23 @@ def _kernels(model: Any) -> str:
     return "oneDNN prepacked" if is_packed(model) else "stock"
 
 
+def _spec_mode(engine: Engine) -> str:
+    """The engine's speculative mode: its draft (any kind), else its Medusa heads."""
+    if engine.draft is None and engine.medusa is None:
+        raise ValueError("bench needs a draft model or Medusa heads")
+    return "draft" if engine.draft is not None else "medusa"
+
+
+def _kind(engine: Engine) -> str:
+    return engine.draft.kind if engine.draft is not None else "medusa"
+
+
 def _hf_methods(engine: Engine, assistant: Any, lookup: int) -> dict[str, tuple[Any, Any, int]]:
     """HF baselines: name -> (model, assistant, prompt-lookup tokens). HF runs stock (unpacked) copies;
     with an `lm` draft it also runs on the engine's own packed models ("same kernels")."""
     hf_target = unpacked_copy(engine.target.model)
     methods = {"hf_plain": (hf_target, None, 0), "hf_prompt_lookup": (hf_target, None, lookup)}
-    if engine.draft.kind == "lm":
+    if engine.draft is not None and engine.draft.kind == "lm":
         assistant = engine.draft.model
         methods["hf_assisted_same_kernels"] = (engine.target.model, assistant, 0)
     if assistant is not None:
@@ -118,8 +129,7 @@ def run_bench(engine: Engine, prompts: list[Any], max_new_tokens: int, k: int = 
     measured per-drafted-token cost over a verification forward), the kernel and same-kernels keys, and
     `cpu_*` rates when `cpu_time`. HF assisted needs an `lm` draft: the engine's own, or `assistant`
     (a causal LM sharing the tokenizer, e.g. the small-LM v0 when the engine serves an eagle3 draft)."""
-    if engine.draft is None:
-        raise ValueError("bench needs a draft model")
+    mode = _spec_mode(engine)
     from tqdm import tqdm
 
     methods = _hf_methods(engine, assistant, prompt_lookup_tokens)
@@ -134,12 +144,12 @@ def run_bench(engine: Engine, prompts: list[Any], max_new_tokens: int, k: int = 
             if helper is not None:
                 stack.enter_context(assistant_settings(helper, k))
         # Warm-up (allocator, first-call paths) outside the timed region.
-        _ours(engine, prompts[0], SamplingParams(max_new_tokens=4, k=k), chat, "draft")
+        _ours(engine, prompts[0], SamplingParams(max_new_tokens=4, k=k), chat, mode)
         for model, helper, lookup in methods.values():
             _hf_generate(model, engine.encode(prompts[0], chat)[1], 4, helper, lookup)
         for prompt in tqdm(prompts, desc="bench", disable=not progress):
             plain, clock_plain = _ours(engine, prompt, params, chat, "autoregressive")
-            spec, clock_spec = _ours(engine, prompt, params, chat, "draft")
+            spec, clock_spec = _ours(engine, prompt, params, chat, mode)
             runs = [("plain", plain.token_ids, clock_plain), ("spec", spec.token_ids, clock_spec)]
             outputs = {}
             for name, (model, helper, lookup) in methods.items():
@@ -168,7 +178,7 @@ def run_bench(engine: Engine, prompts: list[Any], max_new_tokens: int, k: int = 
         "mean_accepted_length": mean_accepted_length(accepted, steps),
         "greedy_identical": f"{identical}/{len(prompts)}",
         "k": k, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
-        "draft_kind": engine.draft.kind, "prompt_lookup_num_tokens": prompt_lookup_tokens,
+        "draft_kind": _kind(engine), "prompt_lookup_num_tokens": prompt_lookup_tokens,
         "draft_cost_c": (draft_s / drafted) / (verify_s / steps) if drafted and verify_s else 0.0,
         "engine_kernels": _kernels(engine.target.model), "hf_kernels": _kernels(methods["hf_plain"][0]),
     }
@@ -194,11 +204,12 @@ def run_sampled_bench(engine: Engine, prompts: list[Any], max_new_tokens: int, k
     tokens = {"plain": 0, "spec": 0}
     seconds = {"plain": 0.0, "spec": 0.0}
     drafted = accepted = steps = 0
+    spec_mode = _spec_mode(engine)
     warm = SamplingParams(max_new_tokens=4, k=k, temperature=temperature, seed=0)
-    _ours(engine, prompts[0], warm, chat, "draft")
+    _ours(engine, prompts[0], warm, chat, spec_mode)
     for seed, prompt in enumerate(tqdm(prompts, desc="bench sampled", disable=not progress)):
         params = SamplingParams(max_new_tokens=max_new_tokens, k=k, temperature=temperature, seed=seed)
-        for name, mode in (("plain", "autoregressive"), ("spec", "draft")):
+        for name, mode in (("plain", "autoregressive"), ("spec", spec_mode)):
             completion, clock = _ours(engine, prompt, params, chat, mode)
             tokens[name] += len(completion.token_ids)
             seconds[name] += clock.wall
@@ -211,5 +222,5 @@ def run_sampled_bench(engine: Engine, prompts: list[Any], max_new_tokens: int, k
             "speedup_vs_plain": rate["spec"] / rate["plain"],
             "acceptance_rate": acceptance_rate(accepted, drafted),
             "mean_accepted_length": mean_accepted_length(accepted, steps),
-            "k": k, "prompts": len(prompts), "max_new_tokens": max_new_tokens, "draft_kind": engine.draft.kind}
+            "k": k, "prompts": len(prompts), "max_new_tokens": max_new_tokens, "draft_kind": _kind(engine)}
 

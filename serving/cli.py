@@ -53,6 +53,7 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--out", type=Path, help="write the JSON result here")
     bench.add_argument("--assistant", help="a small causal LM for the HF assisted baseline when --draft is "
                                            "not one (e.g. an eagle3 draft); default: --draft itself")
+    bench.add_argument("--medusa", help="Medusa heads dir: benchmark medusa mode instead of a draft")
     bench.add_argument("--temperature", type=float, default=0.0,
                        help="> 0: measure sampling instead (ours plain vs speculative, same seeds; no HF)")
     bench.add_argument("--prompt-lookup-tokens", type=int, default=10,
@@ -70,13 +71,13 @@ def register(subparsers: Any) -> None:
     export.set_defaults(func=_export_command)
 
 
-def _load_engine(args: argparse.Namespace, with_draft: bool):
+def _load_engine(args: argparse.Namespace, with_draft: bool, medusa: str | None = None):
     from serving.engine import Engine
     from serving.reference import DEFAULT_DRAFT_URI, default_target_dir
 
     target = args.target or str(default_target_dir())
     draft = (args.draft or DEFAULT_DRAFT_URI) if with_draft else None
-    return Engine.from_paths(target, draft)
+    return Engine.from_paths(target, draft, medusa=medusa)
 
 
 def _fail(command: str, exc: Exception) -> int:
@@ -107,7 +108,7 @@ def _bench_command(args: argparse.Namespace) -> int:
 
     try:
         prompts = read_prompts(args.prompts)
-        engine = _load_engine(args, with_draft=True)
+        engine = _load_engine(args, with_draft=not args.medusa, medusa=args.medusa)
         assistant = None
         if args.assistant:
             from serving.models import load_model

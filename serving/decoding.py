@@ -147,6 +147,7 @@ def medusa(target: CachedLM, heads: torch.nn.Module, req: Request) -> Iterator[N
             req.emit([last])
             yield
             continue
+        start = time.perf_counter()
         with torch.inference_mode():
             # [k, V]: head i guesses the (i+1)-th token after `last`
             head_logits = heads(hidden.view(1, 1, -1))[:k, 0, 0].cpu()
@@ -155,7 +156,9 @@ def medusa(target: CachedLM, heads: torch.nn.Module, req: Request) -> Iterator[N
         else:
             q = warp(head_logits, params)  # [k, V]
             drafted = sample(q, req.generator)  # [k]
+        draft_s = time.perf_counter() - start
         logits, hiddens = target.forward(torch.cat([torch.tensor([last]), drafted]), hidden=True)  # [k+1, V], [k+1, H]
+        req.timed_step(draft_s, target.last_forward_s)
         if params.greedy:
             emitted, accepted = verify_greedy(drafted, logits)
         else:

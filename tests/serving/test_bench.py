@@ -80,3 +80,20 @@ def test_bench_sampled_compares_plain_and_speculative(dirs, tmp_path, capsys, mo
     assert result["temperature"] == 0.7 and result["prompts"] == 2
     assert result["speedup_vs_plain"] == pytest.approx(result["spec_tokens_per_s"] / result["plain_tokens_per_s"])
     assert 0.0 <= result["acceptance_rate"] <= 1.0
+
+
+def test_bench_medusa_mode_reports_its_cost(dirs, tmp_path, capsys, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from serving.medusa import MedusaHeads
+
+    monkeypatch.setenv("DRAFTWHEEL_HOME", str(tmp_path / "home"))
+    target, _ = dirs
+    heads = MedusaHeads.for_target(AutoModelForCausalLM.from_pretrained(target), n_heads=3).save(tmp_path / "heads")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The quick brown\n")
+    assert main(["bench", "--target", str(target), "--medusa", str(heads), "--prompts", str(prompts),
+                 "--max-new-tokens", "10", "--k", "3"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["draft_kind"] == "medusa" and result["greedy_identical"] == "1/1"
+    assert result["hf_assisted_tokens_per_s"] is None and result["draft_cost_c"] > 0
