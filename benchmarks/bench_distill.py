@@ -64,7 +64,7 @@ def engine_acceptance(engine, prompts: list[dict], k: int, max_new_tokens: int) 
 
 def holdout_from_completions(completions: list, path: Path) -> Path:
     """The Engine's (lossless, i.e. the target's greedy) outputs as a holdout/ dataset."""
-    from training.traffic import save_rows
+    from training.target_completions import save_rows
 
     rows = [{"request_id": c.request_id, "prompt": c.prompt, "prompt_token_ids": c.prompt_token_ids,
              "slice": c.record.slice, "max_new_tokens": len(c.token_ids), "output_token_ids": c.token_ids}
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     from serving.models import load_model
     from training.bootstrap import BootstrapConfig, bootstrap
     from training.distill import DistillConfig, train_distill
-    from training.traffic import save_traffic, target_traffic
+    from training.target_completions import save_traffic, target_traffic
 
     home.apply_offline_defaults()
     boot_config = load_config(BootstrapConfig, ROOT / "configs" / "bootstrap.yaml", args.boot)

@@ -15,7 +15,7 @@ from draftwheel.home import apply_offline_defaults
 from draftwheel.tracking import ArtifactError
 
 # Order here is the order of the commands in `draftwheel --help`.
-COMMAND_MODULES = ["serving.cli", "serving.server_cli", "mining.cli", "training.cli", "draftwheel.registry_cli", "flows.cli"]
+COMMAND_MODULES = ["serving.engine_cli", "serving.server_cli", "mining.cli", "training.cli", "draftwheel.registry_cli", "flows.cli"]
 
 
 def build_parser() -> argparse.ArgumentParser:

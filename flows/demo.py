@@ -160,7 +160,7 @@ class DemoRun:
         return self.run_dir / "logs"
 
     def serve(self, rows: list[dict[str, str]]) -> dict[str, Any]:
-        from mining.traffic import run_traffic
+        from mining.replay_workload import run_traffic
 
         summary = run_traffic(self.engine, rows, self.logs_dir, self.params, progress=True)
         rates = {name: s["acceptance_rate"] for name, s in summary["by_slice"].items()}

@@ -1,7 +1,7 @@
 """`draftwheel traffic` and `draftwheel mine`: thin command-line wrappers over the mining package.
 
 Heavy imports (torch, transformers, datasets) happen inside the command functions so that
-`draftwheel --help` stays fast. The work itself lives in `mining.traffic` and `mining.pipeline`.
+`draftwheel --help` stays fast. The work itself lives in `mining.replay_workload` and `mining.pipeline`.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def register(subparsers: Any) -> None:
 
 def _traffic_command(args: argparse.Namespace) -> int:
     from draftwheel.home import logs_dir
-    from mining.traffic import run_traffic
+    from mining.replay_workload import run_traffic
     from mining.workloads import load_workload
     from serving.engine import Engine
     from serving.params import SamplingParams

@@ -23,7 +23,7 @@ import numpy as np
 from mining.config import MiningConfig
 from mining.dedupe import NearDupIndex, exact_key
 from mining.pii import Scrubber, contains_pii
-from mining.scan import fetch_lines
+from mining.log_reader import fetch_lines
 from mining.select import Selection, replay_quotas
 from serving.records import RecordError, read_record
 

@@ -28,8 +28,8 @@ from mining.curate import Curated, curate, iter_records
 from mining.outputs import DISTILL, HOLDOUT, PREFERENCE, DatasetWriter, TextPrep, distill_row, holdout_row, \
     path_sha256, preference_rows
 from mining.pii import Scrubber
-from mining.scan import list_log_files
-from mining.scanpass import ScanResult, scan_pass
+from mining.log_reader import list_log_files
+from mining.first_pass import ScanResult, scan_pass
 from mining.select import Selection, select
 
 MANIFEST_SCHEMA = "draftwheel.mining.manifest/v1"

@@ -9,7 +9,7 @@ Built-in workloads, each item `{"prompt": str, "slice": str}`:
 - `mixed`: the three interleaved.
 Same seed and same Python version -> same prompts. When a source runs out, prompts repeat (as real
 traffic does). A workload file is JSONL with `prompt` and `slice` per line (`read_workload` /
-`write_workload`), so users bring their own. Running the prompts is `mining.traffic`'s job.
+`write_workload`), so users bring their own. Running the prompts is `mining.replay_workload`'s job.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Steps, each skipped when its result already exists (so re-running is cheap and safe):
 1. the reference target (`serving.reference.ensure_reference_target`, offline, sha256-checked);
-2. general traffic: the target's own greedy completions of `chat` workload prompts (`training.traffic`),
+2. general traffic: the target's own greedy completions of `chat` workload prompts (`training.target_completions`),
    saved as distill/ + holdout/ datasets (with its top-k log-probs for an `lm` draft);
 3. the v0 draft, by `draft_kind`:
    - `eagle3` (default): an EAGLE-3 draft (serving.eagle) trained with `training.eagle_train` on those
@@ -99,7 +99,7 @@ def init_draft_from_target(target: Any, layers: list[int]) -> Any:
 
 
 def _traffic(config: BootstrapConfig, target: Any, data_dir: Path, workload: list[dict] | None) -> dict[str, Path]:
-    from training.traffic import save_traffic, target_traffic
+    from training.target_completions import save_traffic, target_traffic
 
     if (data_dir / "distill" / "dataset_info.json").is_file():
         print(f"bootstrap: traffic exists at {data_dir}", flush=True)
@@ -139,7 +139,7 @@ def _build_eagle_draft(config: BootstrapConfig, target: Any, data: dict[str, Pat
     from datasets import concatenate_datasets, load_from_disk
 
     from training.eagle_train import EagleConfig, train_eagle
-    from training.traffic import save_rows
+    from training.target_completions import save_rows
 
     dataset = data["distill"]
     if config.text_sequences:

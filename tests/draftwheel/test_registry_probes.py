@@ -72,7 +72,7 @@ def test_status_shows_an_alias_pointing_at_a_missing_version_and_rollback_moves_
             db.execute(f"DELETE FROM {table} WHERE name = 'draftwheel-draft' AND version = ?", (int(second),))
     assert run("status") == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()]
-    assert ["draftwheel-draft", second, "champion"] + ["-"] * 5 + ["VERSION", "MISSING"] in rows
+    assert ["draftwheel-draft", second, "champion"] + ["-"] * 6 + ["VERSION", "MISSING"] in rows
     before = tracking.aliases()
     assert run("rollback") == 1
     assert f"draftwheel promote {first}" in capsys.readouterr().err

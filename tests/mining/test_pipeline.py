@@ -215,7 +215,7 @@ def test_mining_again_into_the_same_dir_replaces_the_outputs(tmp_path):
 def test_lines_that_changed_after_the_scan_are_skipped_not_mined(tmp_path):
     from mining.curate import iter_records
     from mining.index import IndexFile
-    from mining.scanpass import scan_pass
+    from mining.first_pass import scan_pass
 
     log = write_lines(tmp_path / "logs" / "a.jsonl", [make_record(i) for i in range(5)])
     files = [log]

@@ -9,8 +9,8 @@ import pytest
 
 from draftwheel.cli import main
 from mining.pipeline import mine
-from mining.scan import list_log_files
-from mining.traffic import run_traffic
+from mining.log_reader import list_log_files
+from mining.replay_workload import run_traffic
 from mining.workloads import BUILTIN, build_workload, load_workload, read_workload, write_workload
 from serving.params import SamplingParams
 from serving.records import parse_record

@@ -36,7 +36,7 @@ def toy_data(tmp_path_factory, toy_models) -> dict[str, Path]:
     """distill/ (with stored teacher top-k) + holdout/ from target traffic, and a preference/ set."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from training.traffic import save_rows, save_traffic, target_traffic
+    from training.target_completions import save_rows, save_traffic, target_traffic
 
     root = tmp_path_factory.mktemp("toy_data")
     tokenizer = AutoTokenizer.from_pretrained(toy_models["target"])

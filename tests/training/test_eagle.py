@@ -102,7 +102,7 @@ def test_trained_draft_serves_losslessly(trained, toy_models):
     target = load_model(toy_models["target"])
     engine = Engine(target, load_model(out))
     prompts = ["def add(a, b):", "The quick brown fox", "Hello! How can I help"]
-    # Chat-templated, as the training traffic was (training.traffic applies the template).
+    # Chat-templated, as the training traffic was (training.target_completions applies the template).
     completions = engine.generate(prompts, SamplingParams(max_new_tokens=24, k=3), chat=True)
     reference = Engine(load_model(toy_models["target"])).generate(prompts, SamplingParams(max_new_tokens=24),
                                                                   mode="autoregressive", chat=True)

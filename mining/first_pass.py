@@ -1,6 +1,6 @@
 """The first pass of mining: every log line once -> quarantine, per-slice stats and the request index.
 
-Files are split into contiguous groups scanned by worker processes (`python -m mining.scanpass JOB`:
+Files are split into contiguous groups scanned by worker processes (`python -m mining.first_pass JOB`:
 fresh interpreters, so nothing is inherited by accident and callers need no `__main__` guard); each
 writes its own index and quarantine part, and the parts are merged in file order, so the result is
 identical whatever the number of workers. One group runs in-process. Per line: skip
@@ -30,7 +30,7 @@ from mining.config import MiningConfig
 from mining.dedupe import exact_key
 from mining.index import IndexFile
 from mining.pii import Scrubber
-from mining.scan import Quarantine, file_size, scan_lines
+from mining.log_reader import Quarantine, file_size, scan_lines
 from mining.stats import SliceStats, request_stats, suffix_served_length
 from serving.records import RecordError, read_record
 
@@ -148,14 +148,14 @@ def scan_pass(files: list[Path], scratch: Path, quarantine_path: Path, config: M
 
 
 def _run_workers(jobs: list[tuple], scratch: Path) -> list[ScanResult]:
-    """Run each job in its own `python -m mining.scanpass` process; results come back as pickles."""
+    """Run each job in its own `python -m mining.first_pass` process; results come back as pickles."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                                        os.environ.get("PYTHONPATH", "")]))
     procs = []
     for part, job in enumerate(jobs):
         job_path = scratch / f"job.{part}.pkl"
         job_path.write_bytes(pickle.dumps(job))
-        procs.append(subprocess.Popen([sys.executable, "-m", "mining.scanpass", str(job_path)], env=env,
+        procs.append(subprocess.Popen([sys.executable, "-m", "mining.first_pass", str(job_path)], env=env,
                                       stderr=subprocess.PIPE))
     errors = [(part, proc.communicate()[1]) for part, proc in enumerate(procs)]
     failed = [(part, err) for (part, err), proc in zip(errors, procs) if proc.returncode != 0]
@@ -219,7 +219,7 @@ def _merge(parts: list[ScanResult], scratch: Path, quarantine_path: Path) -> tup
 
 
 if __name__ == "__main__":
-    # Import by name so pickled classes belong to `mining.scanpass`, not to `__main__`.
-    from mining.scanpass import _worker_main as worker_main
+    # Import by name so pickled classes belong to `mining.first_pass`, not to `__main__`.
+    from mining.first_pass import _worker_main as worker_main
 
     worker_main(Path(sys.argv[1]))

@@ -12,7 +12,7 @@ import random
 import pytest
 
 from mining.pipeline import mine
-from mining.scan import list_log_files
+from mining.log_reader import list_log_files
 from serving.records import RecordError, check_record, parse_record, record_from_dict
 from tests.mining.conftest import fast_config, make_record, write_lines
 
