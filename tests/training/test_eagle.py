@@ -108,3 +108,23 @@ def test_trained_draft_serves_losslessly(trained, toy_models):
                                                                   mode="autoregressive", chat=True)
     assert [c.token_ids for c in completions] == [r.token_ids for r in reference]
     assert sum(c.record.accepted_tokens for c in completions) > 0
+
+
+def test_revocab_keeps_shared_rows_and_starts_new_ones_from_the_target_head():
+    from training.eagle_train import coverage, revocab
+
+    tokenizer = build_tokenizer()
+    target = tiny_llama(tokenizer, n_layers=2, seed=0, tie_embeddings=False)
+    vocab = target.config.vocab_size
+    old_counts = torch.zeros(vocab)
+    old_counts[:8] = 1.0  # the old traffic used ids 0..7
+    d2t, t2d = vocab_from_counts(old_counts, 8)
+    draft = Eagle3Draft(Eagle3Config.for_target(target.config, draft_vocab_size=8), d2t=d2t, t2d=t2d)
+    new_counts = torch.zeros(vocab)
+    new_counts[4:12] = 5.0  # traffic moved to ids 4..11: the old vocabulary covers half of it
+    assert coverage(draft.t2d, new_counts) == pytest.approx(0.5)
+    new = revocab(draft, new_counts, 8, target, eos=[])
+    assert new.draft_to_target.tolist() == list(range(4, 12)) and coverage(new.t2d, new_counts) == 1.0
+    assert torch.equal(new.lm_head.weight[0], draft.lm_head.weight[4])  # id 4: row carried over
+    assert torch.equal(new.lm_head.weight[7], target.lm_head.weight[11])  # id 11: the target's row
+    assert torch.equal(new.fc.weight, draft.fc.weight)  # everything but the head carries over
