@@ -1,11 +1,9 @@
-"""`draftwheel demo` end to end on tiny models (slow: ~1 minute): every step runs, the flywheel
+"""`draftwheel demo` end to end on tiny models (~40 s, in the default suite): every step runs, the flywheel
 promotes the better draft, and the after column shows it on held-out prompts."""
 
 from __future__ import annotations
 
 import json
-
-import pytest
 
 from draftwheel import tracking
 from flows.demo import demo
@@ -14,7 +12,6 @@ from serving.models import weights_sha256
 from tests.flows.toy_world import build_models
 
 
-@pytest.mark.slow
 def test_demo_runs_the_whole_story_on_tiny_models(tmp_path, monkeypatch, prefect_server, one_torch_thread):
     monkeypatch.setenv("DRAFTWHEEL_HOME", str(tmp_path / "home"))
     dirs = build_models(tmp_path)
