@@ -1,8 +1,10 @@
-"""The two acceptance figures of speculative decoding, defined once for serving, mining, training and flows.
+"""The acceptance figures of speculative decoding, defined once for serving, mining, training and flows.
 
 `acceptance_rate(accepted, drafted)`: drafted tokens the target accepted, `accepted / drafted`.
 `mean_accepted_length(accepted, steps)`: tokens emitted per target verification step, bonus token
 included (vLLM's definition), `(accepted + steps) / steps`.
+`draft_cost_ratio(draft_s, drafted, verify_s, steps)`: the measured c, seconds per drafted token over
+seconds per verification forward.
 
 Convention (docs/log-schema.md, *Derived figures*): when nothing was drafted (or no step verified)
 the figure is `0.0`, never `None` or NaN, so every figure is a finite float that JSON, Prometheus,
@@ -23,3 +25,8 @@ def acceptance_rate(accepted: int | float, drafted: int | float) -> float:
 def mean_accepted_length(accepted: int | float, steps: int | float) -> float:
     """Tokens emitted per verification step, bonus included: (accepted + steps) / steps; 0.0 without steps."""
     return (accepted + steps) / steps if steps else 0.0
+
+
+def draft_cost_ratio(draft_s: float, drafted: int | float, verify_s: float, steps: int | float) -> float:
+    """c = (draft_s / drafted) / (verify_s / steps); 0.0 when nothing was drafted or timed."""
+    return (draft_s / drafted) / (verify_s / steps) if drafted and verify_s and steps else 0.0

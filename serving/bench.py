@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 import torch
 
-from serving.acceptance import acceptance_rate, mean_accepted_length
+from serving.acceptance import acceptance_rate, draft_cost_ratio, mean_accepted_length
 from serving.engine import Engine
 from serving.params import SamplingParams
 from serving.prepack import is_packed, unpacked_copy
@@ -179,7 +179,7 @@ def run_bench(engine: Engine, prompts: list[Any], max_new_tokens: int, k: int = 
         "greedy_identical": f"{identical}/{len(prompts)}",
         "k": k, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
         "draft_kind": _kind(engine), "prompt_lookup_num_tokens": prompt_lookup_tokens,
-        "draft_cost_c": (draft_s / drafted) / (verify_s / steps) if drafted and verify_s else 0.0,
+        "draft_cost_c": draft_cost_ratio(draft_s, drafted, verify_s, steps),
         "engine_kernels": _kernels(engine.target.model), "hf_kernels": _kernels(methods["hf_plain"][0]),
     }
     if "hf_assisted_same_kernels" in rate:

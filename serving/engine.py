@@ -54,15 +54,8 @@ class RequestStats:
     ttft_s: float
     latency_s: float
     tokens_per_s: float
-    draft_s: float = 0.0   # time spent drafting (draft-model and eagle3 modes)
+    draft_s: float = 0.0   # time spent drafting (draft-model, eagle3 and medusa modes)
     verify_s: float = 0.0  # time spent in verification forwards
-
-    @property
-    def draft_cost_ratio(self) -> float:
-        """c: seconds per drafted token over seconds per verification forward (0 when nothing drafted)."""
-        if not self.drafted_tokens or not self.verify_s:
-            return 0.0
-        return (self.draft_s / self.drafted_tokens) / (self.verify_s / self.verify_steps)
 
 
 @dataclass
@@ -77,7 +70,7 @@ class Completion:
     record: AcceptanceRecord
 
 
-def _eos_ids(loaded: LoadedModel) -> set[int]:
+def eos_token_ids(loaded: LoadedModel) -> set[int]:
     """EOS ids as HF generate uses them: the generation config's, else the tokenizer's."""
     eos = getattr(loaded.model.generation_config, "eos_token_id", None)
     if eos is None:
@@ -103,7 +96,7 @@ class Engine:
         self.medusa_id = medusa_id or (ModelId(name="medusa-heads") if medusa is not None else None)
         self.sink = sink
         self.metrics = metrics
-        self.eos_ids = _eos_ids(target)
+        self.eos_ids = eos_token_ids(target)
         self.suffix_index = suffix_index  # modes suffix/hybrid draft from it; every finished request updates it
         if suffix_index is not None:
             suffix_index.check_target(target.model_id)

@@ -235,11 +235,6 @@ class BestEpochCallback(TrainerCallback):
         self._evaluate(state, model)
 
 
-def _eos_ids(tokenizer: Any, model: Any) -> list[int]:
-    eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
-    return [e for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
-
-
 def prepare_draft(config: EagleConfig, target: Any, counts: torch.Tensor, eos: list[int]) -> tuple[Eagle3Draft, dict]:
     """Warm start from `config.student` when it is an eagle3 draft for this target, else a fresh draft;
     a new vocabulary when the warm start's covers less than `min_vocab_coverage` of the outputs."""
@@ -269,6 +264,7 @@ def prepare_draft(config: EagleConfig, target: Any, counts: torch.Tensor, eos: l
 
 def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
     """Train an EAGLE-3 draft; return the saved candidate dir (speculators format)."""
+    from serving.engine import eos_token_ids
     from serving.models import load_model
 
     tracker = tracker or get_tracker(config.tracking)
@@ -280,7 +276,7 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
     train_seqs = load_sequences(dataset_dir, config.max_length)
     vocab = target.model.config.vocab_size
     counts = output_counts(train_seqs, vocab)
-    draft, info = prepare_draft(config, target, counts, _eos_ids(target.tokenizer, target.model))
+    draft, info = prepare_draft(config, target, counts, sorted(eos_token_ids(target)))
     cache_root = Path(config.feature_cache) if config.feature_cache else home.state_dir() / "cache" / "eagle-features"
     started = time.perf_counter()
     features, hit = cached_features(target.model, train_seqs.ids, draft.c.aux_layer_ids, target.model_id.sha256,

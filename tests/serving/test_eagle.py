@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from serving.eagle import Eagle3Config, Eagle3Draft, Eagle3FormatError, load_eagle3, save_eagle3
+from serving.eagle import Eagle3Config, Eagle3Draft, Eagle3FormatError, load_eagle3, save_eagle3, vocab_from_counts
 from serving.engine import Engine
 from serving.models import IncompatibleModelsError, from_objects, load_model
 from serving.params import SamplingParams
@@ -37,8 +37,6 @@ def fit_draft(target, tokenizer, steps=300, seed=0) -> Eagle3Draft:
         out = target(input_ids=ids, output_hidden_states=True)
     config = Eagle3Config.for_target(target.config, draft_vocab_size=target.config.vocab_size // 2)
     counts = torch.bincount(ids.flatten(), minlength=target.config.vocab_size)
-    from serving.eagle import vocab_from_counts
-
     d2t, t2d = vocab_from_counts(counts, config.draft_vocab_size)
     draft = Eagle3Draft(config, d2t=d2t, t2d=t2d).attach_target(target)
     aux = torch.cat([out.hidden_states[i] for i in config.aux_layer_ids], -1)

@@ -13,13 +13,13 @@ import json
 import pytest
 import torch
 
-from serving.eagle import Eagle3Config, Eagle3Draft, load_eagle3, vocab_from_counts
+from serving.eagle import Eagle3Config, Eagle3Draft, vocab_from_counts
 from serving.engine import Engine
-from serving.models import from_objects, load_model
+from serving.models import load_model
 from serving.params import SamplingParams
 from serving.toy import build_tokenizer, tiny_llama
 from training.eagle_train import EagleConfig, train_eagle
-from training.eagle_ttt import chain_acceptance, implied_mal, ttt_loss, ttt_mask, unroll
+from training.eagle_ttt import chain_acceptance, implied_mal, ttt_loss, ttt_mask
 
 
 def test_ttt_mask_is_causal_then_diagonal():
