@@ -27,6 +27,7 @@ from draftwheel.config import load_config, to_dict
 from draftwheel.registry_names import CHAMPION_URI
 from flows import report
 from flows.flywheel import FlywheelConfig, override
+from serving.precision import CHOICES as PRECISIONS
 
 SLICES = ("chat", "code")
 STEPS = 7
@@ -47,6 +48,9 @@ class DemoConfig:
     max_new_tokens: int = 48
     k: int = 3
     """Draft tokens per verification step."""
+    dtype: str = "auto"
+    """Serving precision (serving.precision): auto = bfloat16 on AMX-BF16 CPUs, else float32. The flywheel's
+    shadow replay uses configs/shadow.yaml's own `dtype` (also auto)."""
     seed: int = 0
     trigger_ratio: float = 0.85
     """The monitor's threshold: this fraction of the acceptance the champion had on chat traffic."""
@@ -79,6 +83,8 @@ class DemoConfig:
             raise ValueError(f"trigger_ratio must be in (0, 1], got {self.trigger_ratio}")
         if not 0.0 <= self.min_acceptance <= 1.0:
             raise ValueError(f"min_acceptance must be in [0, 1], got {self.min_acceptance}")
+        if self.dtype not in PRECISIONS:
+            raise ValueError(f"dtype: {self.dtype!r} is not one of {', '.join(PRECISIONS)}")
 
     def flywheel_overrides(self) -> list[str]:
         """The demo's settings for the flywheel its monitor starts."""
@@ -175,6 +181,7 @@ def _start(config: DemoConfig) -> DemoRun:
     from serving.engine import Engine
     from serving.models import load_model
     from serving.params import SamplingParams
+    from serving.precision import resolve_dtype
 
     root = Path(config.out_dir) if config.out_dir else home.state_dir() / "demo"
     run = DemoRun(config, root / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
@@ -186,7 +193,8 @@ def _start(config: DemoConfig) -> DemoRun:
         print(f"a previous demo promoted a newer champion; starting again from the v0 draft (version {v0})")
         tasks.promote_version(v0, target_sha=target["sha256"])
     target_dir = target["dir"]
-    run.engine = Engine(load_model(target_dir), load_model(CHAMPION_URI))  # run_traffic gives it a sink per phase
+    run.engine = Engine(load_model(target_dir), load_model(CHAMPION_URI),  # run_traffic gives it a sink per phase
+                        dtype=resolve_dtype(config.dtype))
     print(f"target {target_dir}; champion {CHAMPION_URI} = version {run.engine.draft.model_id.version}", flush=True)
     run.rows = workloads(config, bootstrap_prompts())
     run.params = SamplingParams(max_new_tokens=config.max_new_tokens, k=config.k, seed=config.seed)

@@ -30,7 +30,9 @@ import torch
 from serving.acceptance import acceptance_rate, draft_cost_ratio, mean_accepted_length
 from serving.engine import Engine
 from serving.params import SamplingParams
+from serving.precision import dtype_name
 from serving.prepack import is_packed, unpacked_copy
+from serving.row_invariant import use_stock_attention
 
 
 def read_prompts(path: str | Path) -> list[str]:
@@ -112,12 +114,15 @@ def _hf_methods(engine: Engine, assistant: Any, lookup: int) -> dict[str, tuple[
     """HF baselines: name -> (model, assistant, prompt-lookup tokens). HF runs stock (unpacked) copies;
     with an `lm` draft it also runs on the engine's own packed models ("same kernels")."""
     hf_target = unpacked_copy(engine.target.model)
+    use_stock_attention(hf_target)
     methods = {"hf_plain": (hf_target, None, 0), "hf_prompt_lookup": (hf_target, None, lookup)}
     if engine.draft is not None and engine.draft.kind == "lm":
         assistant = engine.draft.model
         methods["hf_assisted_same_kernels"] = (engine.target.model, assistant, 0)
     if assistant is not None:
         methods["hf_assisted"] = (hf_target, unpacked_copy(assistant), 0)
+    if engine.dtype != torch.float32:  # the target alone as most users run it: float32, stock HF
+        methods["hf_plain_float32"] = (copy.deepcopy(hf_target).float(), None, 0)
     return methods
 
 
@@ -181,7 +186,11 @@ def run_bench(engine: Engine, prompts: list[Any], max_new_tokens: int, k: int = 
         "draft_kind": _kind(engine), "prompt_lookup_num_tokens": prompt_lookup_tokens,
         "draft_cost_c": draft_cost_ratio(draft_s, drafted, verify_s, steps),
         "engine_kernels": _kernels(engine.target.model), "hf_kernels": _kernels(methods["hf_plain"][0]),
+        "dtype": dtype_name(engine.dtype),
     }
+    if "hf_plain_float32" in rate:
+        result["hf_plain_float32_tokens_per_s"] = rate["hf_plain_float32"]
+        result["speedup_vs_hf_plain_float32"] = rate["spec"] / rate["hf_plain_float32"]
     if "hf_assisted_same_kernels" in rate:
         result["hf_assisted_same_kernels_tokens_per_s"] = rate["hf_assisted_same_kernels"]
         result["speedup_vs_hf_assisted_same_kernels"] = rate["spec"] / rate["hf_assisted_same_kernels"]

@@ -28,6 +28,7 @@ from serving.kv import CachedLM
 from serving.models import LoadedModel, check_compatible, load_model
 from serving.params import SamplingParams
 from serving.prepack import prepack_linears
+from serving.row_invariant import use_row_invariant_attention
 from serving.records import MODES, AcceptanceRecord, ModelId, Sampling
 from draftwheel.hashing import file_sha256
 from serving.sampling import make_generator
@@ -81,15 +82,23 @@ def eos_token_ids(loaded: LoadedModel) -> set[int]:
 class Engine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, medusa: Any = None,
                  sink: Any = None, metrics: Any = None, medusa_id: ModelId | None = None, prepack: bool = True,
-                 suffix_index: SuffixIndex | None = None, router: Any = None):
+                 suffix_index: SuffixIndex | None = None, router: Any = None, dtype: torch.dtype | None = None):
         """With `prepack` (the default), CPU models get oneDNN-packed linear layers, in place
-        (serving.prepack): the engine owns the models it is given. With `router` (a
-        `serving.routing.RequestRouter`), requests that name no mode get the mode and k it picks."""
-        if draft is not None:
-            check_compatible(target, draft)
+        (serving.prepack): the engine owns the models it is given. With `dtype` the target is cast to it
+        in place (serving.precision); by default it keeps the dtype it was loaded in. Drafts and heads
+        always follow the target's dtype. With `router` (a `serving.routing.RequestRouter`), requests
+        that name no mode get the mode and k it picks."""
+        if dtype is not None:
+            target.model.to(dtype)
+        self.dtype = next(target.model.parameters()).dtype
         self.prepack = prepack
-        for loaded in (target, draft):
-            self._prepack(loaded)
+        self._adopt(target)
+        use_row_invariant_attention(target.model)  # verify rows == decoding steps, bitwise (serving.row_invariant)
+        if draft is not None:
+            self._adopt(draft)
+            check_compatible(target, draft)
+        if medusa is not None:
+            medusa.to(self.dtype)
         self.target = target
         self._draft = draft
         self.medusa = medusa
@@ -106,6 +115,7 @@ class Engine:
     def from_paths(cls, target: str | Path, draft: str | Path | None = None, medusa: str | Path | None = None,
                    device: str = "cpu", dtype: torch.dtype = torch.float32, sink: Any = None,
                    metrics: Any = None, prepack: bool = True) -> "Engine":
+        """Load and serve in `dtype` (`serving.precision.resolve_dtype` turns a setting into one)."""
         target_model = load_model(target, device, dtype)
         draft_model = load_model(draft, device, dtype) if draft is not None else None
         heads = heads_id = None
@@ -116,8 +126,10 @@ class Engine:
             heads_id = ModelId(name=Path(medusa).resolve().name, sha256=file_sha256(Path(medusa) / WEIGHTS_FILE))
         return cls(target_model, draft_model, heads, sink=sink, metrics=metrics, medusa_id=heads_id, prepack=prepack)
 
-    def _prepack(self, loaded: LoadedModel | None) -> None:
-        if self.prepack and loaded is not None:
+    def _adopt(self, loaded: LoadedModel) -> None:
+        """Cast a model to the engine's dtype (before packing: a packed weight is tied to its dtype), pack it."""
+        loaded.model.to(self.dtype)
+        if self.prepack:
             prepack_linears(loaded.model)
 
     @property
@@ -126,8 +138,8 @@ class Engine:
 
     def swap_draft(self, loaded: LoadedModel) -> None:
         """Serve a new draft from the next request on; running requests keep the draft they started with."""
+        self._adopt(loaded)
         check_compatible(self.target, loaded)
-        self._prepack(loaded)
         # A single reference assignment is atomic; every request reads self._draft once at its start.
         self._draft = loaded
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from serving.precision import CHOICES as PRECISIONS
+
 METRIC = "mean_accepted_length"
 POOLED = "other/pooled"
 """Name of the gating group made of the slices with fewer than `min_slice_requests` requests."""
@@ -69,6 +71,8 @@ class ShadowConfig:
     """Request i uses seed + i, identical for champion and challenger."""
     k: int = 4
     """Draft tokens per verification step."""
+    dtype: str = "auto"
+    """Replay precision, as serving's `dtype` (serving.precision): auto = bfloat16 on AMX-BF16 CPUs."""
     suffix_tier: bool = False
     """Replay both drafts as serving does with `suffix_tier` on: mode hybrid, each draft with its own suffix
     index that starts empty and learns from the requests it replays (never from the logs, which hold the
@@ -94,6 +98,8 @@ class ShadowConfig:
             raise ValueError(f"temperature: must be in [0, 100], got {self.temperature!r}")
         if not 1 <= self.k <= 32:
             raise ValueError(f"k: must be in 1..32, got {self.k!r}")
+        if self.dtype not in PRECISIONS:
+            raise ValueError(f"dtype: {self.dtype!r} is not one of {', '.join(PRECISIONS)}")
 
     def tolerance(self, slice_name: str) -> float:
         return float(self.slice_tolerances.get(slice_name, self.slice_tolerance))

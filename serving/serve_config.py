@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from draftwheel.registry_names import CHAMPION_URI
+from serving.precision import CHOICES as PRECISIONS
 from serving.records import MODES
 
 MiB = 1024 * 1024
@@ -52,6 +53,9 @@ class ServeConfig:
     """On SIGINT/SIGTERM, how long in-flight requests may run before they are cut (and counted in the log)."""
     reload_poll_s: float = 30.0
     device: str = "cpu"
+    dtype: str = "auto"
+    """Serving precision: auto (bfloat16 on CPUs with AMX-BF16, where a k+1-token verify costs about one
+    decoding step; else float32), float32 or bfloat16 (serving.precision). Drafts follow the target."""
     mode: str | None = None
     """Mode of requests that name none (a request may send `mode` in its body): draft, medusa,
     autoregressive, suffix or hybrid; None = the router's pick when `router` is on, else the engine's
@@ -87,6 +91,8 @@ class ServeConfig:
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"{name}: invalid value {getattr(self, name)!r}")
+        if self.dtype not in PRECISIONS:
+            raise ValueError(f"dtype: {self.dtype!r} is not one of {', '.join(PRECISIONS)}")
         if self.mode is not None and self.mode not in MODES:
             raise ValueError(f"mode: {self.mode!r} not one of {', '.join(MODES)} (or null)")
         if self.mode in ("suffix", "hybrid") and not self.suffix_tier:

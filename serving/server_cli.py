@@ -127,6 +127,7 @@ def _load_engine(config: Any, sink: Any, metrics: Any) -> Any:
     from draftwheel.home import models_dir
     from serving.engine import Engine
     from serving.models import load_model
+    from serving.precision import resolve_dtype
 
     target = config.target
     if target is None:
@@ -136,7 +137,8 @@ def _load_engine(config: Any, sink: Any, metrics: Any) -> Any:
             target = str(ensure_reference_target(models_dir()))
     label = f"target {target}" + (f" / medusa {config.medusa}" if config.medusa else "")
     with _setting(label):
-        engine = Engine.from_paths(target, None, config.medusa, device=config.device, sink=sink, metrics=metrics)
+        engine = Engine.from_paths(target, None, config.medusa, device=config.device, sink=sink, metrics=metrics,
+                                   dtype=resolve_dtype(config.dtype, config.device))
     if config.draft:
         with _setting(f"draft {config.draft}"):
             engine.swap_draft(load_model(config.draft, config.device))  # what Engine(target, draft) checks

@@ -27,6 +27,7 @@ from serving.engine import Completion, Engine
 from serving.gate import ShadowConfig, gate, plot_slices, slice_table, summarize
 from serving.models import LoadedModel, load_model
 from serving.params import SamplingParams
+from serving.precision import resolve_dtype
 from serving.suffix import SuffixIndex, target_key
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,8 @@ def _engines(models: dict[str, LoadedModel], config: ShadowConfig) -> dict[str, 
     def index() -> SuffixIndex | None:
         return SuffixIndex(target_key(target.model_id)) if config.suffix_tier else None
 
-    return {"target": Engine(target), **{arm: Engine(target, models[arm], suffix_index=index())
+    reference = Engine(target, dtype=resolve_dtype(config.dtype))  # casts the shared target once
+    return {"target": reference, **{arm: Engine(target, models[arm], suffix_index=index())
                                          for arm in ("champion", "challenger")}}
 
 

@@ -18,10 +18,13 @@ KERNEL_KEYS = {"engine_kernels", "hf_kernels", "hf_assisted_same_kernels_tokens_
                "speedup_vs_hf_assisted_same_kernels"}
 # HF prompt lookup as one more baseline, and the measured draft cost c of the mode under test.
 EXTRA_KEYS = {"hf_prompt_lookup_tokens_per_s", "speedup_vs_hf_prompt_lookup", "prompt_lookup_num_tokens",
-              "draft_kind", "draft_cost_c"}
+              "draft_kind", "draft_cost_c", "dtype"}
+# A bfloat16 engine is also compared with the target alone in float32 (stock HF, as most users run it).
+FLOAT32_KEYS = {"hf_plain_float32_tokens_per_s", "speedup_vs_hf_plain_float32"}
 
 
-def test_bench_writes_the_design_keys_and_compares_with_stock_hf(dirs, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_bench_writes_the_design_keys_and_compares_with_stock_hf(dirs, tmp_path, capsys, monkeypatch, dtype):
     monkeypatch.setenv("DRAFTWHEEL_HOME", str(tmp_path / "home"))
     monkeypatch.setattr("serving.prepack.MIN_PACKED_WEIGHT", 0)  # tiny models: pack every layer
     target, draft = dirs
@@ -29,9 +32,10 @@ def test_bench_writes_the_design_keys_and_compares_with_stock_hf(dirs, tmp_path,
     prompts.write_text('{"prompt": "The quick brown"}\n"Hello! How can"\n')
     out = tmp_path / "r" / "bench.json"
     assert main(["bench", "--target", str(target), "--draft", str(draft), "--prompts", str(prompts),
-                 "--max-new-tokens", "12", "--k", "3", "--out", str(out)]) == 0
+                 "--max-new-tokens", "12", "--k", "3", "--out", str(out), "--dtype", dtype]) == 0
     result = json.loads(out.read_text())
-    assert set(result) == BENCH_KEYS | KERNEL_KEYS | EXTRA_KEYS
+    assert set(result) == BENCH_KEYS | KERNEL_KEYS | EXTRA_KEYS | (FLOAT32_KEYS if dtype == "bfloat16" else set())
+    assert result["dtype"] == dtype
     assert result["draft_kind"] == "lm" and result["draft_cost_c"] > 0
     assert (result["engine_kernels"], result["hf_kernels"]) == ("oneDNN prepacked", "stock")
     assert result["greedy_identical"] == "2/2"

@@ -1,0 +1,70 @@
+"""Attention whose result for a token does not depend on how many tokens are computed together.
+
+Why: greedy speculative decoding is lossless only if the target's verification forward over k+1 tokens
+picks, at every position, the token a 1-token decoding step would pick. The linear layers already
+give bitwise the same row whether they see 1 row or k+1 (measured for the oneDNN and MKL kernels, in
+float32 and bfloat16). PyTorch's CPU attention does not: with several query rows it takes a different
+kernel (blocked over queries, with a causal mask) than with one, and in bfloat16 the difference in
+rounding flips near-tied tokens (12 of 16 held-out chat prompts diverged from plain decoding on the
+reference target). Serving stacks call this batch invariance (vLLM's batch-invariant mode,
+Thinking Machines' "Defeating Nondeterminism in LLM Inference").
+
+`row_invariant_attention` computes a short multi-row call (a verify: 2..MAX_ROWS queries, batch 1,
+no padding) as one `sdpa` call per query row over exactly the keys that row may see, which is the very
+call a 1-token decoding step makes at that position, so the result is bitwise the same by
+construction. One-row calls (decoding) and long calls (prefill, shared by every mode) go to `sdpa`
+unchanged. The price is a few small calls per layer per verify (~5% of a verify forward here).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
+
+log = logging.getLogger(__name__)
+
+NAME = "draftwheel_row_invariant"
+MAX_ROWS = 16  # verify forwards are k+1 tokens; anything longer is a prefill
+
+
+def row_invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: torch.Tensor | None, **kwargs) -> tuple[torch.Tensor, None]:
+    """query[B, H, Q, D], key/value[B, KVH, past+Q, D] (the cache plus these Q positions) ->
+    (out[B, Q, H, D], None), as `sdpa_attention_forward` returns."""
+    batch, _, rows, _ = query.shape
+    if rows == 1 or rows > MAX_ROWS or batch != 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    # Batch 1 has no padding, so row i sees exactly the first past+i+1 keys: no mask needed.
+    past = key.shape[2] - rows
+    outs = [sdpa_attention_forward(module, query[:, :, i:i + 1], key[:, :, :past + i + 1],
+                                   value[:, :, :past + i + 1], None, **kwargs)[0] for i in range(rows)]
+    return torch.cat(outs, dim=1), None
+
+
+AttentionInterface.register(NAME, row_invariant_attention)
+AttentionMaskInterface.register(NAME, sdpa_mask)  # the masks sdpa gets (None where it can skip one)
+
+
+def use_row_invariant_attention(model: nn.Module) -> bool:
+    """Switch a transformers model that uses sdpa to row-invariant attention, in place; return whether it
+    did (models on another attention implementation, or with their own attention code, are left as is)."""
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) not in ("sdpa", NAME):
+        return False
+    try:
+        model.set_attn_implementation(NAME)
+    except (ValueError, AttributeError) as exc:  # a model whose attention does not use the interface
+        log.warning("row-invariant attention not available for %s: %s", type(model).__name__, exc)
+        return False
+    return model.config._attn_implementation == NAME
+
+
+def use_stock_attention(model: nn.Module) -> None:
+    """The inverse, for running HF `generate` as users run it."""
+    if getattr(getattr(model, "config", None), "_attn_implementation", None) == NAME:
+        model.set_attn_implementation("sdpa")

@@ -1,0 +1,120 @@
+"""Serving precision (serving.precision) and row-invariant attention (serving.row_invariant).
+
+bfloat16 is where a k+1-token verify costs about one decoding step on AMX CPUs, and where rounding
+differences between a multi-row and a one-row forward flip greedy choices. The tests pin down that a
+verify row is bitwise the 1-token step at that position, so greedy speculative output in bfloat16 is
+token-identical to plain decoding of the same bfloat16 target, for both draft kinds.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+from serving.engine import Engine
+from serving.models import from_objects
+from serving.params import SamplingParams
+from serving.precision import resolve_dtype
+from serving.prepack import is_packed, prepack_linears
+from serving.row_invariant import NAME, use_row_invariant_attention, use_stock_attention
+from serving.toy import build_tokenizer, tiny_llama
+from tests.serving.test_eagle import fit_draft
+from tests.serving.test_engine import PROMPTS
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+def gqa_llama(tokenizer, seed=0) -> LlamaForCausalLM:
+    """Grouped-query attention (4 query heads, 2 KV heads), as SmolLM2 has: sdpa's one-row path packs
+    the query groups, which is the path a verify row must reproduce."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    return LlamaForCausalLM(config).eval()
+
+
+def rows_two_ways(model, ids, start, rows):
+    """Logits of positions start..start+rows-1: one multi-row forward vs one forward per row."""
+    with torch.inference_mode():
+        cache = DynamicCache()
+        model(ids[:, :start], past_key_values=cache, use_cache=True)
+        together = model(ids[:, start:start + rows], past_key_values=cache, use_cache=True).logits[0]
+        cache.crop(-rows)
+        apart = torch.stack([model(ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits[0, 0]
+                             for i in range(start, start + rows)])
+    return together, apart
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_verify_rows_are_bitwise_the_one_token_steps(tokenizer, dtype, monkeypatch):
+    monkeypatch.setattr("serving.prepack.MIN_PACKED_WEIGHT", 0)
+    model = gqa_llama(tokenizer).to(dtype)
+    prepack_linears(model)
+    assert use_row_invariant_attention(model) and model.config._attn_implementation == NAME
+    ids = torch.randint(0, len(tokenizer), (1, 120), generator=torch.Generator().manual_seed(1))
+    for start, rows in [(7, 2), (40, 4), (90, 5), (100, 16)]:
+        together, apart = rows_two_ways(model, ids, start, rows)
+        if dtype == torch.bfloat16:
+            assert torch.equal(together, apart), (start, rows)
+        else:  # float32 linear kernels round differently by row count; only the attention is made invariant
+            torch.testing.assert_close(together, apart, rtol=1e-5, atol=1e-5)
+    use_stock_attention(model)
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_prefill_and_long_calls_match_stock_sdpa(tokenizer):
+    stock = gqa_llama(tokenizer)
+    invariant = gqa_llama(tokenizer)
+    use_row_invariant_attention(invariant)
+    ids = torch.randint(0, len(tokenizer), (1, 50), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        assert torch.equal(stock(ids).logits, invariant(ids).logits)  # 50 rows: a prefill, stock path
+
+
+def test_models_without_sdpa_are_left_alone(tokenizer):
+    model = gqa_llama(tokenizer)
+    model.set_attn_implementation("eager")
+    assert not use_row_invariant_attention(model)
+    assert model.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("kind", ["lm", "eagle3"])
+def test_bfloat16_engine_greedy_equals_plain_decoding(tokenizer, kind, monkeypatch):
+    monkeypatch.setattr("serving.prepack.MIN_PACKED_WEIGHT", 0)
+    target = tiny_llama(tokenizer, n_layers=2, seed=0, tie_embeddings=False)
+    if kind == "eagle3":
+        draft = fit_draft(target, tokenizer, steps=100)
+    else:
+        draft = tiny_llama(tokenizer, n_layers=1, seed=1, tie_embeddings=False)
+    engine = Engine(from_objects(target, tokenizer, "target"), from_objects(draft, tokenizer, "draft"),
+                    dtype=torch.bfloat16)
+    assert engine.dtype == torch.bfloat16 and is_packed(engine.target.model)
+    assert next(engine.draft.model.parameters()).dtype == torch.bfloat16  # the draft follows the target
+    params = SamplingParams(max_new_tokens=40, k=4)
+    accepted = 0
+    for prompt in PROMPTS:
+        plain = engine.generate([prompt], params, mode="autoregressive")[0]
+        spec = engine.generate([prompt], params, mode="draft")[0]
+        assert spec.token_ids == plain.token_ids, prompt
+        accepted += spec.record.accepted_tokens
+    assert accepted > 0  # the multi-row verify path really ran with accepted tokens
+
+
+def test_swapped_in_draft_takes_the_engine_dtype(tokenizer):
+    target = tiny_llama(tokenizer, n_layers=2, seed=0)
+    engine = Engine(from_objects(target, tokenizer, "target"), dtype=torch.bfloat16)
+    engine.swap_draft(from_objects(tiny_llama(tokenizer, n_layers=1, seed=1), tokenizer, "draft"))
+    assert next(engine.draft.model.parameters()).dtype == torch.bfloat16
+
+
+def test_resolve_dtype_names_the_field():
+    assert resolve_dtype("float32") == torch.float32
+    assert resolve_dtype("bfloat16") == torch.bfloat16
+    assert resolve_dtype("auto") in (torch.float32, torch.bfloat16)
+    assert resolve_dtype("auto", device="cuda") == torch.float32
+    with pytest.raises(ValueError, match="dtype: 'fp8' is not one of auto, float32, bfloat16"):
+        resolve_dtype("fp8")
