@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from serving.precision import CHOICES as PRECISIONS
+
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "mining.yaml"
 
 
@@ -32,6 +34,8 @@ def register(subparsers: Any) -> None:
     traffic.add_argument("--max-new-tokens", type=int, default=64)
     traffic.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     traffic.add_argument("--k", type=int, default=4, help="draft tokens per verification step")
+    traffic.add_argument("--dtype", choices=PRECISIONS, default="auto",
+                         help="serving precision, as `serve` (default auto: bfloat16 on AMX-BF16 CPUs)")
     traffic.add_argument("--no-progress", action="store_true", help="no progress bar")
     traffic.set_defaults(func=_traffic_command)
 
@@ -57,13 +61,14 @@ def _traffic_command(args: argparse.Namespace) -> int:
     from mining.workloads import load_workload
     from serving.engine import Engine
     from serving.params import SamplingParams
+    from serving.precision import resolve_dtype
     from serving.reference import DEFAULT_DRAFT_URI, default_target_dir
 
     try:
         workload = load_workload(args.workload, args.n, args.seed)
         params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, k=args.k)
         draft = None if args.draft == "none" else (args.draft or DEFAULT_DRAFT_URI)
-        engine = Engine.from_paths(args.target or str(default_target_dir()), draft)
+        engine = Engine.from_paths(args.target or str(default_target_dir()), draft, dtype=resolve_dtype(args.dtype))
     except (ValueError, FileNotFoundError, OSError, RuntimeError) as exc:
         print(f"draftwheel traffic: {exc}", file=sys.stderr)
         return 1
