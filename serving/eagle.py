@@ -19,6 +19,7 @@ its format; it does not decode (serving.eagle_decoding) or train (training.eagle
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -83,12 +84,22 @@ class Eagle3Config:
                    verifier_architectures=list(getattr(target_config, "architectures", None) or []), **extra)
 
 
+@functools.lru_cache(maxsize=16)
+def _rotary_table(d: int, theta: float, length: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [length, d] for positions 0..length-1, computed once: a draft step is a handful of tiny
+    ops, and recomputing the table cost about a fifth of each one."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=device) / d))  # [d/2]
+    angles = torch.arange(length, dtype=torch.float32, device=device)[:, None] * inv_freq[None, :]  # [L, d/2]
+    angles = torch.cat([angles, angles], -1)  # [L, d]
+    return angles.cos(), angles.sin()
+
+
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary position embedding (Llama's rotate-half form): x[..., T, d], positions[T] -> same shape."""
     d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))  # [d/2]
-    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # [T, d/2]
-    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()  # [T, d]
+    length = 1 << int(positions.max()).bit_length()  # a power of two above every position: few distinct tables
+    cos, sin = _rotary_table(d, float(theta), length, str(x.device))
+    cos, sin = cos[positions], sin[positions]  # [T, d]
     half = d // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
     return (x * cos + rotated * sin).to(x.dtype)
