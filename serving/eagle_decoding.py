@@ -30,28 +30,41 @@ from serving.verify import verify_greedy, verify_sampled
 SOURCE = "eagle3"
 
 
-def _run_ahead(draft: Eagle3Draft, hidden: torch.Tensor, k: int, kv: DraftKV, req: Request):
-    """Draft k tokens from the last slot's hidden[H]; return target ids[k] and, when sampling, q[k, V]."""
+def _run_ahead(draft: Eagle3Draft, hidden: torch.Tensor, k: int, kv: DraftKV, req: Request,
+               min_path_prob: float = 0.0):
+    """Draft up to k tokens from the last slot's hidden[H]; return target ids[n] and, when sampling, q[n, V].
+
+    Drafting stops early once the draft's own probability of the whole chain so far falls below
+    `min_path_prob` (EAGLE-2's observation: draft confidence predicts acceptance): a further token would
+    most likely be rejected, yet costs a draft step and a verify row. The cut reads only the draft's side,
+    so verification stays exact (any chain length is verified losslessly)."""
     to_target = draft.draft_to_target  # [Vd]
     tokens, probs = [], []
+    path_prob = 1.0
     for i in range(k):
         with torch.inference_mode():
             logits = draft.logits(hidden).float()  # [Vd]
         if req.params.greedy:
-            token = to_target[logits.argmax()].view(1)  # [1]
+            index = logits.argmax()
+            if min_path_prob:
+                path_prob *= float(torch.softmax(logits, -1)[index])
         else:
             q_draft = warp(logits, req.params)  # [Vd]
-            token = to_target[sample(q_draft, req.generator)].view(1)
+            index = sample(q_draft, req.generator)
+            path_prob *= float(q_draft[index])
             q = torch.zeros(draft.c.vocab_size)  # [V]: zero outside the draft vocabulary
             q[to_target] = q_draft
             probs.append(q)
+        token = to_target[index].view(1)  # [1]
         tokens.append(token)
-        if i < k - 1:  # the k-th token is verified, never fed
-            hidden = draft.extend(token, hidden.view(1, -1), kv)[-1]  # [H]
+        if i == k - 1 or path_prob < min_path_prob:  # the last token is verified, never fed
+            break
+        hidden = draft.extend(token, hidden.view(1, -1), kv)[-1]  # [H]
     return torch.cat(tokens), (torch.stack(probs) if probs else None)
 
 
-def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: AdaptiveK | None) -> Iterator[None]:
+def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: AdaptiveK | None,
+           min_path_prob: float = 0.0) -> Iterator[None]:
     params = req.params
     aux_ids = draft.c.aux_layer_ids
     kv = DraftKV()
@@ -73,7 +86,8 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
         start = time.perf_counter()
         committed = kv.length + slot_tokens.shape[0]
         hidden = draft.extend(slot_tokens, draft.project(features), kv)[-1]  # [H]
-        drafted, q = _run_ahead(draft, hidden, k, kv, req)  # [k], [k, V] | None
+        drafted, q = _run_ahead(draft, hidden, k, kv, req, min_path_prob)  # [n], [n, V] | None (n <= k)
+        k = drafted.shape[0]
         draft_s = time.perf_counter() - start
         logits, features = target.forward(torch.cat([torch.tensor([last]), drafted]), keep=k + 1, aux=aux_ids)
         if params.greedy:

@@ -82,12 +82,17 @@ def eos_token_ids(loaded: LoadedModel) -> set[int]:
 class Engine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, medusa: Any = None,
                  sink: Any = None, metrics: Any = None, medusa_id: ModelId | None = None, prepack: bool = True,
-                 suffix_index: SuffixIndex | None = None, router: Any = None, dtype: torch.dtype | None = None):
+                 suffix_index: SuffixIndex | None = None, router: Any = None, dtype: torch.dtype | None = None,
+                 min_path_prob: float = 0.0):
         """With `prepack` (the default), CPU models get oneDNN-packed linear layers, in place
         (serving.prepack): the engine owns the models it is given. With `dtype` the target is cast to it
         in place (serving.precision); by default it keeps the dtype it was loaded in. Drafts and heads
         always follow the target's dtype. With `router` (a `serving.routing.RequestRouter`), requests
-        that name no mode get the mode and k it picks."""
+        that name no mode get the mode and k it picks. `min_path_prob` cuts an eagle3 draft chain once the
+        draft's own probability of it falls below this (serving.eagle_decoding; 0 = always k tokens)."""
+        if not 0.0 <= min_path_prob < 1.0:
+            raise ValueError(f"min_path_prob: must be in [0, 1), got {min_path_prob!r}")
+        self.min_path_prob = min_path_prob
         if dtype is not None:
             target.model.to(dtype)
         self.dtype = next(target.model.parameters()).dtype
@@ -186,7 +191,7 @@ class Engine:
         if mode == "draft":
             controller = AdaptiveK(params.k) if params.adaptive_k else None
             if draft.kind == "eagle3":
-                return eagle3(target, draft.model, req, controller)
+                return eagle3(target, draft.model, req, controller, self.min_path_prob)
             return speculative(target, CachedLM(draft.model), req, controller)
         if mode == "medusa":
             return medusa(target, self.medusa, req)

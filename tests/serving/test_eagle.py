@@ -83,6 +83,23 @@ def test_adaptive_k_greedy_identical(engine, pair):
         assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 30)
 
 
+def test_chain_cut_by_draft_confidence_stays_lossless(pair):
+    """min_path_prob cuts a chain early on the draft's own probabilities: greedy output is unchanged, the
+    sampled law too, and chains are really cut (some steps draft fewer than k tokens)."""
+    tokenizer, target, draft = pair
+    cut = Engine(from_objects(target, tokenizer, "target"), from_objects(draft, tokenizer, "eagle"),
+                 min_path_prob=0.1)
+    completions = cut.generate(PROMPTS, SamplingParams(max_new_tokens=40, k=5))
+    for completion in completions:
+        assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 40), completion.prompt
+    lengths = {s.k for c in completions for s in c.record.steps if s.k}
+    assert min(lengths) < 5 and max(lengths) > 1, lengths
+    control = (tokenizer, target, noisy_copy(target, 1.0))
+    check_two_token_law(cut, control, SamplingParams(max_new_tokens=3, temperature=1.0, top_k=3, k=3), n=600)
+    with pytest.raises(ValueError, match="min_path_prob"):
+        Engine(from_objects(target, tokenizer, "target"), min_path_prob=1.0)
+
+
 def test_sampled_tokens_follow_target_distribution(engine, pair):
     """Lossless with q zero outside the draft vocabulary. The control law is a noisy copy of the
     target (the eagle draft has no standalone law to compare)."""
