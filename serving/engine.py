@@ -119,7 +119,7 @@ class Engine:
     @classmethod
     def from_paths(cls, target: str | Path, draft: str | Path | None = None, medusa: str | Path | None = None,
                    device: str = "cpu", dtype: torch.dtype = torch.float32, sink: Any = None,
-                   metrics: Any = None, prepack: bool = True) -> "Engine":
+                   metrics: Any = None, prepack: bool = True, min_path_prob: float = 0.0) -> "Engine":
         """Load and serve in `dtype` (`serving.precision.resolve_dtype` turns a setting into one)."""
         target_model = load_model(target, device, dtype)
         draft_model = load_model(draft, device, dtype) if draft is not None else None
@@ -129,7 +129,8 @@ class Engine:
 
             heads = MedusaHeads.load(medusa, target_model.model).to(device=device, dtype=dtype).eval()
             heads_id = ModelId(name=Path(medusa).resolve().name, sha256=file_sha256(Path(medusa) / WEIGHTS_FILE))
-        return cls(target_model, draft_model, heads, sink=sink, metrics=metrics, medusa_id=heads_id, prepack=prepack)
+        return cls(target_model, draft_model, heads, sink=sink, metrics=metrics, medusa_id=heads_id, prepack=prepack,
+                   min_path_prob=min_path_prob)
 
     def _adopt(self, loaded: LoadedModel) -> None:
         """Cast a model to the engine's dtype (before packing: a packed weight is tied to its dtype), pack it."""
