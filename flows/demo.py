@@ -46,8 +46,10 @@ class DemoConfig:
     eval_requests: int = 8
     """Held-out prompts per slice for the before/after table (never served to the logs)."""
     max_new_tokens: int = 48
-    k: int = 3
-    """Draft tokens per verification step."""
+    k: int = 5
+    """Draft tokens per verification step (at most, with min_path_prob)."""
+    min_path_prob: float = 0.15
+    """eagle3: stop a chain once the draft's own probability of it falls below this (0 = always k)."""
     dtype: str = "auto"
     """Serving precision (serving.precision): auto = bfloat16 on AMX-BF16 CPUs, else float32. The flywheel's
     shadow replay uses configs/shadow.yaml's own `dtype` (also auto)."""
@@ -83,6 +85,8 @@ class DemoConfig:
             raise ValueError(f"trigger_ratio must be in (0, 1], got {self.trigger_ratio}")
         if not 0.0 <= self.min_acceptance <= 1.0:
             raise ValueError(f"min_acceptance must be in [0, 1], got {self.min_acceptance}")
+        if not 0.0 <= self.min_path_prob < 1.0:
+            raise ValueError(f"min_path_prob must be in [0, 1), got {self.min_path_prob}")
         if self.dtype not in PRECISIONS:
             raise ValueError(f"dtype: {self.dtype!r} is not one of {', '.join(PRECISIONS)}")
 
@@ -194,7 +198,7 @@ def _start(config: DemoConfig) -> DemoRun:
         tasks.promote_version(v0, target_sha=target["sha256"])
     target_dir = target["dir"]
     run.engine = Engine(load_model(target_dir), load_model(CHAMPION_URI),  # run_traffic gives it a sink per phase
-                        dtype=resolve_dtype(config.dtype))
+                        dtype=resolve_dtype(config.dtype), min_path_prob=config.min_path_prob)
     print(f"target {target_dir}; champion {CHAMPION_URI} = version {run.engine.draft.model_id.version}", flush=True)
     run.rows = workloads(config, bootstrap_prompts())
     run.params = SamplingParams(max_new_tokens=config.max_new_tokens, k=config.k, seed=config.seed)
@@ -247,8 +251,9 @@ def _before_after(run: DemoRun, before: Any, after: Any) -> dict[str, Any]:
     """Plain decoding, the old champion and the new one on the held-out prompts of each slice."""
     from serving.engine import Engine
 
-    engines = {"plain": run.engine, "before": Engine(run.engine.target, before),
-               "after": Engine(run.engine.target, after)}  # one target in memory, shared
+    cut = run.config.min_path_prob
+    engines = {"plain": run.engine, "before": Engine(run.engine.target, before, min_path_prob=cut),
+               "after": Engine(run.engine.target, after, min_path_prob=cut)}  # one target in memory, shared
     results: dict[str, Any] = {"before": {}, "after": {}}
     for name in SLICES:
         stats = measure(engines, run.rows[f"eval_{name}"], run.params)
