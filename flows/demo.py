@@ -27,7 +27,7 @@ from draftwheel.config import load_config, to_dict
 from draftwheel.registry_names import CHAMPION_URI
 from flows import report
 from flows.flywheel import FlywheelConfig, override
-from serving.precision import CHOICES as PRECISIONS
+from serving.precision import check_dtype_name
 
 SLICES = ("chat", "code")
 STEPS = 7
@@ -87,8 +87,7 @@ class DemoConfig:
             raise ValueError(f"min_acceptance must be in [0, 1], got {self.min_acceptance}")
         if not 0.0 <= self.min_path_prob < 1.0:
             raise ValueError(f"min_path_prob must be in [0, 1), got {self.min_path_prob}")
-        if self.dtype not in PRECISIONS:
-            raise ValueError(f"dtype: {self.dtype!r} is not one of {', '.join(PRECISIONS)}")
+        check_dtype_name(self.dtype)
 
     def flywheel_overrides(self) -> list[str]:
         """The demo's settings for the flywheel its monitor starts."""

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from serving.precision import CHOICES as PRECISIONS
+from serving.precision import check_dtype_name
 
 METRIC = "mean_accepted_length"
 POOLED = "other/pooled"
@@ -98,8 +98,7 @@ class ShadowConfig:
             raise ValueError(f"temperature: must be in [0, 100], got {self.temperature!r}")
         if not 1 <= self.k <= 32:
             raise ValueError(f"k: must be in 1..32, got {self.k!r}")
-        if self.dtype not in PRECISIONS:
-            raise ValueError(f"dtype: {self.dtype!r} is not one of {', '.join(PRECISIONS)}")
+        check_dtype_name(self.dtype)
 
     def tolerance(self, slice_name: str) -> float:
         return float(self.slice_tolerances.get(slice_name, self.slice_tolerance))

@@ -22,6 +22,12 @@ if TYPE_CHECKING:
 CHOICES = ("auto", "float32", "bfloat16")  # torch-free, for config validation and CLI choices
 
 
+def check_dtype_name(name: str) -> None:
+    """Raise ValueError naming the `dtype` field unless `name` is one of CHOICES (torch-free: configs call it)."""
+    if name not in CHOICES:
+        raise ValueError(f"dtype: {name!r} is not one of {', '.join(CHOICES)}")
+
+
 def cpu_has_amx_bf16() -> bool:
     import torch
 
@@ -37,8 +43,7 @@ def resolve_dtype(name: str, device: str = "cpu") -> "torch.dtype":
 
     if name == "auto":
         return torch.bfloat16 if device == "cpu" and cpu_has_amx_bf16() else torch.float32
-    if name not in CHOICES:
-        raise ValueError(f"dtype: {name!r} is not one of {', '.join(CHOICES)}")
+    check_dtype_name(name)
     return getattr(torch, name)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from draftwheel.registry_names import CHAMPION_URI
-from serving.precision import CHOICES as PRECISIONS
+from serving.precision import check_dtype_name
 from serving.records import MODES
 
 MiB = 1024 * 1024
@@ -96,8 +96,7 @@ class ServeConfig:
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"{name}: invalid value {getattr(self, name)!r}")
-        if self.dtype not in PRECISIONS:
-            raise ValueError(f"dtype: {self.dtype!r} is not one of {', '.join(PRECISIONS)}")
+        check_dtype_name(self.dtype)
         if self.mode is not None and self.mode not in MODES:
             raise ValueError(f"mode: {self.mode!r} not one of {', '.join(MODES)} (or null)")
         if self.mode in ("suffix", "hybrid") and not self.suffix_tier:

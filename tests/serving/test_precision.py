@@ -118,3 +118,13 @@ def test_resolve_dtype_names_the_field():
     assert resolve_dtype("auto", device="cuda") == torch.float32
     with pytest.raises(ValueError, match="dtype: 'fp8' is not one of auto, float32, bfloat16"):
         resolve_dtype("fp8")
+
+
+def test_configs_refuse_an_unknown_dtype_naming_the_field():
+    from flows.demo import DemoConfig
+    from serving.gate import ShadowConfig
+    from serving.serve_config import ServeConfig
+
+    for config in (ServeConfig, ShadowConfig, DemoConfig):
+        with pytest.raises(ValueError, match="dtype: 'fp8' is not one of auto, float32, bfloat16"):
+            config(dtype="fp8")
