@@ -41,6 +41,7 @@ from draftwheel.home import apply_offline_defaults, models_dir
 from serving.engine import Engine
 from serving.models import from_objects, load_model
 from serving.params import SamplingParams
+from serving.precision import CHOICES, dtype_name, resolve_dtype
 from serving.prepack import unpacked_copy
 from serving.reference import DEFAULT_DRAFT_URI, ensure_reference_target
 from serving.router import ARMS, Router, features
@@ -235,6 +236,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--chat", type=int, default=len(CHAT_PROMPTS), help="chat prompts measured")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--k", type=int, default=4, help="the neural draft's k")
+    parser.add_argument("--min-path-prob", type=float, default=0.0,
+                        help="eagle3 drafts: cut a chain below this draft path probability (serving)")
+    parser.add_argument("--dtype", choices=CHOICES, default="auto", help="serving precision (serving.precision)")
     parser.add_argument("--temperatures", default="0,0.7")
     parser.add_argument("--lookup-tokens", type=int, default=10, help="HF prompt_lookup_num_tokens")
     parser.add_argument("--index-requests", type=int, default=100_000)
@@ -249,9 +253,10 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     wall = time.time()
     target, draft = load_pair(args)
-    engine = Engine(target, draft)
+    engine = Engine(target, draft, dtype=resolve_dtype(args.dtype), min_path_prob=args.min_path_prob)
     hf_target = unpacked_copy(engine.target.model)  # HF as users run it (stock kernels), like serving.bench
-    result: dict[str, Any] = {"target": target.model_id.name, "draft": draft.model_id.name, "k": args.k,
+    result: dict[str, Any] = {"target": target.model_id.name, "draft": draft.model_id.name, "draft_kind": draft.kind,
+                              "dtype": dtype_name(engine.dtype), "k": args.k, "min_path_prob": args.min_path_prob,
                               "max_new_tokens": args.max_new_tokens, "torch_threads": torch.get_num_threads()}
     with tempfile.TemporaryDirectory() as log_dir:
         logged = log_phase(engine, repetitive_prompts(args.log_requests, seed=1), args.max_new_tokens, Path(log_dir))

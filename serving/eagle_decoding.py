@@ -10,21 +10,27 @@ cache once.
 
 The draft proposes over its own vocabulary; its q is zero outside it, so rejection sampling against
 the target's p (serving.verify) stays exact. Greedy output equals the target's.
+
+Hybrid (mode `hybrid` with an eagle3 draft): each step first asks `propose` (the suffix index,
+serving.suffix_decoding) for a proposal and verifies it instead of drafting when its score beats the
+draft's expected accepted length. Such a step leaves the draft cache alone; the positions it confirms
+join the pending slots, so the draft's next step consumes their target features together.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
-from serving.adaptive import AdaptiveK
+from serving.adaptive import AdaptiveK, expected_tokens
 from serving.decoding import Request, choose
 from serving.eagle import DraftKV, Eagle3Draft
 from serving.kv import CachedLM
 from serving.records import Step
 from serving.sampling import sample, warp
+from serving.suffix import Proposal
 from serving.verify import verify_greedy, verify_sampled
 
 SOURCE = "eagle3"
@@ -64,14 +70,18 @@ def _run_ahead(draft: Eagle3Draft, hidden: torch.Tensor, k: int, kv: DraftKV, re
 
 
 def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: AdaptiveK | None,
-           min_path_prob: float = 0.0) -> Iterator[None]:
+           min_path_prob: float = 0.0,
+           propose: Callable[[list[int], int], Proposal] | None = None) -> Iterator[None]:
+    """Decode one request; with `propose` (context, max_k) -> Proposal, as the hybrid (module docstring)."""
     params = req.params
     aux_ids = draft.c.aux_layer_ids
     kv = DraftKV()
+    estimate = controller or AdaptiveK(params.k)  # the draft's acceptance estimate, for the hybrid choice
     logits, features = target.forward(req.prompt_ids, keep=1, aux=aux_ids)  # [1, V], [P, 3H]
     last = choose(logits[-1], params, req.generator)
     req.emit([last])
     yield
+    context = req.prompt_ids.tolist() + [last]  # what the suffix index matches against
     # Slots waiting to enter the draft cache: feature of position p with the token at p+1.
     slot_tokens = torch.cat([req.prompt_ids[1:], torch.tensor([last])])  # [P]
     while not req.out.finished:
@@ -83,26 +93,37 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
             req.emit([last])
             yield
             continue
+        proposal = propose(context, k) if propose else None
+        from_suffix = bool(proposal and proposal.tokens) and proposal.score > expected_tokens(estimate.a, k) - 1
         start = time.perf_counter()
-        committed = kv.length + slot_tokens.shape[0]
-        hidden = draft.extend(slot_tokens, draft.project(features), kv)[-1]  # [H]
-        drafted, q = _run_ahead(draft, hidden, k, kv, req, min_path_prob)  # [n], [n, V] | None (n <= k)
+        if from_suffix:
+            drafted, q = torch.tensor(proposal.tokens, dtype=torch.long), None  # [n]: a point mass
+        else:
+            committed = kv.length + slot_tokens.shape[0]
+            hidden = draft.extend(slot_tokens, draft.project(features), kv)[-1]  # [H]
+            drafted, q = _run_ahead(draft, hidden, k, kv, req, min_path_prob)  # [n], [n, V] | None (n <= k)
         k = drafted.shape[0]
         draft_s = time.perf_counter() - start
-        logits, features = target.forward(torch.cat([torch.tensor([last]), drafted]), keep=k + 1, aux=aux_ids)
+        logits, new_features = target.forward(torch.cat([torch.tensor([last]), drafted]), keep=k + 1, aux=aux_ids)
         if params.greedy:
             emitted, accepted = verify_greedy(drafted, logits)
         else:
+            if q is None:
+                q = torch.nn.functional.one_hot(drafted, logits.shape[-1]).float()  # [n, V]
             emitted, accepted = verify_sampled(drafted, q, warp(logits, params), req.generator)
         target.rollback(k - accepted)
-        kv.crop(committed)  # drop the slots that ran on the draft's own features
-        features = features[: accepted + 1]  # [a+1, 3H]: positions of `last` and the accepted drafts
-        slot_tokens = emitted  # [a+1]: the tokens that follow those positions
+        # new_features[:a+1]: positions of `last` and the accepted drafts; `emitted` follows them.
+        if from_suffix:  # the draft consumed nothing this step: these slots queue behind the pending ones
+            features = torch.cat([features, new_features[: accepted + 1]])
+            slot_tokens = torch.cat([slot_tokens, emitted])
+        else:
+            kv.crop(committed)  # drop the slots that ran on the draft's own features
+            features, slot_tokens = new_features[: accepted + 1], emitted  # [a+1, 3H], [a+1]
+            estimate.update(k, accepted, draft_s, target.last_forward_s)
         last = int(emitted[-1])
         req.timed_step(draft_s, target.last_forward_s)
-        if controller:
-            controller.update(k, accepted, draft_s, target.last_forward_s)
         req.steps.append(Step(k=k, accepted=accepted, draft_token_ids=drafted.tolist(), target_token_id=last,
-                              source=SOURCE))
+                              source="suffix" if from_suffix else SOURCE))
+        context.extend(emitted.tolist())
         req.emit(emitted.tolist())
         yield

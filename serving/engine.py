@@ -188,7 +188,8 @@ class Engine:
     def _loop(self, mode: str, draft: LoadedModel | None, req: Request, params: SamplingParams):
         target = CachedLM(self.target.model)
         if mode in ("suffix", "hybrid"):
-            return suffix_loop(target, draft if mode == "hybrid" else None, self.suffix_index, req)
+            return suffix_loop(target, draft if mode == "hybrid" else None, self.suffix_index, req,
+                               self.min_path_prob)
         if mode == "draft":
             controller = AdaptiveK(params.k) if params.adaptive_k else None
             if draft.kind == "eagle3":

@@ -76,7 +76,7 @@ class ShadowConfig:
     suffix_tier: bool = False
     """Replay both drafts as serving does with `suffix_tier` on: mode hybrid, each draft with its own suffix
     index that starts empty and learns from the requests it replays (never from the logs, which hold the
-    holdout's own answers). Needs `lm` drafts (hybrid refuses eagle3)."""
+    holdout's own answers). Either draft kind (`lm` or `eagle3`)."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.confidence < 1.0:

@@ -45,9 +45,8 @@ def champion_key(draft: Any) -> str:
 
 def available_arms(draft: Any, index: SuffixIndex | None) -> list[str]:
     """The arms an engine with this draft (a LoadedModel or None) and suffix index can serve."""
-    kind = getattr(draft, "kind", "lm")
     needs = {"draft": draft is not None, "suffix": index is not None,
-             "hybrid": draft is not None and kind == "lm" and index is not None}
+             "hybrid": draft is not None and index is not None}
     return [arm for arm, (mode, _) in ARMS.items() if needs.get(mode, True)]
 
 

@@ -31,21 +31,31 @@ import torch
 
 from serving.adaptive import AdaptiveK, expected_tokens
 from serving.decoding import Request, _draft_tokens
+from serving.eagle_decoding import eagle3
 from serving.kv import CachedLM
 from serving.models import LoadedModel
 from serving.records import Step
 from serving.sampling import warp
-from serving.suffix import RequestIndex, SuffixConfig, SuffixIndex, best_proposal
+from serving.suffix import Proposal, RequestIndex, SuffixConfig, SuffixIndex, best_proposal
 from serving.verify import verify_greedy, verify_sampled
 
 
 def suffix_loop(target: CachedLM, draft: LoadedModel | None, index: SuffixIndex | None,
-                req: Request) -> Iterator[None]:
-    """The loop for mode `suffix` (draft None) or `hybrid` (an `lm` draft); without a shared index
-    only the request's own part proposes."""
-    kind = getattr(draft, "kind", "lm")  # LoadedModel.kind: `lm` or `eagle3`
-    if draft is not None and kind != "lm":
-        raise ValueError(f"mode: 'hybrid' needs an 'lm' draft model, not {kind!r}")
+                req: Request, min_path_prob: float = 0.0) -> Iterator[None]:
+    """The loop for mode `suffix` (draft None) or `hybrid` (an `lm` or `eagle3` draft); without a
+    shared index only the request's own part proposes. An eagle3 hybrid runs in the eagle3 loop, which
+    asks the index first each step (serving.eagle_decoding)."""
+    if draft is not None and draft.kind == "eagle3":
+        local = RequestIndex(req.prompt_ids.tolist(), index.config if index is not None else SuffixConfig())
+        seen = [req.prompt_ids.shape[0]]  # how much of the context `local` holds
+
+        def propose(context: list[int], max_k: int) -> Proposal:
+            local.extend(context[seen[0]:])
+            seen[0] = len(context)
+            return best_proposal(context, max_k, local, index)
+
+        controller = AdaptiveK(req.params.k) if req.params.adaptive_k else None
+        return eagle3(target, draft.model, req, controller, min_path_prob, propose)
     return _decode(target, CachedLM(draft.model) if draft is not None else None, index, req)
 
 

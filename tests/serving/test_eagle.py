@@ -4,7 +4,8 @@ The draft is fitted in the fixture for a few hundred steps on the target's own g
 (training-time test, training.eagle_ttt), so acceptance is partial: both the all-accepted and the
 rollback paths run. Greedy output must equal the target's alone; sampled output must follow the
 target's law (chi-square, shared helper with the draft-model test); the speculators directory must
-round-trip with identical outputs and carry every field the format requires.
+round-trip with identical outputs and carry every field the format requires. Mode `hybrid` with the
+suffix index (proposals from test_suffix_engine's corrupted continuations) must stay lossless too.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from serving.eagle import Eagle3Config, Eagle3Draft, Eagle3FormatError, load_eag
 from serving.engine import Engine
 from serving.models import IncompatibleModelsError, from_objects, load_model
 from serving.params import SamplingParams
+from serving.suffix import SuffixIndex, target_key
 from serving.toy import build_tokenizer, save_model, tiny_llama
 from tests.serving.test_engine import PROMPTS, check_two_token_law, hf_greedy, noisy_copy
+from tests.serving.test_suffix_engine import corrupted, two_token_sequences  # noqa: F401 - a fixture
 from training.eagle_ttt import teacher_log_probs, ttt_loss, unroll
 
 
@@ -107,6 +110,46 @@ def test_sampled_tokens_follow_target_distribution(engine, pair):
     control = (tokenizer, target, noisy_copy(target, 1.0))
     completions = check_two_token_law(engine, control, SamplingParams(max_new_tokens=3, temperature=1.0, top_k=3, k=2))
     assert any(s.accepted > 0 for c in completions for s in c.record.steps), "no draft token ever accepted"
+
+
+def hybrid_engine(pair, sequences, **kwargs):
+    tokenizer, target, draft = pair
+    loaded = from_objects(target, tokenizer, "target")
+    index = SuffixIndex(target_key(loaded.model_id))
+    for tokens in sequences:
+        index.add(tokens)
+    return Engine(loaded, from_objects(draft, tokenizer, "eagle"), suffix_index=index, **kwargs)
+
+
+@pytest.mark.parametrize("min_path_prob", [0.0, 0.1])
+def test_hybrid_with_suffix_index_greedy_identical(pair, min_path_prob):
+    """The suffix index drafts where it knows the continuation, the eagle draft elsewhere; the eagle
+    draft catches up on the features of suffix-drafted positions without re-encoding."""
+    tokenizer, target, _ = pair
+    known = [ids + corrupted(hf_greedy(target, ids, 60)) for ids in (tokenizer(p)["input_ids"] for p in PROMPTS)]
+    engine = hybrid_engine(pair, known, min_path_prob=min_path_prob)
+    completions = engine.generate(PROMPTS + ["Once upon a time"], SamplingParams(max_new_tokens=40, k=3),
+                                  mode="hybrid")
+    for completion in completions:
+        assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 40), completion.prompt
+        assert completion.record.mode == "hybrid" and completion.record.draft_id.name == "eagle"
+    steps = [s for c in completions for s in c.record.steps]
+    assert {s.source for s in steps if s.k} == {"suffix", "eagle3"}
+    suffix_steps = [s for s in steps if s.source == "suffix"]
+    assert any(s.accepted < s.k for s in suffix_steps) and any(s.accepted == s.k for s in suffix_steps)
+    # a suffix step followed by an eagle3 step: the draft consumed the queued slots of both
+    assert any(a.source == "suffix" and b.source == "eagle3" for c in completions
+               for a, b in zip(c.record.steps, c.record.steps[1:]))
+
+
+def test_hybrid_sampled_tokens_follow_target_distribution(pair, two_token_sequences):
+    tokenizer, target, _ = pair
+    engine = hybrid_engine(pair, two_token_sequences)
+    control = (tokenizer, target, noisy_copy(target, 1.0))
+    params = SamplingParams(max_new_tokens=3, temperature=1.0, top_k=3, k=1)
+    completions = check_two_token_law(engine, control, params, mode="hybrid")
+    sources = {s.source for c in completions for s in c.record.steps if s.k}
+    assert sources == {"suffix", "eagle3"}, sources
 
 
 def test_speculators_round_trip_identical_outputs(engine, pair, tmp_path):
