@@ -31,6 +31,7 @@ from mining.pii import Scrubber
 from mining.log_reader import list_log_files
 from mining.first_pass import ScanResult, scan_pass
 from mining.select import Selection, select
+from mining.token_freq import token_table
 
 MANIFEST_SCHEMA = "draftwheel.mining.manifest/v1"
 
@@ -68,8 +69,11 @@ def write_outputs(files: list[Path], selection: Selection, curated: Curated, con
                "preference": DatasetWriter(PREFERENCE, scratch / "preference.arrow"),
                "holdout": DatasetWriter(HOLDOUT, scratch / "holdout.arrow")}
     holdout_rows = selection.holdout[np.isin(selection.holdout["row"], curated.holdout)]
+    counts = {"distill": Counter(), "holdout": Counter()}  # output-token frequencies (mining.token_freq)
     for _, record in iter_records(files, holdout_rows):
-        writers["holdout"].add(holdout_row(record, preps["holdout"]))
+        row = holdout_row(record, preps["holdout"])
+        writers["holdout"].add(row)
+        counts["holdout"].update(row["output_token_ids"] if row else [])
     candidates = np.concatenate([rows for cat in selection.candidates.values() for rows in cat.values()]
                                 + [selection.holdout[:0]])
     train_rows = candidates[np.isin(candidates["row"], list(curated.train))]
@@ -78,13 +82,16 @@ def write_outputs(files: list[Path], selection: Selection, curated: Curated, con
         category = curated.train[row_id]
         weight = ((replay_weights or {}).get(record.slice, config.replay_weight) if category == "replay"
                   else weights[category])
-        writers["distill"].add(distill_row(record, preps["distill"], weight))
+        row = distill_row(record, preps["distill"], weight)
+        writers["distill"].add(row)
+        counts["distill"].update(row["completion_token_ids"] if row else [])
         for pair in preference_rows(record, preps["preference"], config.max_pairs_per_request):
             writers["preference"].add(pair)
     written = {}
     for name, writer in writers.items():
         rows = writer.save(out / name)
-        written[name] = {"rows": rows, "redactions": dict(preps[name].scrubber.counts) if config.scrub_pii else {}}
+        written[name] = {"rows": rows, "redactions": dict(preps[name].scrubber.counts) if config.scrub_pii else {},
+                         "output_tokens": counts.get(name)}
     return written
 
 
@@ -164,6 +171,7 @@ def mine(logs_dir: str | Path, out_dir: str | Path, config: MiningConfig | None 
         "preference_note": None if tokenizer is not None else "no tokenizer configured: preference/ is empty",
         "slices": _slices_section(scan, selection, curated),
         "replay": replay,
+        "output_tokens": token_table(written["distill"]["output_tokens"], written["holdout"]["output_tokens"]),
         "redactions": {**redactions, "total": dict(total)},
         "outputs": outputs,
         "timings": {name: round(value, 3) for name, value in timings.items()},

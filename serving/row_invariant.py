@@ -29,7 +29,7 @@ from transformers.masking_utils import sdpa_mask
 log = logging.getLogger(__name__)
 
 NAME = "draftwheel_row_invariant"
-MAX_ROWS = 16  # verify forwards are k+1 tokens; anything longer is a prefill
+MAX_ROWS = 64  # verify forwards: k+1 <= 33 rows, a suffix proposal 1 + max_spec_tokens (< 64); longer is a prefill
 
 
 def row_invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

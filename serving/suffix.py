@@ -77,6 +77,9 @@ class SuffixConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be an int >= 1, got {value!r}")
+        if self.max_spec_tokens >= 64:  # serving.row_invariant.MAX_ROWS: longer verifies are not bitwise
+            raise ValueError(f"max_spec_tokens: must be < 64 (a verify of 1 + max_spec_tokens rows must stay "
+                             f"row-invariant), got {self.max_spec_tokens!r}")
         if self.min_match not in (1, 2, 3):
             raise ValueError(f"min_match: must be 1, 2 or 3, got {self.min_match!r}")
         if self.max_depth < self.min_match:

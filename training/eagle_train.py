@@ -6,6 +6,13 @@ Loss: forward KL from the target's distribution restricted to the draft vocabula
 unrolled on its own outputs for `ttt_steps` steps, step s weighted `ttt_decay**s` (training.eagle_ttt).
 Vocabulary: the `draft_vocab_size` most frequent output tokens (FR-Spec); a warm-started draft keeps
 its champion's vocabulary while that still covers `min_vocab_coverage` of the data's output tokens.
+Continuation (`continue_to`): logged outputs that a request's max_new_tokens cut short are continued
+with the target's own greedy tokens (batched generation, cached), several times the in-domain data of
+the logged requests at a fraction of serving them.
+Rehearsal (against forgetting): a warm-started draft also trains on a fixed, seeded sample of the data
+its warm start learned from (`rehearsal: auto` follows its training info back to the bootstrap data,
+whose features are already cached), `rehearsal_ratio` sequences per mined one, so a round on one new
+slice does not overwrite what the champion does well elsewhere.
 The per-epoch hold-out evaluation reports the implied mean accepted length at k = `eval_k`, and the
 best epoch's weights are the ones saved. A `transformers.Trainer`, so `accelerate launch -m
 training.eagle_train --config F` works as for the other trainers.
@@ -16,6 +23,8 @@ It does not mine, register or promote.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +60,9 @@ class EagleConfig(common.TrainCommon):
     ttt_decay: float = 0.8       # weight of unroll step s is ttt_decay**s
     prompt_loss: bool = True     # also learn positions inside the prompt (more signal; serving sees prompts too)
     feature_cache: str = ""      # "" = <state>/cache/eagle-features
+    continue_to: int = 0         # lengthen outputs cut at their length limit with the target's greedy continuation to this many tokens (0 = off)
+    rehearsal: str = "auto"      # earlier data mixed in: a dataset dir | auto = the warm start's own (training info) | "" = none
+    rehearsal_ratio: float = 1.0  # rehearsal sequences per mined sequence (a fixed seeded sample)
     identity_init: bool = True   # a fresh draft starts as the target's top aux feature through its norm and head
     bf16: bool = True            # bfloat16 autocast for the target features and training (AMX/AVX512-BF16 CPUs, GPUs)
     learning_rate: float = 2e-3
@@ -66,6 +78,8 @@ class EagleConfig(common.TrainCommon):
                        f"must be in (0, 1], got {self.min_vocab_coverage}")
         common.require(self.ttt_steps >= 1, "ttt_steps", f"must be >= 1, got {self.ttt_steps}")
         common.require(0.0 < self.ttt_decay <= 1.0, "ttt_decay", f"must be in (0, 1], got {self.ttt_decay}")
+        common.require(self.continue_to >= 0, "continue_to", f"must be >= 0, got {self.continue_to}")
+        common.require(self.rehearsal_ratio >= 0.0, "rehearsal_ratio", f"must be >= 0, got {self.rehearsal_ratio}")
         common.require(len(self.aux_layer_ids) in (0, 3), "aux_layer_ids",
                        f"must list 3 layer ids or be empty, got {self.aux_layer_ids}")
 
@@ -139,6 +153,67 @@ def revocab(draft: Eagle3Draft, counts: torch.Tensor, size: int, target: Any, eo
             row = old_rows.get(token)
             new.lm_head.weight[i] = draft.lm_head.weight[row] if row is not None else head[token]
     return new
+
+
+def lengthen(seqs: Sequences, target: Any, eos: set[int], config: EagleConfig, cache_root: Path) -> dict[str, Any]:
+    """Continue (in place) every output that stopped short of `continue_to` tokens without an EOS -- a
+    logged request's max_new_tokens, not the answer, ended it -- with the target's own greedy tokens, up
+    to `continue_to` output tokens and `max_length` in all. SpecForge's regeneration lever at a fraction of
+    its cost: the prompts are the mined ones, the tokens the target's. Cached by (sequences, target,
+    continue_to), like the features."""
+    from training.target_completions import greedy_continuations
+
+    todo = [i for i, (ids, p) in enumerate(zip(seqs.ids, seqs.prompt_lens))
+            if ids[-1] not in eos and len(ids) - p < config.continue_to and len(ids) < config.max_length]
+    if not todo:
+        return {"continued_sequences": 0, "continued_tokens": 0}
+    need = max(config.continue_to - (len(seqs.ids[i]) - seqs.prompt_lens[i]) for i in todo)
+    digest = hashlib.sha256(json.dumps([[seqs.ids[i] for i in todo], target.model_id.sha256, need]).encode())
+    path = cache_root / "continuations" / f"{digest.hexdigest()[:24]}.json"
+    hit = path.is_file()
+    if hit:
+        extra = json.loads(path.read_text())
+    else:
+        extra = greedy_continuations(target.model, target.tokenizer, [seqs.ids[i] for i in todo], need)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(extra))
+    added = 0
+    for i, more in zip(todo, extra):
+        room = min(config.continue_to - (len(seqs.ids[i]) - seqs.prompt_lens[i]), config.max_length - len(seqs.ids[i]))
+        seqs.ids[i] = seqs.ids[i] + more[:room]
+        added += len(more[:room])
+    return {"continued_sequences": len(todo), "continued_tokens": added, "continuations_cache_hit": hit}
+
+
+def rehearsal_source(config: EagleConfig, student_dir: str | None) -> tuple[Path, int] | None:
+    """(dataset dir, max_length) to rehearse: `config.rehearsal`, or with `auto` the data the warm start
+    learned from (its own rehearsal source if it had one, which leads back to the bootstrap data), with
+    the max_length it was loaded with, so its cached features are reused. None when there is none."""
+    if not config.rehearsal or config.rehearsal_ratio == 0:
+        return None
+    if config.rehearsal != "auto":
+        return Path(config.rehearsal), config.max_length
+    info = common.read_training_info(student_dir) if student_dir else {}
+    source = info.get("rehearsal") or info.get("dataset")
+    if not source or not Path(source).is_dir():
+        return None
+    return Path(source), int(info.get("rehearsal_max_length") or info.get("config", {}).get("max_length")
+                             or config.max_length)
+
+
+def rehearsal_sample(config: EagleConfig, source: tuple[Path, int], target: Any, aux_layer_ids: list[int],
+                     cache_root: Path, n_mined: int) -> tuple[torch.utils.data.Dataset, dict[str, Any]]:
+    """A fixed seeded sample of `rehearsal_ratio * n_mined` sequences of the source, with their features."""
+    path, max_length = source
+    seqs = load_sequences(path, max_length)
+    features, hit = cached_features(target.model, seqs.ids, aux_layer_ids, target.model_id.sha256, cache_root,
+                                    bf16=config.bf16)
+    n = min(len(seqs.ids), round(config.rehearsal_ratio * n_mined))
+    picked = torch.randperm(len(seqs.ids), generator=torch.Generator().manual_seed(config.seed))[:n].tolist()
+    tokens = sum(len(seqs.ids[i]) for i in picked)
+    subset = torch.utils.data.Subset(EagleDataset(seqs, features, config.prompt_loss), picked)
+    return subset, {"rehearsal": str(path), "rehearsal_max_length": max_length, "rehearsal_sequences": n,
+                    "rehearsal_tokens": tokens, "rehearsal_cache_hit": hit}
 
 
 class EagleDataset(torch.utils.data.Dataset):
@@ -248,6 +323,8 @@ def prepare_draft(config: EagleConfig, target: Any, counts: torch.Tensor, eos: l
         except (FileNotFoundError, OSError, ValueError) as exc:
             print(f"[eagle] no warm start from {config.student}: {exc}")
     info: dict[str, Any] = {"warm_start": bool(warm)}
+    if warm is not None:
+        info["student_dir"] = str(loaded.path)
     if warm is None:
         draft = fresh_draft(target.model, config, counts, target.model_id.sha256, eos)
         info["vocab"] = "new"
@@ -274,15 +351,27 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
     target = load_model(common.resolve_target(config.target))
     target.model.requires_grad_(False)
     train_seqs = load_sequences(dataset_dir, config.max_length)
+    cache_root = Path(config.feature_cache) if config.feature_cache else home.state_dir() / "cache" / "eagle-features"
+    eos = eos_token_ids(target)
+    lengthened = lengthen(train_seqs, target, eos, config, cache_root) if config.continue_to else {}
     vocab = target.model.config.vocab_size
     counts = output_counts(train_seqs, vocab)
-    draft, info = prepare_draft(config, target, counts, sorted(eos_token_ids(target)))
-    cache_root = Path(config.feature_cache) if config.feature_cache else home.state_dir() / "cache" / "eagle-features"
+    draft, info = prepare_draft(config, target, counts, sorted(eos))
+    info.update(lengthened)
     started = time.perf_counter()
     features, hit = cached_features(target.model, train_seqs.ids, draft.c.aux_layer_ids, target.model_id.sha256,
                                     cache_root, bf16=config.bf16)
     info.update(feature_cache_hit=hit, feature_s=common.seconds_since(started))
-    train_set = EagleDataset(train_seqs, features, config.prompt_loss)
+    train_set: torch.utils.data.Dataset = EagleDataset(train_seqs, features, config.prompt_loss)
+    train_tokens = len(features.argmax)
+    source = rehearsal_source(config, info.get("student_dir"))
+    if source is not None and source[0].resolve() != dataset_dir.resolve():
+        rehearsal, rehearsal_info = rehearsal_sample(config, source, target, draft.c.aux_layer_ids, cache_root,
+                                                     len(train_seqs.ids))
+        train_set, train_tokens = torch.utils.data.ConcatDataset([train_set, rehearsal]), \
+            train_tokens + rehearsal_info["rehearsal_tokens"]
+        info.update(rehearsal_info)
+        print(f"[eagle] rehearsal: {rehearsal_info['rehearsal_sequences']} sequences of {source[0]}", flush=True)
     callbacks: list[TrainerCallback] = []
     holdout = None
     if holdout_dir.is_dir():
@@ -302,7 +391,7 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
         result = trainer.train()
         if holdout and holdout.best_state is not None:
             draft.load_state_dict(holdout.best_state)
-        tokens = len(features.argmax) * trainer.state.epoch
+        tokens = train_tokens * trainer.state.epoch
         metrics = {"train_loss": result.training_loss, "train_runtime_s": result.metrics["train_runtime"],
                    "train_tokens": tokens, "train_tokens_per_s": tokens / max(result.metrics["train_runtime"], 1e-9),
                    "steps": trainer.state.global_step,
@@ -317,7 +406,8 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
             common.write_training_info(out_dir, "eagle", config, metrics,
                                        {"target": str(target.path), "target_sha256": target.model_id.sha256,
                                         "draft_kind": "eagle3", "vocab": info.get("vocab"),
-                                        "dataset": str(dataset_dir), "eval_history": history})
+                                        "dataset": str(dataset_dir), "eval_history": history,
+                                        **{k: info[k] for k in ("rehearsal", "rehearsal_max_length") if k in info}})
             tracker.log_artifact(out_dir / common.INFO_FILE)
     return out_dir
 

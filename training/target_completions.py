@@ -28,7 +28,8 @@ def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> tuple[str, list[in
     return prompt, tokenizer(prompt)["input_ids"]
 
 
-def _generate_batch(model: Any, prompt_ids: list[list[int]], pad_id: int, max_new_tokens: int) -> Any:
+def _generate_batch(model: Any, prompt_ids: list[list[int]], pad_id: int, max_new_tokens: int,
+                    logits: bool = True) -> Any:
     width = max(len(p) for p in prompt_ids)
     # Left padding: every row's next token is then predicted at the same (last) position.
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompt_ids])
@@ -36,7 +37,7 @@ def _generate_batch(model: Any, prompt_ids: list[list[int]], pad_id: int, max_ne
     device = next(model.parameters()).device
     with torch.no_grad():
         return model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
-                              max_new_tokens=max_new_tokens, pad_token_id=pad_id, output_logits=True,
+                              max_new_tokens=max_new_tokens, pad_token_id=pad_id, output_logits=logits,
                               return_dict_in_generate=True), width
 
 
@@ -76,6 +77,29 @@ def target_traffic(model: Any, tokenizer: Any, workload: list[dict[str, str]], m
         bar.update(len(batch))
     bar.close()
     return rows
+
+
+def greedy_continuations(model: Any, tokenizer: Any, sequences: list[list[int]], max_new_tokens: int,
+                         batch_size: int = 16, progress: bool = True) -> list[list[int]]:
+    """The target's greedy continuation of each token sequence (up to and including an EOS), batched
+    by length so little is padded. Used to lengthen logged completions that stopped at the request's
+    max_new_tokens: more in-domain target output per logged prompt, at a batched forward's price."""
+    from tqdm.auto import tqdm
+
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    result: list[list[int]] = [[] for _ in sequences]
+    bar = tqdm(total=len(sequences), desc="target continuations", disable=not progress)
+    for start in range(0, len(order), batch_size):
+        batch = order[start:start + batch_size]
+        out, width = _generate_batch(model, [sequences[i] for i in batch], pad_id, max_new_tokens, logits=False)
+        for row, i in enumerate(batch):
+            result[i] = _completion(out.sequences[row, width:].tolist(), eos_ids)
+        bar.update(len(batch))
+    bar.close()
+    return result
 
 
 def holdout_rows(rows: list[dict]) -> list[dict]:

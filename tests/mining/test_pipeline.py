@@ -60,6 +60,26 @@ def test_manifest_sha256s_match_the_files_on_disk(mined):
     assert (out / "acceptance_by_slice.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_manifest_counts_output_token_frequencies_of_the_datasets(mined):
+    """`output_tokens`: counts of the written distill/holdout outputs, the top tokens, and the coverage of
+    the top N distill tokens (monotone in N, 1.0 once N covers every distinct token)."""
+    from mining.token_freq import coverage, token_table
+
+    out, manifest, _, _ = mined
+    table = manifest["output_tokens"]
+    distill = Counter(t for ids in load_from_disk(str(out / "distill"))["completion_token_ids"] for t in ids)
+    holdout = Counter(t for ids in load_from_disk(str(out / "holdout"))["output_token_ids"] for t in ids)
+    assert table["distill_tokens"] == sum(distill.values()) > 0 and table["distill_distinct"] == len(distill)
+    assert table["holdout_tokens"] == sum(holdout.values()) > 0
+    assert table["top"][0] == list(distill.most_common(1)[0])
+    shares = [table["coverage_of_top_n"][n]["distill"] for n in ("1024", "2048", "4096", "8192")]
+    assert shares == sorted(shares) and 0 < shares[0] <= 1.0
+    small = token_table(Counter({1: 6, 2: 3, 3: 1}), Counter({1: 1, 4: 1}), sizes=(1, 2, 3))
+    assert small["coverage_of_top_n"] == {"1": {"distill": 0.6, "holdout": 0.5}, "2": {"distill": 0.9, "holdout": 0.5},
+                                          "3": {"distill": 1.0, "holdout": 0.5}}
+    assert coverage(set(), Counter()) == 0.0
+
+
 def test_holdout_is_latest_and_shares_no_prompt_or_near_duplicate_with_training(mined, tokenizer_dir):
     out, manifest, records, config = mined
     by_id = {r["request_id"]: r for r in records}

@@ -56,7 +56,7 @@ def test_verify_rows_are_bitwise_the_one_token_steps(tokenizer, dtype, monkeypat
     prepack_linears(model)
     assert use_row_invariant_attention(model) and model.config._attn_implementation == NAME
     ids = torch.randint(0, len(tokenizer), (1, 120), generator=torch.Generator().manual_seed(1))
-    for start, rows in [(7, 2), (40, 4), (90, 5), (100, 16)]:
+    for start, rows in [(7, 2), (40, 4), (90, 5), (100, 17), (60, 33)]:
         together, apart = rows_two_ways(model, ids, start, rows)
         if dtype == torch.bfloat16:
             assert torch.equal(together, apart), (start, rows)
@@ -70,9 +70,15 @@ def test_prefill_and_long_calls_match_stock_sdpa(tokenizer):
     stock = gqa_llama(tokenizer)
     invariant = gqa_llama(tokenizer)
     use_row_invariant_attention(invariant)
-    ids = torch.randint(0, len(tokenizer), (1, 50), generator=torch.Generator().manual_seed(2))
+    ids = torch.randint(0, len(tokenizer), (1, 80), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
-        assert torch.equal(stock(ids).logits, invariant(ids).logits)  # 50 rows: a prefill, stock path
+        assert torch.equal(stock(ids).logits, invariant(ids).logits)  # 80 rows > MAX_ROWS: a prefill, stock path
+    from serving.row_invariant import MAX_ROWS
+    from serving.suffix import SuffixConfig
+
+    SuffixConfig(max_spec_tokens=MAX_ROWS - 1)  # the longest suffix verify still fits
+    with pytest.raises(ValueError, match="max_spec_tokens"):
+        SuffixConfig(max_spec_tokens=MAX_ROWS)
 
 
 def test_models_without_sdpa_are_left_alone(tokenizer):
@@ -102,6 +108,24 @@ def test_bfloat16_engine_greedy_equals_plain_decoding(tokenizer, kind, monkeypat
         assert spec.token_ids == plain.token_ids, prompt
         accepted += spec.record.accepted_tokens
     assert accepted > 0  # the multi-row verify path really ran with accepted tokens
+
+
+def test_bfloat16_suffix_proposals_of_16_tokens_stay_identical(tokenizer, monkeypatch):
+    """Suffix proposals run up to max_spec_tokens (16), so verifies of 17 rows happen (the reference
+    benchmark diverged on 4 of 8 prompts while only 16 rows were row-invariant). On this tiny model the
+    rounding rarely flips a token, so the bitwise row test above (17 and 33 rows) is what catches a too
+    small MAX_ROWS; this one runs the whole path end to end."""
+    from serving.suffix import SuffixIndex, target_key
+
+    monkeypatch.setattr("serving.prepack.MIN_PACKED_WEIGHT", 0)
+    target = tiny_llama(tokenizer, n_layers=2, seed=0, tie_embeddings=False)
+    loaded = from_objects(target, tokenizer, "target")
+    engine = Engine(loaded, dtype=torch.bfloat16, suffix_index=SuffixIndex(target_key(loaded.model_id)))
+    params = SamplingParams(max_new_tokens=60)
+    plain = engine.generate(PROMPTS, params, mode="autoregressive")  # indexed as they finish
+    again = engine.generate(PROMPTS, params, mode="suffix")
+    assert [c.token_ids for c in again] == [c.token_ids for c in plain]
+    assert max(s.k for c in again for s in c.record.steps) == 16
 
 
 def test_swapped_in_draft_takes_the_engine_dtype(tokenizer):

@@ -18,7 +18,7 @@ from serving.engine import Engine
 from serving.models import load_model
 from serving.params import SamplingParams
 from serving.toy import build_tokenizer, tiny_llama
-from training.eagle_train import EagleConfig, train_eagle
+from training.eagle_train import EagleConfig, load_sequences, train_eagle
 from training.eagle_ttt import chain_acceptance, implied_mal, ttt_loss, ttt_mask
 
 
@@ -95,6 +95,58 @@ def test_feature_cache_reused_on_second_run(trained, tmp_path):
     again = train_eagle(EagleConfig(**{**vars(config), "output_dir": str(tmp_path / "again"), "epochs": 1.0}))
     info = json.loads((again / "draftwheel_training.json").read_text())
     assert info["metrics"]["feature_cache_hit"] == 1.0
+
+
+def test_warm_start_rehearses_the_data_it_learned_from(trained, toy_data, tmp_path):
+    """rehearsal: auto follows the warm start's training info back to its data (features from the cache),
+    and a draft trained from that one still rehearses the original data, not the round's mined data."""
+    import shutil
+
+    out, config = trained
+    mined = tmp_path / "mined"
+    shutil.copytree(toy_data["distill"], mined)  # another round's data (a copy: same sequences, new dir)
+    base = {**vars(config), "dataset": str(mined), "epochs": 1.0, "rehearsal_ratio": 0.5}
+    first = train_eagle(EagleConfig(**{**base, "student": str(out), "output_dir": str(tmp_path / "r1")}))
+    info = json.loads((first / "draftwheel_training.json").read_text())
+    n_mined = len(load_sequences(mined, config.max_length).ids)
+    assert info["rehearsal"] == str(toy_data["distill"])
+    assert info["metrics"]["rehearsal_sequences"] == round(0.5 * n_mined) > 0
+    assert info["metrics"]["rehearsal_cache_hit"] == 1.0  # the warm start's own run cached them
+    second = train_eagle(EagleConfig(**{**base, "student": str(first), "output_dir": str(tmp_path / "r2")}))
+    assert json.loads((second / "draftwheel_training.json").read_text())["rehearsal"] == str(toy_data["distill"])
+    off = train_eagle(EagleConfig(**{**base, "student": str(out), "rehearsal": "", "output_dir": str(tmp_path / "r3")}))
+    assert "rehearsal" not in json.loads((off / "draftwheel_training.json").read_text())
+    with pytest.raises(ValueError, match="rehearsal_ratio"):
+        EagleConfig(rehearsal_ratio=-1.0)
+
+
+def test_lengthen_continues_cut_outputs_with_the_targets_greedy_tokens(toy_models, toy_data, tmp_path):
+    """Outputs cut by their request's max_new_tokens (12 in toy_data) grow to `continue_to` output tokens
+    (or an EOS) with exactly the target's greedy continuation; the second call reads the cache."""
+    from serving.engine import eos_token_ids
+    from tests.serving.test_engine import hf_greedy
+    from training.eagle_train import lengthen
+
+    target = load_model(toy_models["target"])
+    eos = eos_token_ids(target)
+    config = EagleConfig(continue_to=20, max_length=64)
+    seqs = load_sequences(toy_data["distill"], config.max_length)
+    before = [list(ids) for ids in seqs.ids]
+    info = lengthen(seqs, target, eos, config, tmp_path)
+    cut = [i for i, ids in enumerate(before) if ids[-1] not in eos]
+    assert info["continued_sequences"] == len(cut) > 0 and info["continuations_cache_hit"] is False
+    for i in cut:
+        p = seqs.prompt_lens[i]
+        grown = seqs.ids[i]
+        assert grown[: len(before[i])] == before[i]
+        assert len(grown) - p == 20 or grown[-1] in eos
+        assert grown[p:] == hf_greedy(target.model, grown[:p], len(grown) - p)  # the target's own tokens
+    assert all(seqs.ids[i] == before[i] for i in range(len(before)) if i not in cut)
+    again = load_sequences(toy_data["distill"], config.max_length)
+    assert lengthen(again, target, eos, config, tmp_path)["continuations_cache_hit"] is True
+    assert again.ids == seqs.ids
+    with pytest.raises(ValueError, match="continue_to"):
+        EagleConfig(continue_to=-1)
 
 
 def test_trained_draft_serves_losslessly(trained, toy_models):
