@@ -66,9 +66,9 @@ class ServeConfig:
     default (draft, else medusa, else autoregressive). suffix and hybrid need `suffix_tier`."""
     suffix_tier: bool = False
     """Keep a suffix index of this target's earlier requests (built from the newest acceptance logs at
-    start-up, updated as requests finish) so modes suffix and hybrid draft from it. Off by default: the
-    tier's benchmark goals on the reference target (issue 12) are not measured yet, and hybrid refuses
-    an eagle3 champion."""
+    start-up, updated as requests finish) so modes suffix and hybrid draft from it (hybrid takes either
+    draft kind). Off by default: the flywheel's gate, monitor and mining figures are measured without it
+    (docs/serving.md)."""
     suffix_max_requests: int = 50_000
     """Suffix index bound: most requests kept (oldest evicted first)."""
     suffix_max_tokens: int = 4_000_000

@@ -22,6 +22,7 @@ It does not mine, register or promote.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -168,13 +169,17 @@ def lengthen(seqs: Sequences, target: Any, eos: set[int], config: EagleConfig, c
     if not todo:
         return {"continued_sequences": 0, "continued_tokens": 0}
     need = max(config.continue_to - (len(seqs.ids[i]) - seqs.prompt_lens[i]) for i in todo)
-    digest = hashlib.sha256(json.dumps([[seqs.ids[i] for i in todo], target.model_id.sha256, need]).encode())
+    key = [[seqs.ids[i] for i in todo], target.model_id.sha256, need, config.bf16]
+    digest = hashlib.sha256(json.dumps(key).encode())
     path = cache_root / "continuations" / f"{digest.hexdigest()[:24]}.json"
     hit = path.is_file()
     if hit:
         extra = json.loads(path.read_text())
     else:
-        extra = greedy_continuations(target.model, target.tokenizer, [seqs.ids[i] for i in todo], need)
+        # bfloat16 generation is ~1.9x faster on AMX CPUs, and it is the precision serving runs (dtype: auto).
+        model = copy.deepcopy(target.model).to(torch.bfloat16) if config.bf16 else target.model
+        extra = greedy_continuations(model, target.tokenizer, [seqs.ids[i] for i in todo], need, batch_size=32)
+        del model
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(extra))
     added = 0

@@ -129,7 +129,7 @@ def test_lengthen_continues_cut_outputs_with_the_targets_greedy_tokens(toy_model
 
     target = load_model(toy_models["target"])
     eos = eos_token_ids(target)
-    config = EagleConfig(continue_to=20, max_length=64)
+    config = EagleConfig(continue_to=20, max_length=64, bf16=False)  # float32: comparable with hf_greedy
     seqs = load_sequences(toy_data["distill"], config.max_length)
     before = [list(ids) for ids in seqs.ids]
     info = lengthen(seqs, target, eos, config, tmp_path)
