@@ -93,7 +93,8 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
             req.emit([last])
             yield
             continue
-        proposal = propose(context, k) if propose else None
+        # The index may propose past k (up to its max_spec_tokens): long verbatim spans are its strength.
+        proposal = propose(context, req.out.remaining - 1) if propose else None
         from_suffix = bool(proposal and proposal.tokens) and proposal.score > expected_tokens(estimate.a, k) - 1
         start = time.perf_counter()
         if from_suffix:

@@ -137,6 +137,8 @@ def test_hybrid_with_suffix_index_greedy_identical(pair, min_path_prob):
     assert {s.source for s in steps if s.k} == {"suffix", "eagle3"}
     suffix_steps = [s for s in steps if s.source == "suffix"]
     assert any(s.accepted < s.k for s in suffix_steps) and any(s.accepted == s.k for s in suffix_steps)
+    assert all(s.k <= 3 for s in steps if s.source == "eagle3")
+    assert max(s.k for s in suffix_steps) > 3  # the index proposes past the draft's k
     # a suffix step followed by an eagle3 step: the draft consumed the queued slots of both
     assert any(a.source == "suffix" and b.source == "eagle3" for c in completions
                for a, b in zip(c.record.steps, c.record.steps[1:]))
