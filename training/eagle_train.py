@@ -142,8 +142,13 @@ def fresh_draft(target: Any, config: EagleConfig, counts: torch.Tensor, target_s
 
 
 def revocab(draft: Eagle3Draft, counts: torch.Tensor, size: int, target: Any, eos: list[int]) -> Eagle3Draft:
-    """The same draft over a new vocabulary: rows of kept tokens carry over, new rows start from the target's head."""
-    d2t, t2d = vocab_from_counts(counts, size, always=eos)
+    """The same draft over a new vocabulary: rows of kept tokens carry over, new rows start from the target's head.
+
+    Every token the new data uses ranks first; the old vocabulary's other tokens fill the rest (a half
+    count each), not arbitrary unseen ids. A round's data is small (the demo's: ~1.5k distinct output
+    tokens for 4096 slots), so a vocabulary from it alone covered 81 % of the same slice's hold-out and
+    dropped the tokens the draft proposed on every other slice."""
+    d2t, t2d = vocab_from_counts(counts.double() + 0.5 * draft.t2d.double(), size, always=eos)
     new = Eagle3Draft(dataclasses.replace(draft.c, draft_vocab_size=d2t.shape[0]), d2t=d2t, t2d=t2d)
     state = {k: v for k, v in draft.state_dict().items() if not k.startswith("lm_head") and k not in ("d2t", "t2d")}
     new.load_state_dict(state, strict=False)

@@ -180,3 +180,9 @@ def test_revocab_keeps_shared_rows_and_starts_new_ones_from_the_target_head():
     assert torch.equal(new.lm_head.weight[0], draft.lm_head.weight[4])  # id 4: row carried over
     assert torch.equal(new.lm_head.weight[7], target.lm_head.weight[11])  # id 11: the target's row
     assert torch.equal(new.fc.weight, draft.fc.weight)  # everything but the head carries over
+    wider = revocab(draft, new_counts, 12, target, eos=[])  # room left: the old ids 0..3 fill it, no unseen id
+    assert wider.draft_to_target.tolist() == list(range(12))
+    sparse = torch.zeros(vocab)
+    sparse[[20, 21]] = 1.0  # a round that saw two new ids: they rank first, the old ones fill the rest
+    chosen = set(revocab(draft, sparse, 8, target, eos=[]).draft_to_target.tolist())
+    assert {20, 21} <= chosen and chosen - {20, 21} <= set(range(8))
