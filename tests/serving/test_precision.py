@@ -126,6 +126,7 @@ def test_bfloat16_suffix_proposals_of_16_tokens_stay_identical(tokenizer, monkey
     again = engine.generate(PROMPTS, params, mode="suffix")
     assert [c.token_ids for c in again] == [c.token_ids for c in plain]
     assert max(s.k for c in again for s in c.record.steps) == 16
+    assert all(c.record.steps[0].k == 0 for c in again)  # the prompt is prefilled alone, as plain decoding does
 
 
 def test_swapped_in_draft_takes_the_engine_dtype(tokenizer):
