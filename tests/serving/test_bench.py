@@ -18,7 +18,8 @@ KERNEL_KEYS = {"engine_kernels", "hf_kernels", "hf_assisted_same_kernels_tokens_
                "speedup_vs_hf_assisted_same_kernels"}
 # HF prompt lookup as one more baseline, and the measured draft cost c of the mode under test.
 EXTRA_KEYS = {"hf_prompt_lookup_tokens_per_s", "speedup_vs_hf_prompt_lookup", "prompt_lookup_num_tokens",
-              "draft_kind", "draft_cost_c", "dtype"}
+              "draft_kind", "draft_cost_c", "dtype",
+              "greedy_identical_vs_plain"}  # greedy_identical compares with HF plain, this with our plain
 # A bfloat16 engine is also compared with the target alone in float32 (stock HF, as most users run it).
 FLOAT32_KEYS = {"hf_plain_float32_tokens_per_s", "speedup_vs_hf_plain_float32"}
 
@@ -38,7 +39,7 @@ def test_bench_writes_the_design_keys_and_compares_with_stock_hf(dirs, tmp_path,
     assert result["dtype"] == dtype
     assert result["draft_kind"] == "lm" and result["draft_cost_c"] > 0
     assert (result["engine_kernels"], result["hf_kernels"]) == ("oneDNN prepacked", "stock")
-    assert result["greedy_identical"] == "2/2"
+    assert result["greedy_identical"] == "2/2" == result["greedy_identical_vs_plain"]
     assert (result["k"], result["prompts"], result["max_new_tokens"]) == (3, 2, 12)
     assert 0.0 <= result["acceptance_rate"] <= 1.0 and 1.0 <= result["mean_accepted_length"] <= 4.0
     assert result["speedup_vs_plain"] == pytest.approx(result["spec_tokens_per_s"] / result["plain_tokens_per_s"])
@@ -99,5 +100,5 @@ def test_bench_medusa_mode_reports_its_cost(dirs, tmp_path, capsys, monkeypatch)
     assert main(["bench", "--target", str(target), "--medusa", str(heads), "--prompts", str(prompts),
                  "--max-new-tokens", "10", "--k", "3"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["draft_kind"] == "medusa" and result["greedy_identical"] == "1/1"
+    assert result["draft_kind"] == "medusa" and result["greedy_identical"] == "1/1" == result["greedy_identical_vs_plain"]
     assert result["hf_assisted_tokens_per_s"] is None and result["draft_cost_c"] > 0
