@@ -16,6 +16,12 @@ def expected_tokens(a: float, k: int) -> float:
     return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
+def index_beats_draft(score: float, a: float, k: int) -> bool:
+    """The hybrid's rule: verify the suffix index's proposal when its score (its estimated accepted
+    length) beats the draft's expected accepted length at k, E(a, k) - 1."""
+    return score > expected_tokens(a, k) - 1
+
+
 def speedup(a: float, k: int, c: float) -> float:
     """Expected tokens per unit of target-forward time, relative to plain decoding."""
     return expected_tokens(a, k) / (1.0 + k * c)

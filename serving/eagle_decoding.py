@@ -24,14 +24,14 @@ from typing import Callable, Iterator
 
 import torch
 
-from serving.adaptive import AdaptiveK, expected_tokens
+from serving.adaptive import AdaptiveK, index_beats_draft
 from serving.decoding import Request, choose
 from serving.eagle import DraftKV, Eagle3Draft
 from serving.kv import CachedLM
 from serving.records import Step
 from serving.sampling import sample, warp
 from serving.suffix import Proposal
-from serving.verify import verify_greedy, verify_sampled
+from serving.verify import point_mass_q, verify_greedy, verify_sampled
 
 SOURCE = "eagle3"
 
@@ -95,7 +95,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
             continue
         # The index may propose past k (up to its max_spec_tokens): long verbatim spans are its strength.
         proposal = propose(context, req.out.remaining - 1) if propose else None
-        from_suffix = bool(proposal and proposal.tokens) and proposal.score > expected_tokens(estimate.a, k) - 1
+        from_suffix = bool(proposal and proposal.tokens) and index_beats_draft(proposal.score, estimate.a, k)
         start = time.perf_counter()
         if from_suffix:
             drafted, q = torch.tensor(proposal.tokens, dtype=torch.long), None  # [n]: a point mass
@@ -110,7 +110,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
             emitted, accepted = verify_greedy(drafted, logits)
         else:
             if q is None:
-                q = torch.nn.functional.one_hot(drafted, logits.shape[-1]).float()  # [n, V]
+                q = point_mass_q(drafted, logits.shape[-1])  # [n, V]
             emitted, accepted = verify_sampled(drafted, q, warp(logits, params), req.generator)
         target.rollback(k - accepted)
         # new_features[:a+1]: positions of `last` and the accepted drafts; `emitted` follows them.

@@ -29,7 +29,7 @@ from typing import Iterator
 
 import torch
 
-from serving.adaptive import AdaptiveK, expected_tokens
+from serving.adaptive import AdaptiveK, index_beats_draft
 from serving.decoding import Request, _draft_tokens
 from serving.eagle_decoding import eagle3
 from serving.kv import CachedLM
@@ -37,7 +37,7 @@ from serving.models import LoadedModel
 from serving.records import Step
 from serving.sampling import warp
 from serving.suffix import Proposal, RequestIndex, SuffixConfig, SuffixIndex, best_proposal
-from serving.verify import verify_greedy, verify_sampled
+from serving.verify import point_mass_q, verify_greedy, verify_sampled
 
 
 def suffix_loop(target: CachedLM, draft: LoadedModel | None, index: SuffixIndex | None,
@@ -76,8 +76,7 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
         room = req.out.remaining - 1 if target.length else 0
         proposal = best_proposal(context, room, local, index)
         k_model = min(model_a.next_k() if params.adaptive_k else params.k, room)
-        use_model = draft is not None and k_model > 0 and \
-            proposal.score <= expected_tokens(model_a.a, k_model) - 1
+        use_model = draft is not None and k_model > 0 and not index_beats_draft(proposal.score, model_a.a, k_model)
         before = len(context)
         draft_s = 0.0
         if use_model:
@@ -93,7 +92,7 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
             emitted, accepted = verify_greedy(drafted, logits)
         else:
             if q is None:  # a point-mass draft
-                q = torch.nn.functional.one_hot(drafted, logits.shape[-1]).float()  # [k, V]
+                q = point_mass_q(drafted, logits.shape[-1])  # [k, V]
             emitted, accepted = verify_sampled(drafted, q, warp(logits, params), req.generator)
         target.rollback(k - accepted)
         if use_model:

@@ -11,6 +11,12 @@ from __future__ import annotations
 import torch
 
 
+def point_mass_q(drafted: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """q[k, V] of a deterministic proposal (a suffix-index draft): one-hot, so `verify_sampled` accepts
+    each token with probability p(x) and otherwise resamples from p without x."""
+    return torch.nn.functional.one_hot(drafted, vocab_size).float()
+
+
 def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Accept the longest draft prefix equal to the target's argmax.
 
