@@ -41,6 +41,13 @@ def _generate_batch(model: Any, prompt_ids: list[list[int]], pad_id: int, max_ne
                               return_dict_in_generate=True), width
 
 
+def _pad_and_eos(model: Any, tokenizer: Any) -> tuple[int, set[int]]:
+    """The pad id for left padding (the EOS when the tokenizer has none) and every id that ends a completion."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos = model.generation_config.eos_token_id
+    return pad_id, set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}
+
+
 def _completion(tokens: list[int], eos_ids: set[int]) -> list[int]:
     """Generated tokens up to and including the first EOS (later ones are padding)."""
     for i, token in enumerate(tokens):
@@ -54,9 +61,7 @@ def target_traffic(model: Any, tokenizer: Any, workload: list[dict[str, str]], m
     """Greedy target completions of `workload` rows ({"prompt", "slice"}) as distill-style rows."""
     from tqdm.auto import tqdm
 
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos = model.generation_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}
+    pad_id, eos_ids = _pad_and_eos(model, tokenizer)
     rows: list[dict] = []
     bar = tqdm(total=len(workload), desc="target traffic", disable=not progress)
     for start in range(0, len(workload), batch_size):
@@ -86,9 +91,7 @@ def greedy_continuations(model: Any, tokenizer: Any, sequences: list[list[int]],
     max_new_tokens: more in-domain target output per logged prompt, at a batched forward's price."""
     from tqdm.auto import tqdm
 
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos = model.generation_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}
+    pad_id, eos_ids = _pad_and_eos(model, tokenizer)
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     result: list[list[int]] = [[] for _ in sequences]
     bar = tqdm(total=len(sequences), desc="target continuations", disable=not progress)
