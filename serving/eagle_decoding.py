@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from serving.adaptive import AdaptiveK, index_beats_draft
+from serving.adaptive import AdaptiveK, ScoreCalibration, index_beats_draft
 from serving.decoding import Request, choose
 from serving.eagle import DraftKV, Eagle3Draft
 from serving.kv import CachedLM
@@ -77,6 +77,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
     aux_ids = draft.c.aux_layer_ids
     kv = DraftKV()
     estimate = controller or AdaptiveK(params.k)  # the draft's acceptance estimate, for the hybrid choice
+    calibration = ScoreCalibration()  # how far the index's scores come true in this request
     logits, features = target.forward(req.prompt_ids, keep=1, aux=aux_ids)  # [1, V], [P, 3H]
     last = choose(logits[-1], params, req.generator)
     req.emit([last])
@@ -95,7 +96,8 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
             continue
         # The index may propose past k (up to its max_spec_tokens): long verbatim spans are its strength.
         proposal = propose(context, req.out.remaining - 1) if propose else None
-        from_suffix = bool(proposal and proposal.tokens) and index_beats_draft(proposal.score, estimate.a, k)
+        from_suffix = bool(proposal and proposal.tokens) and index_beats_draft(calibration.scaled(proposal.score),
+                                                                               estimate.a, k)
         start = time.perf_counter()
         if from_suffix:
             drafted, q = torch.tensor(proposal.tokens, dtype=torch.long), None  # [n]: a point mass
@@ -115,6 +117,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
         target.rollback(k - accepted)
         # new_features[:a+1]: positions of `last` and the accepted drafts; `emitted` follows them.
         if from_suffix:  # the draft consumed nothing this step: these slots queue behind the pending ones
+            calibration.update(proposal.score, accepted)
             features = torch.cat([features, new_features[: accepted + 1]])
             slot_tokens = torch.cat([slot_tokens, emitted])
         else:

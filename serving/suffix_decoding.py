@@ -29,7 +29,7 @@ from typing import Iterator
 
 import torch
 
-from serving.adaptive import AdaptiveK, index_beats_draft
+from serving.adaptive import AdaptiveK, ScoreCalibration, index_beats_draft
 from serving.decoding import Request, _draft_tokens
 from serving.eagle_decoding import eagle3
 from serving.kv import CachedLM
@@ -69,6 +69,7 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
     context = req.prompt_ids.tolist()  # prompt + emitted tokens
     local = RequestIndex(context, index.config if index is not None else SuffixConfig())
     model_a = AdaptiveK(params.k)  # the draft model's acceptance estimate (and its k when adaptive)
+    calibration = ScoreCalibration()  # how far the index's scores come true in this request
     while not req.out.finished:
         # Drafts past max_new_tokens would be thrown away. The first forward is the prompt alone, as in
         # plain decoding: a prefill that also verifies drafts runs other kernel shapes, and in bfloat16
@@ -76,7 +77,8 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
         room = req.out.remaining - 1 if target.length else 0
         proposal = best_proposal(context, room, local, index)
         k_model = min(model_a.next_k() if params.adaptive_k else params.k, room)
-        use_model = draft is not None and k_model > 0 and not index_beats_draft(proposal.score, model_a.a, k_model)
+        use_model = draft is not None and k_model > 0 and not index_beats_draft(calibration.scaled(proposal.score),
+                                                                                model_a.a, k_model)
         before = len(context)
         draft_s = 0.0
         if use_model:
@@ -98,6 +100,8 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
         if use_model:
             draft.rollback(draft.length - (before + min(accepted, k - 1)))
             model_a.update(k, accepted, draft_s, target.last_forward_s)
+        elif proposal.tokens:
+            calibration.update(proposal.score, accepted)
         emitted_list = emitted.tolist()
         context.extend(emitted_list)
         local.extend(emitted_list)

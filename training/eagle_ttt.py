@@ -75,18 +75,25 @@ def ttt_loss(step_logits: list[torch.Tensor], teacher_logp: torch.Tensor, mask: 
     step_logits: per step [B, n, Vd]; teacher_logp[B, T, Vd] with T = n + 1 (position p predicts p+1);
     mask[B, T] bool: positions whose prediction is learned. Slot j at step s is scored against the
     teacher at position j+1+s. Returns (loss, per-step losses).
+
+    KL(p || q) = cross-entropy(p, q) - entropy(p): the cross-entropy is one fused call with
+    probability targets, and the entropy, which no parameter changes, is computed once for all steps.
     """
     n = step_logits[0].shape[1]
-    total = teacher_logp.new_zeros(())
+    vd = teacher_logp.shape[-1]
+    with torch.no_grad():
+        teacher_p = teacher_logp.float().exp()  # [B, T, Vd]
+        entropy = -(teacher_p * teacher_logp.float()).sum(-1)  # [B, T]
+    total = teacher_logp.new_zeros((), dtype=torch.float32)
     per_step = []
     for s, (logits, weight) in enumerate(zip(step_logits, step_weights(len(step_logits), decay))):
         width = n - s
         if width <= 0:
             break
-        target = teacher_logp[:, 1 + s: 1 + s + width]  # [B, width, Vd]
-        m = mask[:, 1 + s: 1 + s + width].float()
-        log_q = F.log_softmax(logits[:, :width].float(), -1)
-        kl = (target.exp() * (target - log_q)).sum(-1)  # [B, width]
+        target = teacher_p[:, 1 + s: 1 + s + width].reshape(-1, vd)  # [B*width, Vd]
+        m = mask[:, 1 + s: 1 + s + width].float().reshape(-1)
+        ce = F.cross_entropy(logits[:, :width].reshape(-1, vd).float(), target, reduction="none")
+        kl = ce - entropy[:, 1 + s: 1 + s + width].reshape(-1)  # [B*width]
         step_loss = (kl * m).sum() / m.sum().clamp_min(1.0)
         total = total + weight * step_loss
         per_step.append(float(step_loss.detach()))

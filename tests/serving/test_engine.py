@@ -317,6 +317,23 @@ def test_adaptive_k_choice_follows_acceptance_and_cost():
     assert controller.c == pytest.approx(0.1, rel=1e-4)
 
 
+def test_score_calibration_stops_trusting_an_index_that_over_promises():
+    from serving.adaptive import ScoreCalibration, index_beats_draft
+
+    chat, templated = ScoreCalibration(), ScoreCalibration()
+    assert chat.scaled(8.0) == 8.0  # the prior trusts the score
+    assert index_beats_draft(chat.scaled(8.0), a=0.6, k=5)
+    for _ in range(10):
+        chat.update(score=8.0, accepted=0)  # a once-seen match: promised 8 tokens, the first one rejected
+        templated.update(score=8.0, accepted=8)
+    assert chat.ratio < 0.1 and templated.ratio == pytest.approx(1.0)
+    assert not index_beats_draft(chat.scaled(8.0), a=0.6, k=5)  # the draft's E(0.6, 5) - 1 = 1.37
+    assert index_beats_draft(templated.scaled(8.0), a=0.6, k=5)
+    for _ in range(30):  # the index starts to deliver again: trust comes back
+        chat.update(score=4.0, accepted=4)
+    assert chat.ratio > 0.9
+
+
 def test_adaptive_k_in_engine_logs_each_step_k(engine, pair):
     _, target, _ = pair
     completion, = engine.generate(["The quick brown"], SamplingParams(max_new_tokens=40, k=6, adaptive_k=True))

@@ -42,6 +42,24 @@ def test_ttt_loss_zero_when_draft_equals_teacher_and_positive_otherwise():
     assert float(ttt_loss(wrong, teacher, mask, decay=0.8)[0]) > 0.01
 
 
+def test_ttt_loss_is_the_masked_weighted_forward_kl():
+    torch.manual_seed(0)
+    teacher = torch.log_softmax(torch.randn(2, 7, 11), -1)  # [B, T, Vd]
+    logits = [torch.randn(2, 6, 11) for _ in range(3)]
+    mask = torch.rand(2, 7) > 0.3
+    loss, per_step = ttt_loss(logits, teacher, mask, decay=0.5)
+    expected = []
+    for s, step in enumerate(logits):  # the definition, written out: sum p (log p - log q) per scored slot
+        width = 6 - s
+        p_log = teacher[:, 1 + s: 1 + s + width]
+        kl = (p_log.exp() * (p_log - torch.log_softmax(step[:, :width], -1))).sum(-1)
+        m = mask[:, 1 + s: 1 + s + width].float()
+        expected.append(float((kl * m).sum() / m.sum()))
+    assert per_step == pytest.approx(expected, rel=1e-5)
+    weights = [1.0, 0.5, 0.25]
+    assert float(loss) == pytest.approx(sum(w * e for w, e in zip(weights, expected)) / sum(weights), rel=1e-5)
+
+
 def test_chain_acceptance_counts_runs_of_matches():
     tokenizer = build_tokenizer()
     target = tiny_llama(tokenizer, n_layers=2, seed=0)
