@@ -93,7 +93,10 @@ class DemoConfig:
         """The demo's settings for the flywheel its monitor starts."""
         return [override("trainer", self.trainer), override("mining_overrides", self.mining_overrides),
                 override("train_overrides", self.train_overrides), override("target", self.target),
-                override("shadow_overrides", self.shadow_overrides), override("tracking", self.tracking)]
+                # The gate replays with the chains the demo serves: its k and confidence cut.
+                override("shadow_overrides", [f"k={self.k}", f"min_path_prob={self.min_path_prob}",
+                                              *self.shadow_overrides]),
+                override("tracking", self.tracking)]
 
     def check_stages(self) -> None:
         """Check that flywheel's stage configs before the demo serves anything."""

@@ -70,7 +70,10 @@ class ShadowConfig:
     seed: int = 0
     """Request i uses seed + i, identical for champion and challenger."""
     k: int = 4
-    """Draft tokens per verification step."""
+    """Draft tokens per verification step (at most, with min_path_prob)."""
+    min_path_prob: float = 0.25
+    """eagle3 drafts: stop a chain once the draft's own probability of it falls below this, as serving's
+    `min_path_prob` (configs/serve.yaml) does: the gate measures the chains serving will draft."""
     dtype: str = "auto"
     """Replay precision, as serving's `dtype` (serving.precision): auto = bfloat16 on AMX-BF16 CPUs."""
     suffix_tier: bool = False
@@ -98,6 +101,8 @@ class ShadowConfig:
             raise ValueError(f"temperature: must be in [0, 100], got {self.temperature!r}")
         if not 1 <= self.k <= 32:
             raise ValueError(f"k: must be in 1..32, got {self.k!r}")
+        if not 0.0 <= self.min_path_prob < 1.0:
+            raise ValueError(f"min_path_prob: must be in [0, 1), got {self.min_path_prob!r}")
         check_dtype_name(self.dtype)
 
     def tolerance(self, slice_name: str) -> float:

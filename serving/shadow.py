@@ -127,7 +127,8 @@ def _engines(models: dict[str, LoadedModel], config: ShadowConfig) -> dict[str, 
         return SuffixIndex(target_key(target.model_id)) if config.suffix_tier else None
 
     reference = Engine(target, dtype=resolve_dtype(config.dtype))  # casts the shared target once
-    return {"target": reference, **{arm: Engine(target, models[arm], suffix_index=index())
+    return {"target": reference, **{arm: Engine(target, models[arm], suffix_index=index(),
+                                                min_path_prob=config.min_path_prob)
                                          for arm in ("champion", "challenger")}}
 
 

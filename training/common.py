@@ -75,6 +75,29 @@ class LoraFields:
         require(bool(self.lora_target_modules), "lora_target_modules", "must not be empty")
 
 
+@dataclass
+class EpochSelectionFields:
+    """Which epoch's weights a trainer saves: the best for the shadow gate (training.evaluate.EpochSelection)."""
+
+    keep_best_epoch: bool = True  # save the epoch best for the shadow gate (hold-out, per slice), not the last
+    early_stop_patience: int = 2  # stop after this many epochs without a better one (0 = run every epoch)
+    forgetting_tolerance: float = 0.05  # an epoch whose slice dropped more than this (vs the start) is not eligible
+    eval_min_slice_examples: int = 10   # smaller hold-out slices are judged pooled (serving.gate.slice_groups)
+
+    def check_selection(self) -> None:
+        require(self.early_stop_patience >= 0, "early_stop_patience", f"must be >= 0, got {self.early_stop_patience}")
+        require(0.0 <= self.forgetting_tolerance < 1.0, "forgetting_tolerance",
+                f"must be a fraction in [0, 1), got {self.forgetting_tolerance}")
+        require(self.eval_min_slice_examples >= 1, "eval_min_slice_examples",
+                f"must be >= 1, got {self.eval_min_slice_examples}")
+
+    def epoch_selection(self) -> Any:
+        from training.evaluate import EpochSelection
+
+        return EpochSelection(tolerance=self.forgetting_tolerance, min_slice_examples=self.eval_min_slice_examples,
+                              patience=self.early_stop_patience, keep_best=self.keep_best_epoch)
+
+
 def resolve_target(spec: str) -> str:
     """The target spec, or the reference target (converted once) when empty."""
     if spec:

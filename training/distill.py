@@ -29,13 +29,13 @@ from draftwheel.tracking import get_tracker
 from training import common, losses
 from training.data import (DistillCollator, build_teacher_cache, cache_key, has_teacher_topk, load_dataset_dir,
                            load_holdout, loss_mask_for, tokenize_distill)
-from training.evaluate import AgreementCallback, EpochSelection, TrackerCallback, target_references
+from training.evaluate import AgreementCallback, TrackerCallback, target_references
 
 DISTILL_COLUMNS = ("prompt_token_ids", "completion_token_ids")
 
 
 @dataclass
-class DistillConfig(common.TrainCommon, common.LoraFields):
+class DistillConfig(common.TrainCommon, common.LoraFields, common.EpochSelectionFields):
     """Distillation settings; see configs/distill.yaml for the defaults with comments."""
 
     student: str = CHAMPION_URI  # starting draft: model dir or models:/ URI
@@ -54,10 +54,6 @@ class DistillConfig(common.TrainCommon, common.LoraFields):
     learning_rate: float = 1e-3
     epochs: float = 3.0
     max_length: int = 256
-    keep_best_epoch: bool = True  # save the epoch best for the shadow gate (hold-out, per slice), not the last
-    early_stop_patience: int = 2  # stop after this many epochs without a better one (0 = run every epoch)
-    forgetting_tolerance: float = 0.05  # an epoch whose slice dropped more than this (vs the start) is not eligible
-    eval_min_slice_examples: int = 10   # smaller hold-out slices are judged pooled (serving.gate.slice_groups)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -69,11 +65,7 @@ class DistillConfig(common.TrainCommon, common.LoraFields):
                         f"must be 'online' or 'cached', got {self.teacher_mode!r}")
         common.require(self.top_k >= 1, "top_k", f"must be >= 1, got {self.top_k}")
         common.require(bool(self.student), "student", "must name a model dir or models:/ URI")
-        common.require(self.early_stop_patience >= 0, "early_stop_patience", f"must be >= 0, got {self.early_stop_patience}")
-        common.require(0.0 <= self.forgetting_tolerance < 1.0, "forgetting_tolerance",
-                       f"must be a fraction in [0, 1), got {self.forgetting_tolerance}")
-        common.require(self.eval_min_slice_examples >= 1, "eval_min_slice_examples",
-                       f"must be >= 1, got {self.eval_min_slice_examples}")
+        self.check_selection()
         common.require(0.0 <= self.on_policy_fraction <= 1.0, "on_policy_fraction",
                        f"must be in [0, 1], got {self.on_policy_fraction}")
         if self.on_policy_fraction > 0:  # student-written text has no stored or cached teacher
@@ -200,9 +192,7 @@ def train_distill(config: DistillConfig, tracker: Any = None) -> Path:
     holdout = load_holdout(holdout_dir, config.eval_max_samples, config.max_length) if holdout_dir else None
     if holdout:
         refs = target_references(target.model, holdout)
-        callbacks.append(AgreementCallback(holdout, tracker, config.eval_k, refs, selection=EpochSelection(
-            tolerance=config.forgetting_tolerance, min_slice_examples=config.eval_min_slice_examples,
-            patience=config.early_stop_patience, keep_best=config.keep_best_epoch)))
+        callbacks.append(AgreementCallback(holdout, tracker, config.eval_k, refs, selection=config.epoch_selection()))
     args = TrainingArguments(**common.training_arguments_kwargs(config, out_dir))
     trainer = DistillTrainer(
         model=model, args=args, train_dataset=train_set, data_collator=DistillCollator(pad_id),

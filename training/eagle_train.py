@@ -13,8 +13,11 @@ Rehearsal (against forgetting): a warm-started draft also trains on a fixed, see
 its warm start learned from (`rehearsal: auto` follows its training info back to the bootstrap data,
 whose features are already cached), `rehearsal_ratio` sequences per mined one, so a round on one new
 slice does not overwrite what the champion does well elsewhere.
-The per-epoch hold-out evaluation reports the implied mean accepted length at k = `eval_k`, and the
-best epoch's weights are the ones saved. A `transformers.Trainer`, so `accelerate launch -m
+Epoch selection (against forgetting too): before training and after each epoch, the implied mean
+accepted length at k = `eval_k` is measured per slice on a probe -- the round's hold-out, the warm
+start's own hold-out and the canary prompts -- and the saved weights are those of the epoch best for
+the shadow gate: no slice down more than `forgetting_tolerance`, then the largest gain (the rule the
+lm trainer uses, training.evaluate.EpochSelection). A `transformers.Trainer`, so `accelerate launch -m
 training.eagle_train --config F` works as for the other trainers.
 
 It does not mine, register or promote.
@@ -42,12 +45,15 @@ from training import common
 from training.data import join_and_truncate, load_dataset_dir
 from training.eagle_features import Features, cached_features
 from training.eagle_ttt import chain_acceptance, implied_mal, teacher_log_probs, ttt_loss, unroll
+from training.evaluate import EpochSelectionCallback, slice_key
+
+METRIC = "implied_mal"  # what the per-epoch evaluation and the epoch selection compare
 
 COLUMNS = ("prompt_token_ids", "completion_token_ids")
 
 
 @dataclass
-class EagleConfig(common.TrainCommon):
+class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     """EAGLE-3 draft training; see configs/eagle.yaml for the defaults with comments."""
 
     student: str = "models:/draftwheel-draft@champion"  # starting draft: an eagle3 dir/URI warm-starts; other kinds start fresh
@@ -64,6 +70,7 @@ class EagleConfig(common.TrainCommon):
     continue_to: int = 0         # lengthen outputs cut at their length limit with the target's greedy continuation to this many tokens (0 = off)
     rehearsal: str = "auto"      # earlier data mixed in: a dataset dir | auto = the warm start's own (training info) | "" = none
     rehearsal_ratio: float = 1.0  # rehearsal sequences per mined sequence (a fixed seeded sample)
+    probe_canary: bool = True    # forgetting probe: also evaluate each epoch on the canary prompts (target's greedy answers)
     identity_init: bool = True   # a fresh draft starts as the target's top aux feature through its norm and head
     bf16: bool = True            # bfloat16 autocast for the target features and training (AMX/AVX512-BF16 CPUs, GPUs)
     learning_rate: float = 2e-3
@@ -81,6 +88,7 @@ class EagleConfig(common.TrainCommon):
         common.require(0.0 < self.ttt_decay <= 1.0, "ttt_decay", f"must be in (0, 1], got {self.ttt_decay}")
         common.require(self.continue_to >= 0, "continue_to", f"must be >= 0, got {self.continue_to}")
         common.require(self.rehearsal_ratio >= 0.0, "rehearsal_ratio", f"must be >= 0, got {self.rehearsal_ratio}")
+        self.check_selection()
         common.require(len(self.aux_layer_ids) in (0, 3), "aux_layer_ids",
                        f"must list 3 layer ids or be empty, got {self.aux_layer_ids}")
 
@@ -90,6 +98,11 @@ class Sequences:
     ids: list[list[int]]
     prompt_lens: list[int]
     slices: list[str]
+
+    def extend(self, other: "Sequences") -> None:
+        self.ids += other.ids
+        self.prompt_lens += other.prompt_lens
+        self.slices += other.slices
 
 
 def load_sequences(path: Path, max_length: int, output_column: str = "completion_token_ids",
@@ -161,6 +174,23 @@ def revocab(draft: Eagle3Draft, counts: torch.Tensor, size: int, target: Any, eo
     return new
 
 
+def generation_model(target: Any, bf16: bool) -> Any:
+    """The target for batched generation: a bfloat16 copy with `bf16` (~1.9x faster on AMX CPUs, and the
+    precision serving runs with dtype: auto), else the model itself."""
+    return copy.deepcopy(target.model).to(torch.bfloat16) if bf16 else target.model
+
+
+def cached_generation(folder: Path, key: Any, generate: Any) -> tuple[Any, bool]:
+    """`generate()`'s JSON result, stored under `folder` by the digest of `key` and reused: (result, hit)."""
+    path = folder / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:24]}.json"
+    if path.is_file():
+        return json.loads(path.read_text()), True
+    result = generate()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result))
+    return result, False
+
+
 def lengthen(seqs: Sequences, target: Any, eos: set[int], config: EagleConfig, cache_root: Path) -> dict[str, Any]:
     """Continue (in place) every output that stopped short of `continue_to` tokens without an EOS -- a
     logged request's max_new_tokens, not the answer, ended it -- with the target's own greedy tokens, up
@@ -175,18 +205,8 @@ def lengthen(seqs: Sequences, target: Any, eos: set[int], config: EagleConfig, c
         return {"continued_sequences": 0, "continued_tokens": 0}
     need = max(config.continue_to - (len(seqs.ids[i]) - seqs.prompt_lens[i]) for i in todo)
     key = [[seqs.ids[i] for i in todo], target.model_id.sha256, need, config.bf16]
-    digest = hashlib.sha256(json.dumps(key).encode())
-    path = cache_root / "continuations" / f"{digest.hexdigest()[:24]}.json"
-    hit = path.is_file()
-    if hit:
-        extra = json.loads(path.read_text())
-    else:
-        # bfloat16 generation is ~1.9x faster on AMX CPUs, and it is the precision serving runs (dtype: auto).
-        model = copy.deepcopy(target.model).to(torch.bfloat16) if config.bf16 else target.model
-        extra = greedy_continuations(model, target.tokenizer, [seqs.ids[i] for i in todo], need, batch_size=32)
-        del model
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(extra))
+    extra, hit = cached_generation(cache_root / "continuations", key, lambda: greedy_continuations(
+        generation_model(target, config.bf16), target.tokenizer, [seqs.ids[i] for i in todo], need, batch_size=32))
     added = 0
     for i, more in zip(todo, extra):
         room = min(config.continue_to - (len(seqs.ids[i]) - seqs.prompt_lens[i]), config.max_length - len(seqs.ids[i]))
@@ -209,6 +229,45 @@ def rehearsal_source(config: EagleConfig, student_dir: str | None) -> tuple[Path
         return None
     return Path(source), int(info.get("rehearsal_max_length") or info.get("config", {}).get("max_length")
                              or config.max_length)
+
+
+def canary_sequences(target: Any, config: EagleConfig, cache_root: Path) -> Sequences:
+    """The shadow gate's canary prompts with the target's greedy answers (generated once, cached): the
+    slices the gate will always weigh, whatever the round mined."""
+    from serving.shadow import DEFAULT_CANARY, load_canary
+    from training.target_completions import target_traffic
+
+    canary = load_canary(DEFAULT_CANARY)
+    longest = max(c.max_new_tokens for c in canary)
+    workload = [{"prompt": c.prompt, "slice": c.slice} for c in canary]
+    rows, _ = cached_generation(cache_root / "canary", [workload, target.model_id.sha256, longest, config.bf16],
+                                lambda: [{k: r[k] for k in ("prompt_token_ids", "completion_token_ids", "slice")}
+                                         for r in target_traffic(generation_model(target, config.bf16),
+                                                                 target.tokenizer, workload, longest,
+                                                                 batch_size=16, progress=False)])
+    seqs = Sequences([], [], [])
+    for row, request in zip(rows, canary):
+        ids, prompt_len = join_and_truncate(row["prompt_token_ids"],
+                                            row["completion_token_ids"][:request.max_new_tokens], config.max_length)
+        seqs.ids.append(ids)
+        seqs.prompt_lens.append(prompt_len)
+        seqs.slices.append(row["slice"])
+    return seqs
+
+
+def probe_sequences(config: EagleConfig, holdout_dir: Path, source: tuple[Path, int] | None, target: Any,
+                    cache_root: Path) -> Sequences:
+    """What each epoch is judged on, per slice: the round's hold-out (the gain), and against forgetting the
+    hold-out of the data the warm start learned from (the rehearsal source's sibling holdout/) and the
+    canary prompts."""
+    parts = [holdout_dir] + ([source[0].parent / "holdout"] if source is not None else [])
+    probe = Sequences([], [], [])
+    for path in parts:
+        if path.is_dir():
+            probe.extend(load_sequences(path, config.max_length, "output_token_ids", config.eval_max_samples))
+    if config.probe_canary:
+        probe.extend(canary_sequences(target, config, cache_root))
+    return probe
 
 
 def rehearsal_sample(config: EagleConfig, source: tuple[Path, int], target: Any, aux_layer_ids: list[int],
@@ -274,20 +333,36 @@ class EagleTrainer(Trainer):
         return (loss, {"logits": logits[0]}) if return_outputs else loss
 
 
+def _chain_totals(draft: Eagle3Draft, dataset: EagleDataset, indices: list[int], k: int,
+                  batch_size: int) -> tuple[list[int], int]:
+    totals, counted = [0] * k, 0
+    for start in range(0, len(indices), batch_size):
+        batch = collate([dataset[i] for i in indices[start:start + batch_size]])
+        logits = unroll(draft, batch["input_ids"], batch["aux"], k)
+        accepted, n = chain_acceptance(logits, batch["argmax"], draft, batch["mask"])
+        totals = [a + b for a, b in zip(totals, accepted)]
+        counted += n
+    return totals, counted
+
+
 def evaluate_chains(draft: Eagle3Draft, dataset: EagleDataset, k: int, batch_size: int = 8) -> dict[str, float]:
-    """Teacher-forced greedy acceptance per chain position and the implied mean accepted length at k."""
+    """Teacher-forced greedy acceptance per chain position and the implied mean accepted length at k,
+    overall and per slice (`slice.<name>.implied_mal`)."""
+    by_slice: dict[str, list[int]] = {}
+    for i, name in enumerate(dataset.seqs.slices):
+        by_slice.setdefault(name, []).append(i)
+    result: dict[str, float] = {}
     totals, counted = [0] * k, 0
     was_training = draft.training
     draft.eval()
     with torch.no_grad():
-        for start in range(0, len(dataset), batch_size):
-            batch = collate([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
-            logits = unroll(draft, batch["input_ids"], batch["aux"], k)
-            accepted, n = chain_acceptance(logits, batch["argmax"], draft, batch["mask"])
-            totals = [a + b for a, b in zip(totals, accepted)]
-            counted += n
+        for name, indices in sorted(by_slice.items()):
+            slice_totals, slice_counted = _chain_totals(draft, dataset, indices, k, batch_size)
+            result[slice_key(name, METRIC)] = implied_mal(slice_totals, slice_counted)
+            totals = [a + b for a, b in zip(totals, slice_totals)]
+            counted += slice_counted
     draft.train(was_training)
-    result = {"implied_mal": implied_mal(totals, counted), "chains": float(counted)}
+    result.update({METRIC: implied_mal(totals, counted), "chains": float(counted)})
     previous = counted
     for s, value in enumerate(totals):  # conditional acceptance at chain position s+1
         result[f"acceptance_pos{s + 1}"] = value / previous if previous else 0.0
@@ -295,29 +370,22 @@ def evaluate_chains(draft: Eagle3Draft, dataset: EagleDataset, k: int, batch_siz
     return result
 
 
-class BestEpochCallback(TrainerCallback):
-    """Evaluate the hold-out before training and after each epoch; keep the best epoch's weights."""
+class ChainCallback(EpochSelectionCallback):
+    """Per-epoch evaluation of the draft's chains on the probe (the round's hold-out and the slices it
+    must not forget), keeping the epoch best for the shadow gate (training.evaluate.EpochSelection)."""
 
-    def __init__(self, dataset: EagleDataset, k: int, tracker: Any):
-        self.dataset, self.k, self.tracker = dataset, k, tracker
-        self.history: list[dict[str, float]] = []
-        self.best_state: dict[str, torch.Tensor] | None = None
+    metric = METRIC
 
-    def _evaluate(self, state: Any, model: Any) -> None:
-        result = {"epoch": float(state.epoch or 0), **evaluate_chains(model, self.dataset, self.k)}
-        self.history.append(result)
-        self.tracker.log_metrics({f"eval_{k}": v for k, v in result.items() if k != "epoch"}, step=state.global_step)
-        if result["implied_mal"] >= max(h["implied_mal"] for h in self.history):
-            self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        print(f"[eagle] epoch {result['epoch']:.1f}: implied mean accepted length {result['implied_mal']:.3f} "
-              f"(k={self.k}), acceptance by position "
-              + " ".join(f"{result[f'acceptance_pos{s + 1}']:.2f}" for s in range(self.k)))
+    def __init__(self, dataset: EagleDataset, k: int, tracker: Any, selection: Any):
+        super().__init__(dataset.seqs.slices, tracker, selection)
+        self.dataset, self.k = dataset, k
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self._evaluate(state, model)
-
-    def on_epoch_end(self, args, state, control, model=None, **kwargs):
-        self._evaluate(state, model)
+    def measure(self, model: Any) -> dict[str, float]:
+        result = evaluate_chains(model, self.dataset, self.k)
+        slices = " ".join(f"{name} {result[slice_key(name, METRIC)]:.3f}" for name in sorted(self.counts))
+        print(f"[eagle] implied mean accepted length {result[METRIC]:.3f} (k={self.k}; {slices}), acceptance by "
+              "position " + " ".join(f"{result[f'acceptance_pos{s + 1}']:.2f}" for s in range(self.k)), flush=True)
+        return result
 
 
 def prepare_draft(config: EagleConfig, target: Any, counts: torch.Tensor, eos: list[int]) -> tuple[Eagle3Draft, dict]:
@@ -383,14 +451,17 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
         info.update(rehearsal_info)
         print(f"[eagle] rehearsal: {rehearsal_info['rehearsal_sequences']} sequences of {source[0]}", flush=True)
     callbacks: list[TrainerCallback] = []
-    holdout = None
     if holdout_dir.is_dir():
         hold_seqs = load_sequences(holdout_dir, config.max_length, "output_token_ids", config.eval_max_samples)
         info["vocab_coverage_holdout"] = coverage(draft.t2d, output_counts(hold_seqs, vocab))
-        hold_features, _ = cached_features(target.model, hold_seqs.ids, draft.c.aux_layer_ids,
-                                           target.model_id.sha256, cache_root, bf16=config.bf16)
-        holdout = BestEpochCallback(EagleDataset(hold_seqs, hold_features, prompt_loss=False), config.eval_k, tracker)
-        callbacks.append(holdout)
+    probe = probe_sequences(config, holdout_dir, source, target, cache_root)
+    evaluation = None
+    if probe.ids:
+        probe_features, _ = cached_features(target.model, probe.ids, draft.c.aux_layer_ids,
+                                            target.model_id.sha256, cache_root, bf16=config.bf16)
+        evaluation = ChainCallback(EagleDataset(probe, probe_features, prompt_loss=False), config.eval_k, tracker,
+                                   config.epoch_selection())
+        callbacks.append(evaluation)
     draft.train()
     # Batches of similar lengths: mined outputs run from a few dozen to max_length tokens, and a random
     # batch pads every row to its longest (measured: about 40 % of the compute was padding).
@@ -401,18 +472,15 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
                            ttt_steps=config.ttt_steps, ttt_decay=config.ttt_decay)
     with tracker.run("train-eagle", nested=True, tags={"stage": "eagle", "draft_kind": "eagle3"}):
         tracker.log_params({**to_dict(config), "params_trainable": sum(p.numel() for p in draft.parameters())})
-        result = trainer.train()
-        if holdout and holdout.best_state is not None:
-            draft.load_state_dict(holdout.best_state)
+        result = trainer.train()  # the ChainCallback puts back the epoch best for the gate at the end
         tokens = train_tokens * trainer.state.epoch
         metrics = {"train_loss": result.training_loss, "train_runtime_s": result.metrics["train_runtime"],
                    "train_tokens": tokens, "train_tokens_per_s": tokens / max(result.metrics["train_runtime"], 1e-9),
                    "steps": trainer.state.global_step,
                    **{k: float(v) for k, v in info.items() if isinstance(v, (int, float, bool))}}
-        history = holdout.history if holdout else []
-        if history:
-            best = max(history, key=lambda h: h["implied_mal"])
-            metrics.update({f"eval_{k}": v for k, v in best.items()})
+        history = evaluation.history if evaluation else []
+        if history:  # the last evaluation describes the saved weights
+            metrics.update({f"eval_{k}": v for k, v in history[-1].items()})
         tracker.log_metrics({k: float(v) for k, v in metrics.items()})
         if trainer.is_world_process_zero():
             save_eagle3(draft.eval(), out_dir, target.tokenizer)
@@ -420,6 +488,7 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
                                        {"target": str(target.path), "target_sha256": target.model_id.sha256,
                                         "draft_kind": "eagle3", "vocab": info.get("vocab"),
                                         "dataset": str(dataset_dir), "eval_history": history,
+                                        "epoch_selection": evaluation.summary() if evaluation else None,
                                         **{k: info[k] for k in ("rehearsal", "rehearsal_max_length") if k in info}})
             tracker.log_artifact(out_dir / common.INFO_FILE)
     return out_dir

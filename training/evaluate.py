@@ -179,26 +179,27 @@ class EpochSelection:
 SELECTION_METRIC = "request_mean_accepted_length"
 
 
-def _group_means(entry: dict[str, float], groups: dict[str, list[str]], counts: dict[str, int]) -> dict[str, float]:
-    """Per gating group, the example-weighted mean of its slices' SELECTION_METRIC in one evaluation."""
-    return {group: sum(entry[slice_key(m, SELECTION_METRIC)] * counts[m] for m in members)
+def _group_means(entry: dict[str, float], groups: dict[str, list[str]], counts: dict[str, int],
+                 metric: str) -> dict[str, float]:
+    """Per gating group, the example-weighted mean of its slices' `metric` in one evaluation."""
+    return {group: sum(entry[slice_key(m, metric)] * counts[m] for m in members)
             / sum(counts[m] for m in members) for group, members in groups.items()}
 
 
 def selection_scores(history: list[dict[str, float]], counts: dict[str, int],
-                     rule: EpochSelection) -> list[dict[str, Any]]:
-    """Per evaluation: overall and per-group relative change vs the first evaluation, the worst group,
-    and whether the evaluation is eligible (see EpochSelection)."""
+                     rule: EpochSelection, metric: str = SELECTION_METRIC) -> list[dict[str, Any]]:
+    """Per evaluation: overall and per-group relative change of `metric` vs the first evaluation, the worst
+    group, and whether the evaluation is eligible (see EpochSelection)."""
     groups = {g: members for g, members in slice_groups(counts, rule.min_slice_examples).items()
               if sum(counts[m] for m in members) >= rule.min_slice_examples}
-    base_groups, base = _group_means(history[0], groups, counts), history[0][SELECTION_METRIC]
+    base_groups, base = _group_means(history[0], groups, counts, metric), history[0][metric]
     scores = []
     for entry in history:
         changes = {g: (v / base_groups[g] - 1.0) if base_groups[g] else 0.0
-                   for g, v in _group_means(entry, groups, counts).items()}
+                   for g, v in _group_means(entry, groups, counts, metric).items()}
         worst = min(changes, key=changes.get) if changes else ""
         worst_change = changes.get(worst, 0.0)
-        scores.append({"epoch": entry["epoch"], "overall_change": entry[SELECTION_METRIC] / base - 1.0 if base else 0.0,
+        scores.append({"epoch": entry["epoch"], "overall_change": entry[metric] / base - 1.0 if base else 0.0,
                        "group_changes": changes, "worst_group": worst, "worst_change": worst_change,
                        "eligible": worst_change >= -rule.tolerance})
     return scores
@@ -213,34 +214,38 @@ def best_evaluation(scores: list[dict[str, Any]]) -> int:
     return max(range(1, len(scores)), key=lambda i: _rank(scores[i]), default=0)
 
 
-class AgreementCallback(TrainerCallback):
-    """Evaluates the model being trained on the hold-out before training and after every epoch, per slice,
-    and logs it via the tracker. With an `EpochSelection` it also stops early when `patience`
-    evaluations bring no new best, and at the end puts back the best evaluation's trainable weights
-    (kept on the CPU), re-evaluating them so the last history entry describes the saved model."""
+class EpochSelectionCallback(TrainerCallback):
+    """Evaluates the model being trained on a hold-out before training and after every epoch, per slice
+    (`measure`, per trainer), and logs it via the tracker. With an `EpochSelection` it also stops early
+    when `patience` evaluations bring no new best on `metric`, and at the end puts back the best
+    evaluation's trainable weights (kept on the CPU), re-evaluating them so the last history entry
+    describes the saved model."""
 
-    def __init__(self, examples: list[HoldoutExample], tracker: Any, k: int = 4,
-                 references: list[list[int]] | None = None, batch_size: int = 4,
-                 selection: EpochSelection | None = None):
-        self.examples, self.tracker, self.k = examples, tracker, k
-        self.references, self.batch_size, self.selection = references, batch_size, selection
-        self.counts = {name: sum(e.slice == name for e in examples) for name in {e.slice for e in examples}}
+    metric = SELECTION_METRIC
+
+    def __init__(self, slices: list[str], tracker: Any, selection: EpochSelection | None = None):
+        self.tracker, self.selection = tracker, selection
+        self.counts = {name: slices.count(name) for name in set(slices)}
         self.history: list[dict[str, float]] = []
         self.scores: list[dict[str, Any]] = []
         self.best_index = 0
         self._best_weights: dict[str, torch.Tensor] | None = None
 
+    def measure(self, model: Any) -> dict[str, float]:
+        """Overall and per-slice (`slice_key`) figures of `model`, `metric` among them."""
+        raise NotImplementedError
+
     def _evaluate(self, state, model, epoch: float | None = None) -> bool:
         if not state.is_world_process_zero or model is None:
             return False
-        metrics = evaluate_agreement(model, self.examples, self.k, self.references, self.batch_size)
+        metrics = self.measure(model)
         metrics["epoch"] = float(state.epoch or 0.0) if epoch is None else epoch
         self.history.append(metrics)
         self.tracker.log_metrics({f"eval_{name}": value for name, value in metrics.items()}, step=state.global_step)
         return True
 
     def _select(self, args, state, control, model) -> None:
-        self.scores = selection_scores(self.history, self.counts, self.selection)
+        self.scores = selection_scores(self.history, self.counts, self.selection, self.metric)
         latest = self.scores[-1]
         self.tracker.log_metrics({"eval_selection_overall_change": latest["overall_change"],
                                   "eval_selection_worst_change": latest["worst_change"],
@@ -280,6 +285,19 @@ class AgreementCallback(TrainerCallback):
         """What was kept and why, for the candidate's training info."""
         return {"selected_epoch": self.history[-1]["epoch"] if self.history else None,
                 "rule": asdict(self.selection) if self.selection else None, "scores": self.scores}
+
+
+class AgreementCallback(EpochSelectionCallback):
+    """Epoch selection on teacher-forced agreement (`evaluate_agreement`): the `lm` and Medusa drafts."""
+
+    def __init__(self, examples: list[HoldoutExample], tracker: Any, k: int = 4,
+                 references: list[list[int]] | None = None, batch_size: int = 4,
+                 selection: EpochSelection | None = None):
+        super().__init__([e.slice for e in examples], tracker, selection)
+        self.examples, self.k, self.references, self.batch_size = examples, k, references, batch_size
+
+    def measure(self, model: Any) -> dict[str, float]:
+        return evaluate_agreement(model, self.examples, self.k, self.references, self.batch_size)
 
 
 class TrackerCallback(TrainerCallback):

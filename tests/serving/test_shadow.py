@@ -31,6 +31,7 @@ def test_default_config_file_loads():
 
 @pytest.mark.parametrize("override,field", [("confidence=1.5", "confidence"), ("slice_tolerance=2", "slice_tolerance"),
                                             ("min_requests=1", "min_requests"), ("k=0", "k"),
+                                            ("min_path_prob=1.0", "min_path_prob"),
                                             ("min_slice_requests=2", "min_slice_requests"),
                                             ("slice_tolerances={code: 1.5}", "slice_tolerances.code")])
 def test_config_rejects_bad_values(override, field):

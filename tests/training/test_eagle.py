@@ -91,7 +91,7 @@ def trained(tmp_path_factory, toy_models, toy_data):
     config = EagleConfig(student="", target=str(toy_models["target"]), dataset=str(toy_data["distill"]),
                          output_dir=str(out), draft_vocab_size=128, epochs=60, batch_size=4, learning_rate=1e-2,
                          ttt_steps=3, eval_k=3, tracking=False, max_length=64, warmup_steps=0,
-                         feature_cache=str(out.parent / "cache"))
+                         feature_cache=str(out.parent / "cache"), probe_canary=False, early_stop_patience=0)
     return train_eagle(config), config
 
 
@@ -102,6 +102,11 @@ def test_train_eagle_improves_and_saves_speculators_dir(trained):
     assert history[0]["epoch"] == 0.0 and len(history) >= 2
     best = max(h["implied_mal"] for h in history)
     assert best > history[0]["implied_mal"] + 0.2, history
+    assert {"slice.code.implied_mal", "slice.chat.implied_mal"} <= set(history[0])  # judged per slice
+    selection = info["epoch_selection"]
+    assert selection["selected_epoch"] > 0  # a trained epoch, and the saved weights (history[-1]) improved
+    assert history[-1]["implied_mal"] > history[0]["implied_mal"] + 0.2
+    assert len(selection["scores"]) >= 2 and all("worst_group" in score for score in selection["scores"])
     config = json.loads((out / "config.json").read_text())
     assert config["speculators_model_type"] == "eagle3"
     assert config["draft_vocab_size"] == 128
@@ -165,6 +170,25 @@ def test_lengthen_continues_cut_outputs_with_the_targets_greedy_tokens(toy_model
     assert again.ids == seqs.ids
     with pytest.raises(ValueError, match="continue_to"):
         EagleConfig(continue_to=-1)
+
+
+def test_canary_probe_is_the_targets_greedy_answers_cached(toy_models, tmp_path):
+    """The forgetting probe's canary part: every canary prompt (all gated slices) with the target's greedy
+    answer, generated once and read from the cache after."""
+    from serving.shadow import DEFAULT_CANARY, load_canary
+    from tests.serving.test_engine import hf_greedy
+    from training.eagle_train import canary_sequences
+
+    target = load_model(toy_models["target"])
+    config = EagleConfig(max_length=128, bf16=False)  # float32: comparable with hf_greedy
+    seqs = canary_sequences(target, config, tmp_path)
+    canary = load_canary(DEFAULT_CANARY)
+    assert seqs.slices == [c.slice for c in canary] and {"code", "chat", "prose"} <= set(seqs.slices)
+    for ids, p, request in zip(seqs.ids, seqs.prompt_lens, canary):
+        assert 0 < len(ids) - p <= request.max_new_tokens
+        assert ids[p:] == hf_greedy(target.model, ids[:p], len(ids) - p)
+    assert len(list((tmp_path / "canary").glob("*.json"))) == 1
+    assert canary_sequences(target, config, tmp_path).ids == seqs.ids  # from the cache
 
 
 def test_trained_draft_serves_losslessly(trained, toy_models):
