@@ -9,11 +9,11 @@ rounding flips near-tied tokens (12 of 16 held-out chat prompts diverged from pl
 reference target). Serving stacks call this batch invariance (vLLM's batch-invariant mode,
 Thinking Machines' "Defeating Nondeterminism in LLM Inference").
 
-`row_invariant_attention` computes a short multi-row call (a verify: 2..MAX_ROWS queries, batch 1,
-no padding) as one `sdpa` call per query row over exactly the keys that row may see, which is the very
+`row_invariant_attention` computes a short multi-row call on a cache (a verify: 2..MAX_ROWS queries
+after at least one cached position, batch 1, no padding) as one `sdpa` call per query row over exactly the keys that row may see, which is the very
 call a 1-token decoding step makes at that position, so the result is bitwise the same by
-construction. One-row calls (decoding) and long calls (prefill, shared by every mode) go to `sdpa`
-unchanged. The price is a few small calls per layer per verify (~5% of a verify forward here).
+construction. One-row calls (decoding), prefills (no cache: the same call in every mode) and calls over MAX_ROWS go to
+`sdpa` unchanged. The price is a few small calls per layer per verify (~5% of a verify forward here).
 """
 
 from __future__ import annotations
@@ -37,10 +37,12 @@ def row_invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.T
     """query[B, H, Q, D], key/value[B, KVH, past+Q, D] (the cache plus these Q positions) ->
     (out[B, Q, H, D], None), as `sdpa_attention_forward` returns."""
     batch, _, rows, _ = query.shape
-    if rows == 1 or rows > MAX_ROWS or batch != 1:
+    past = key.shape[2] - rows
+    # A prefill (no cache yet) is the same call in every mode, so it needs no invariance; per-row calls
+    # would make it several times slower and its numerics unlike HF's (greedy 8/16 vs HF in bfloat16).
+    if rows == 1 or rows > MAX_ROWS or batch != 1 or past == 0:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     # Batch 1 has no padding, so row i sees exactly the first past+i+1 keys: no mask needed.
-    past = key.shape[2] - rows
     outs = [sdpa_attention_forward(module, query[:, :, i:i + 1], key[:, :, :past + i + 1],
                                    value[:, :, :past + i + 1], None, **kwargs)[0] for i in range(rows)]
     return torch.cat(outs, dim=1), None
