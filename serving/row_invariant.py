@@ -10,10 +10,11 @@ reference target). Serving stacks call this batch invariance (vLLM's batch-invar
 Thinking Machines' "Defeating Nondeterminism in LLM Inference").
 
 `row_invariant_attention` computes a short multi-row call on a cache (a verify: 2..MAX_ROWS queries
-after at least one cached position, batch 1, no padding) as one `sdpa` call per query row over exactly the keys that row may see, which is the very
-call a 1-token decoding step makes at that position, so the result is bitwise the same by
-construction. One-row calls (decoding), prefills (no cache: the same call in every mode) and calls over MAX_ROWS go to
-`sdpa` unchanged. The price is a few small calls per layer per verify (~5% of a verify forward here).
+after at least one cached position, batch 1, no padding) as one `sdpa` call per query row over exactly
+the keys that row may see, which is the very call a 1-token decoding step makes at that position, so
+the result is bitwise the same by construction. One-row calls (decoding), prefills (no cache: the same
+call in every mode) and calls over MAX_ROWS go to `sdpa` unchanged. The price is a few small calls per
+layer per verify (~5% of a verify forward here).
 """
 
 from __future__ import annotations
