@@ -99,6 +99,15 @@ class Sequences:
     prompt_lens: list[int]
     slices: list[str]
 
+    def add(self, prompt_ids: list[int], output_ids: list[int], slice_name: str, max_length: int) -> None:
+        """prompt + output, truncated as the other trainers do; rows without an output token to learn
+        are skipped."""
+        ids, prompt_len = join_and_truncate(prompt_ids, output_ids, max_length)
+        if len(ids) > prompt_len and len(ids) >= 3:
+            self.ids.append(ids)
+            self.prompt_lens.append(prompt_len)
+            self.slices.append(slice_name)
+
     def extend(self, other: "Sequences") -> None:
         self.ids += other.ids
         self.prompt_lens += other.prompt_lens
@@ -113,11 +122,7 @@ def load_sequences(path: Path, max_length: int, output_column: str = "completion
         dataset = dataset.select(range(min(max_samples, len(dataset))))
     seqs = Sequences([], [], [])
     for row in dataset:
-        ids, prompt_len = join_and_truncate(row["prompt_token_ids"], row[output_column], max_length)
-        if len(ids) > prompt_len and len(ids) >= 3:
-            seqs.ids.append(ids)
-            seqs.prompt_lens.append(prompt_len)
-            seqs.slices.append(row.get("slice", "default"))
+        seqs.add(row["prompt_token_ids"], row[output_column], row.get("slice", "default"), max_length)
     return seqs
 
 
@@ -247,24 +252,22 @@ def canary_sequences(target: Any, config: EagleConfig, cache_root: Path) -> Sequ
                                                                  batch_size=16, progress=False)])
     seqs = Sequences([], [], [])
     for row, request in zip(rows, canary):
-        ids, prompt_len = join_and_truncate(row["prompt_token_ids"],
-                                            row["completion_token_ids"][:request.max_new_tokens], config.max_length)
-        seqs.ids.append(ids)
-        seqs.prompt_lens.append(prompt_len)
-        seqs.slices.append(row["slice"])
+        seqs.add(row["prompt_token_ids"], row["completion_token_ids"][:request.max_new_tokens], row["slice"],
+                 config.max_length)
     return seqs
 
 
-def probe_sequences(config: EagleConfig, holdout_dir: Path, source: tuple[Path, int] | None, target: Any,
+def probe_sequences(config: EagleConfig, holdout: Sequences | None, source: tuple[Path, int] | None, target: Any,
                     cache_root: Path) -> Sequences:
     """What each epoch is judged on, per slice: the round's hold-out (the gain), and against forgetting the
     hold-out of the data the warm start learned from (the rehearsal source's sibling holdout/) and the
     canary prompts."""
-    parts = [holdout_dir] + ([source[0].parent / "holdout"] if source is not None else [])
     probe = Sequences([], [], [])
-    for path in parts:
-        if path.is_dir():
-            probe.extend(load_sequences(path, config.max_length, "output_token_ids", config.eval_max_samples))
+    if holdout is not None:
+        probe.extend(holdout)
+    if source is not None and (source[0].parent / "holdout").is_dir():
+        probe.extend(load_sequences(source[0].parent / "holdout", config.max_length, "output_token_ids",
+                                    config.eval_max_samples))
     if config.probe_canary:
         probe.extend(canary_sequences(target, config, cache_root))
     return probe
@@ -451,10 +454,11 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
         info.update(rehearsal_info)
         print(f"[eagle] rehearsal: {rehearsal_info['rehearsal_sequences']} sequences of {source[0]}", flush=True)
     callbacks: list[TrainerCallback] = []
+    hold_seqs = None
     if holdout_dir.is_dir():
         hold_seqs = load_sequences(holdout_dir, config.max_length, "output_token_ids", config.eval_max_samples)
         info["vocab_coverage_holdout"] = coverage(draft.t2d, output_counts(hold_seqs, vocab))
-    probe = probe_sequences(config, holdout_dir, source, target, cache_root)
+    probe = probe_sequences(config, hold_seqs, source, target, cache_root)
     evaluation = None
     if probe.ids:
         probe_features, _ = cached_features(target.model, probe.ids, draft.c.aux_layer_ids,
