@@ -46,7 +46,7 @@ from serving.prepack import unpacked_copy
 from serving.reference import DEFAULT_DRAFT_URI, ensure_reference_target
 from serving.router import ARMS, Router, features
 from serving.sink import JsonlSink
-from serving.suffix import SuffixConfig, SuffixIndex, target_key
+from serving.suffix import ReadOnlyIndex, SuffixConfig, SuffixIndex, target_key
 from serving.toy import build_tokenizer, tiny_llama
 
 METHODS = ("plain", "draft", "suffix", "hybrid", "router")
@@ -95,20 +95,6 @@ def repetitive_prompts(n: int, seed: int) -> list[str]:
             schema=SCHEMAS[table], num=rng.choice(_NUM[table]), text=_TEXT[table], value=rng.randrange(10, 5000),
             limit=rng.choice([5, 10, 20, 50]), city=rng.choice(_CITIES), unit=rng.choice(["celsius", "fahrenheit"])))
     return prompts
-
-
-class ReadOnlyIndex:
-    """The index as the measured runs see it: they propose from it; the benchmark does the updates."""
-
-    def __init__(self, index: SuffixIndex):
-        self.index = index
-        self.config = index.config
-
-    def propose(self, context, max_k):
-        return self.index.propose(context, max_k)
-
-    def add_record(self, record) -> bool:
-        return False
 
 
 def load_pair(args: argparse.Namespace):

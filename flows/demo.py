@@ -50,6 +50,9 @@ class DemoConfig:
     """Draft tokens per verification step (at most, with min_path_prob)."""
     min_path_prob: float = 0.15
     """eagle3: stop a chain once the draft's own probability of it falls below this (0 = always k)."""
+    suffix_tier: bool = True
+    """Also measure both champions as serving runs them with the suffix tier (mode hybrid: each step drafts
+    from an index of earlier requests and the request itself when that promises more than the draft)."""
     dtype: str = "auto"
     """Serving precision (serving.precision): auto = bfloat16 on AMX-BF16 CPUs, else float32. The flywheel's
     shadow replay uses configs/shadow.yaml's own `dtype` (also auto)."""
@@ -132,9 +135,9 @@ def workloads(config: DemoConfig, exclude: set[str]) -> dict[str, list[dict[str,
     return rows
 
 
-def measure(engines: dict[str, Any], rows: list[dict[str, str]], params: Any) -> dict[str, list[Any]]:
-    """Per-request stats of every prompt through each engine (mode "plain" = target alone), taking the
-    engines in turn prompt by prompt, so a change in machine load hits all of them alike. Nothing is logged."""
+def measure(engines: dict[str, tuple[Any, str]], rows: list[dict[str, str]], params: Any) -> dict[str, list[Any]]:
+    """Per-request stats of every prompt through each (engine, mode), taking them in turn prompt by prompt,
+    so a change in machine load hits all of them alike. Nothing is logged."""
     from tqdm import tqdm
 
     names = list(engines)
@@ -142,9 +145,9 @@ def measure(engines: dict[str, Any], rows: list[dict[str, str]], params: Any) ->
     for index, row in enumerate(tqdm(rows, desc=f"measure {rows[0]['slice'] if rows else ''}", unit="prompt",
                                      leave=False)):
         for name in names[index % len(names):] + names[:index % len(names)]:  # rotate who goes first
-            mode = "autoregressive" if name == "plain" else "draft"
-            stats[name].append(engines[name].generate([row["prompt"]], params, slice=row["slice"], chat=True,
-                                                      mode=mode)[0].stats)
+            engine, mode = engines[name]
+            stats[name].append(engine.generate([row["prompt"]], params, slice=row["slice"], chat=True,
+                                               mode=mode)[0].stats)
     return stats
 
 
@@ -250,17 +253,25 @@ def demo(config_path: str | None = None, overrides: list[str] | None = None) -> 
 
 
 def _before_after(run: DemoRun, before: Any, after: Any) -> dict[str, Any]:
-    """Plain decoding, the old champion and the new one on the held-out prompts of each slice."""
+    """Plain decoding, the old champion and the new one on the held-out prompts of each slice: the drafts
+    alone (mode draft), and with `suffix_tier` also as serving runs them with the suffix tier (mode
+    hybrid, slices "<slice>/hybrid"), over an index of this run's logs that no measured request joins."""
     from serving.engine import Engine
+    from serving.suffix import ReadOnlyIndex, SuffixIndex, target_key
 
-    cut = run.config.min_path_prob
-    engines = {"plain": run.engine, "before": Engine(run.engine.target, before, min_path_prob=cut),
-               "after": Engine(run.engine.target, after, min_path_prob=cut)}  # one target in memory, shared
+    cut, target = run.config.min_path_prob, run.engine.target  # one target in memory, shared
+    engines = {"plain": (run.engine, "autoregressive"), "before": (Engine(target, before, min_path_prob=cut), "draft"),
+               "after": (Engine(target, after, min_path_prob=cut), "draft")}
+    if run.config.suffix_tier:
+        index = ReadOnlyIndex(SuffixIndex.from_logs(run.logs_dir, target_key(target.model_id)))
+        for phase, draft in (("before", before), ("after", after)):
+            engines[f"{phase}/hybrid"] = (Engine(target, draft, min_path_prob=cut, suffix_index=index), "hybrid")
     results: dict[str, Any] = {"before": {}, "after": {}}
     for name in SLICES:
         stats = measure(engines, run.rows[f"eval_{name}"], run.params)
-        for phase in report.PHASES:
-            results[phase][name] = report.figures(stats[phase], stats["plain"])
+        for tier in ("", "/hybrid") if run.config.suffix_tier else ("",):
+            for phase in report.PHASES:
+                results[phase][name + tier] = report.figures(stats[phase + tier], stats["plain"])
     return results
 
 

@@ -378,6 +378,24 @@ class SuffixIndex:
         return cls.from_records(records(), target, config)
 
 
+class ReadOnlyIndex:
+    """A view of a `SuffixIndex` that proposes but learns nothing: measurements that run several engines
+    on the same prompt give each this view, so none drafts from another's output of that prompt."""
+
+    def __init__(self, index: SuffixIndex):
+        self.index = index
+        self.config = index.config
+
+    def check_target(self, model_id: ModelId) -> None:
+        self.index.check_target(model_id)
+
+    def propose(self, context: Sequence[int], max_k: int) -> Proposal:
+        return self.index.propose(context, max_k)
+
+    def add_record(self, record: AcceptanceRecord) -> bool:
+        return False
+
+
 class RequestIndex:
     """The per-request part: the prompt and the output so far, as one growing sequence."""
 

@@ -30,3 +30,7 @@ def test_demo_runs_the_whole_story_on_tiny_models(tmp_path, monkeypatch, prefect
     assert results["after"]["code"]["acceptance_rate"] == 1.0 > results["before"]["code"]["acceptance_rate"]
     saved = json.loads((tmp_path / "home" / "demo").glob("*/results.json").__next__().read_text())
     assert saved["after"] == results["after"]
+    # The suffix tier's rows: both champions in mode hybrid over an index of the run's logs.
+    assert set(results["before"]) == set(results["after"]) == {"chat", "code", "chat/hybrid", "code/hybrid"}
+    hybrid = results["after"]["code/hybrid"]
+    assert hybrid["requests"] == 3 and hybrid["speedup_vs_plain"] > 0 and hybrid["mean_accepted_length"] >= 1.0

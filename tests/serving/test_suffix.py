@@ -14,7 +14,7 @@ import time
 import pytest
 
 from serving.records import AcceptanceRecord, ModelId, Sampling
-from serving.suffix import EMPTY, RequestIndex, SuffixConfig, SuffixIndex, best_proposal, target_key
+from serving.suffix import EMPTY, ReadOnlyIndex, RequestIndex, SuffixConfig, SuffixIndex, best_proposal, target_key
 
 
 def index_of(*sequences, **config):
@@ -159,3 +159,17 @@ def test_config_rejects_bad_values_by_name(bad):
 def test_sequences_returns_the_kept_requests_oldest_first():
     index = index_of([1, 2, 3], [4, 5], [6, 7, 8, 9], max_requests=2)
     assert index.sequences() == [[4, 5], [6, 7, 8, 9]]
+
+
+def test_read_only_view_proposes_but_learns_nothing():
+    mine, other = ModelId("tgt", sha256="aa" * 32), ModelId("tgt", sha256="bb" * 32)
+    index = SuffixIndex(target_key(mine))
+    index.add([1, 2, 3, 4, 5])
+    view = ReadOnlyIndex(index)
+    assert view.propose([9, 2, 3], 4) == index.propose([9, 2, 3], 4)
+    assert view.propose([9, 2, 3], 4).tokens == [4, 5]
+    assert view.add_record(_record(mine, [7, 8, 9], [10, 11])) is False
+    assert (index.requests, index.tokens) == (1, 5)  # the record did not reach the index
+    view.check_target(mine)
+    with pytest.raises(ValueError, match="suffix index"):
+        view.check_target(other)
