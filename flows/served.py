@@ -20,13 +20,15 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 from serving.acceptance import acceptance_rate, mean_accepted_length
-from serving.records import AcceptanceRecord
+from serving.records import AcceptanceRecord, draft_counts
 
-DRAFTING_MODES = ("draft", "medusa")  # records without drafting (plain decoding) say nothing about the draft
+# Records without the draft model (plain decoding, suffix only) say nothing about the draft; of a hybrid
+# record only the steps the draft drafted count (serving.records.draft_counts).
+DRAFTING_MODES = ("draft", "medusa", "hybrid")
 
 
 def is_drafted(record: AcceptanceRecord) -> bool:
-    return record.mode in DRAFTING_MODES and record.drafted_tokens > 0
+    return record.mode in DRAFTING_MODES and draft_counts(record)[0] > 0
 
 
 @dataclass
@@ -37,10 +39,11 @@ class SliceStats:
     steps: int = 0
 
     def add(self, record: AcceptanceRecord) -> None:
+        drafted, accepted, steps = draft_counts(record)
         self.requests += 1
-        self.drafted += record.drafted_tokens
-        self.accepted += record.accepted_tokens
-        self.steps += record.verify_steps
+        self.drafted += drafted
+        self.accepted += accepted
+        self.steps += steps
 
     @property
     def acceptance_rate(self) -> float:

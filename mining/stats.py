@@ -1,6 +1,7 @@
 """Per-request and per-slice acceptance statistics.
 
-Per request (`request_stats`): acceptance rate and mean accepted length (`serving.acceptance`, the
+Per request (`request_stats`), over the steps the draft model drafted (a hybrid record's suffix-index
+steps are the index's, `serving.records.draft_counts`): acceptance rate and mean accepted length (`serving.acceptance`, the
 one definition; a request that drafted nothing gets rate NaN here, so it is neither a hard sample nor in
 the acceptance histogram), max rollback depth (max over steps of k - accepted). Per slice (`SliceStats`): counts,
 token-weighted rates, a 100-bin histogram of request acceptance (for quantiles and the plot), a
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from serving.acceptance import acceptance_rate, mean_accepted_length
+from serving.records import draft_counts, draft_steps
 
 BINS = 100
 MAX_DEPTH = 255  # rollback depths are stored as uint8; k is at most 32 in serving.
@@ -28,9 +30,10 @@ def request_stats(record: Any) -> tuple[float, float, int, list[int]]:
     A step code packs (k, accepted) as k * 64 + accepted (both clipped to 63), so per-position counts
     can be histogrammed in bulk by `SliceStats` instead of per step in Python.
     """
-    rate = acceptance_rate(record.accepted_tokens, record.drafted_tokens) if record.drafted_tokens else math.nan
-    length = mean_accepted_length(record.accepted_tokens, record.verify_steps)
-    steps = record.steps
+    drafted, accepted, verify_steps = draft_counts(record)  # the draft's own steps: mining trains the draft
+    rate = acceptance_rate(accepted, drafted) if drafted else math.nan
+    length = mean_accepted_length(accepted, verify_steps)
+    steps = draft_steps(record)
     depth = max([s.k - s.accepted for s in steps], default=0)
     codes = [s.k * 64 + s.accepted for s in steps]
     # accepted <= k, so a code >= 4096 means some k >= 64: clip (rare, slower path).
@@ -74,9 +77,10 @@ class SliceStats:
     def add(self, record: Any, rate: float, depth: int, codes: list[int]) -> None:
         self.requests += 1
         self.modes[record.mode] += 1
-        self.drafted += record.drafted_tokens
-        self.accepted += record.accepted_tokens
-        self.verify_steps += record.verify_steps
+        drafted, accepted, verify_steps = draft_counts(record)
+        self.drafted += drafted
+        self.accepted += accepted
+        self.verify_steps += verify_steps
         self.generated += len(record.output_token_ids)
         self.depth_hist[depth] += 1
         self._pending += codes

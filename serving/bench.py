@@ -100,10 +100,13 @@ def _kernels(model: Any) -> str:
 
 
 def _spec_mode(engine: Engine) -> str:
-    """The engine's speculative mode: its draft (any kind), else its Medusa heads."""
+    """The engine's speculative mode: its draft (any kind; hybrid when it has a suffix index), else its
+    Medusa heads."""
     if engine.draft is None and engine.medusa is None:
         raise ValueError("bench needs a draft model or Medusa heads")
-    return "draft" if engine.draft is not None else "medusa"
+    if engine.draft is None:
+        return "medusa"
+    return "hybrid" if engine.suffix_index is not None else "draft"
 
 
 def _kind(engine: Engine) -> str:
@@ -185,7 +188,7 @@ def run_bench(engine: Engine, prompts: list[Any], max_new_tokens: int, k: int = 
         "greedy_identical": f"{identical}/{len(prompts)}",  # vs HF plain in the engine's dtype
         "greedy_identical_vs_plain": f"{identical_plain}/{len(prompts)}",
         "k": k, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
-        "draft_kind": _kind(engine), "prompt_lookup_num_tokens": prompt_lookup_tokens,
+        "draft_kind": _kind(engine), "mode": mode, "prompt_lookup_num_tokens": prompt_lookup_tokens,
         "draft_cost_c": draft_cost_ratio(draft_s, drafted, verify_s, steps),
         "engine_kernels": _kernels(engine.target.model), "hf_kernels": _kernels(methods["hf_plain"][0]),
         "dtype": dtype_name(engine.dtype),
@@ -233,5 +236,6 @@ def run_sampled_bench(engine: Engine, prompts: list[Any], max_new_tokens: int, k
             "speedup_vs_plain": rate["spec"] / rate["plain"],
             "acceptance_rate": acceptance_rate(accepted, drafted),
             "mean_accepted_length": mean_accepted_length(accepted, steps),
-            "k": k, "prompts": len(prompts), "max_new_tokens": max_new_tokens, "draft_kind": _kind(engine)}
+            "k": k, "prompts": len(prompts), "max_new_tokens": max_new_tokens, "draft_kind": _kind(engine),
+            "mode": spec_mode}
 

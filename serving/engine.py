@@ -151,8 +151,8 @@ class Engine:
 
     @property
     def default_mode(self) -> str:
-        if self._draft is not None:
-            return "draft"
+        if self._draft is not None:  # with the suffix tier, serving's default is the hybrid (serve_config)
+            return "hybrid" if self.suffix_index is not None else "draft"
         return "medusa" if self.medusa is not None else "autoregressive"
 
     def encode(self, prompt: Any, chat: bool) -> tuple[str, list[int]]:

@@ -66,6 +66,12 @@ def register(subparsers: Any) -> None:
                        help="> 0: measure sampling instead (ours plain vs speculative, same seeds; no HF)")
     bench.add_argument("--prompt-lookup-tokens", type=int, default=10,
                        help="tokens per guess of the HF prompt-lookup baseline (default 10)")
+    bench.add_argument("--suffix-tier", action="store_true",
+                       help="measure the draft as `draftwheel serve` runs it by default: mode hybrid with the "
+                            "suffix tier (the request's own prompt and output, plus --suffix-logs)")
+    bench.add_argument("--suffix-logs", type=Path,
+                       help="with --suffix-tier: an acceptance-log dir whose requests the index holds "
+                            "(default: none); the measured requests never join it")
     bench.set_defaults(func=_bench_command)
 
     export = subparsers.add_parser("export", help="write a registered eagle3 draft as a directory vLLM serves",
@@ -113,12 +119,25 @@ def _generate_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_index(engine: Any, log_dir: Path | None) -> Any:
+    """A read-only suffix index for the bench (from `log_dir`, else empty): every prompt runs in several
+    methods, and none may draft from another method's answer to the same prompt."""
+    from serving.suffix import ReadOnlyIndex, SuffixIndex, target_key
+
+    key = target_key(engine.target.model_id)
+    if log_dir is not None and not log_dir.is_dir():
+        raise ValueError(f"--suffix-logs: {log_dir} is not a directory")
+    return ReadOnlyIndex(SuffixIndex.from_logs(log_dir, key) if log_dir is not None else SuffixIndex(key))
+
+
 def _bench_command(args: argparse.Namespace) -> int:
     from serving.bench import read_prompts, run_bench, run_sampled_bench
 
     try:
         prompts = read_prompts(args.prompts)
         engine = _load_engine(args, with_draft=not args.medusa, medusa=args.medusa)
+        if args.suffix_tier:
+            engine.suffix_index = _bench_index(engine, args.suffix_logs)
         assistant = None
         if args.assistant:
             from serving.models import load_model

@@ -111,6 +111,23 @@ class AcceptanceRecord:
         return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
 
 
+def draft_steps(record: Any) -> list[Any]:
+    """The steps of an `AcceptanceRecord` (or a decoded log line) that the draft model drafted: a hybrid
+    record's suffix-index steps are left out (they measure the index, not the draft, which is what the
+    monitor and mining judge); other records' steps all count."""
+    if record.mode != "hybrid":
+        return record.steps
+    return [step for step in record.steps if step.source != "suffix"]
+
+
+def draft_counts(record: Any) -> tuple[int, int, int]:
+    """(drafted tokens, accepted tokens, verify steps) over `draft_steps(record)`."""
+    if record.mode != "hybrid":  # the record's own totals (they count every step)
+        return record.drafted_tokens, record.accepted_tokens, record.verify_steps
+    own = draft_steps(record)
+    return sum(step.k for step in own), sum(step.accepted for step in own), len(own)
+
+
 def _substitute(hint: Any, structs: dict[type, type]) -> Any:
     """`hint` with the dataclasses in it replaced by their generated Structs (`list[Step]` -> `list[StepLine]`)."""
     if hint in structs:

@@ -151,3 +151,24 @@ def test_delivered_gain_compares_the_champion_with_the_previous_champion_per_sli
     metrics = delivered_metrics(gain)
     assert metrics["delivered.code.mal_change"] == pytest.approx(7 / 3 - 1) and "delivered.chat.mal_change" not in metrics
     assert delivered_gain(VersionTally("draftwheel-draft", ["5"]), "5", None)["slices"] == {}
+
+
+def test_hybrid_requests_count_only_the_steps_the_draft_drafted():
+    # With the suffix tier on, serving's default mode is hybrid: its index-drafted steps must neither hide
+    # a failing draft nor make a request count as drafted.
+    def hybrid(ts: float, suffix_accepted: int, draft_accepted: int | None) -> AcceptanceRecord:
+        steps = [Step(k=8, accepted=suffix_accepted, draft_token_ids=[1] * 8, target_token_id=2, source="suffix")]
+        if draft_accepted is not None:
+            steps.append(Step(k=4, accepted=draft_accepted, draft_token_ids=[1] * 4, target_token_id=2, source="eagle3"))
+        base = record(ts, "code", accepted=0)
+        return AcceptanceRecord(**{**base.__dict__, "mode": "hybrid", "steps": steps,
+                                   "drafted_tokens": sum(s.k for s in steps),
+                                   "accepted_tokens": sum(s.accepted for s in steps), "verify_steps": len(steps)})
+
+    failing_draft = [hybrid(i, suffix_accepted=8, draft_accepted=0) for i in range(10)]
+    index_only = [hybrid(100 + i, suffix_accepted=8, draft_accepted=None) for i in range(5)]
+    kept = window(failing_draft + index_only, config(), now=200)
+    assert [r.ts for r in kept] == list(range(10))  # index-only requests say nothing about the draft
+    stats = acceptance_by_slice(kept)["code"]
+    assert (stats.drafted, stats.accepted, stats.steps) == (40, 0, 10)
+    assert decide(kept, config()).trigger  # served acceptance 8/12 would have hidden it

@@ -222,6 +222,23 @@ def test_request_stats_and_per_position_acceptance():
     assert stats.to_dict()["max_rollback_depth"] == 30
 
 
+def test_request_stats_of_a_hybrid_request_judge_the_draft_alone():
+    from mining.stats import SliceStats, request_stats
+    from serving.records import parse_record
+    from tests.mining.conftest import make_record as mk
+
+    record = mk(0)
+    steps = [{"k": 8, "accepted": 8, "draft_token_ids": [1] * 8, "target_token_id": 5, "source": "suffix"},
+             {"k": 4, "accepted": 1, "draft_token_ids": [6, 7, 8, 9], "target_token_id": 10, "source": "eagle3"}]
+    record.update(mode="hybrid", steps=steps, drafted_tokens=12, accepted_tokens=9, verify_steps=2)
+    parsed = parse_record(json.dumps(record).encode())
+    rate, length, depth, codes = request_stats(parsed)
+    assert (rate, length, depth) == (0.25, 2.0, 3)  # the index's 8/8 step would make it 0.75 / 5.5 / 3
+    stats = SliceStats()
+    stats.add(parsed, rate, depth, codes)
+    assert stats.to_dict()["acceptance_rate"] == 0.25
+
+
 def test_mining_again_into_the_same_dir_replaces_the_outputs(tmp_path):
     write_lines(tmp_path / "big" / "a.jsonl", _records(120))
     write_lines(tmp_path / "small" / "a.jsonl", _records(12))

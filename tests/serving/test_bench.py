@@ -18,7 +18,7 @@ KERNEL_KEYS = {"engine_kernels", "hf_kernels", "hf_assisted_same_kernels_tokens_
                "speedup_vs_hf_assisted_same_kernels"}
 # HF prompt lookup as one more baseline, and the measured draft cost c of the mode under test.
 EXTRA_KEYS = {"hf_prompt_lookup_tokens_per_s", "speedup_vs_hf_prompt_lookup", "prompt_lookup_num_tokens",
-              "draft_kind", "draft_cost_c", "dtype",
+              "draft_kind", "mode", "draft_cost_c", "dtype",
               "greedy_identical_vs_plain"}  # greedy_identical compares with HF plain, this with our plain
 # A bfloat16 engine is also compared with the target alone in float32 (stock HF, as most users run it).
 FLOAT32_KEYS = {"hf_plain_float32_tokens_per_s", "speedup_vs_hf_plain_float32"}
@@ -36,7 +36,7 @@ def test_bench_writes_the_design_keys_and_compares_with_stock_hf(dirs, tmp_path,
                  "--max-new-tokens", "12", "--k", "3", "--out", str(out), "--dtype", dtype]) == 0
     result = json.loads(out.read_text())
     assert set(result) == BENCH_KEYS | KERNEL_KEYS | EXTRA_KEYS | (FLOAT32_KEYS if dtype == "bfloat16" else set())
-    assert result["dtype"] == dtype
+    assert result["dtype"] == dtype and result["mode"] == "draft"
     assert result["draft_kind"] == "lm" and result["draft_cost_c"] > 0
     assert (result["engine_kernels"], result["hf_kernels"]) == ("oneDNN prepacked", "stock")
     assert result["greedy_identical"] == "2/2" == result["greedy_identical_vs_plain"]
@@ -72,6 +72,22 @@ def test_read_prompts_text_and_jsonl(tmp_path):
     empty.write_text("\n")
     with pytest.raises(ValueError, match="no prompts"):
         read_prompts(empty)
+
+
+def test_bench_with_the_suffix_tier_measures_mode_hybrid(dirs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DRAFTWHEEL_HOME", str(tmp_path / "home"))
+    target, draft = dirs
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The quick brown\nThe quick brown\n")  # the same prompt twice: nothing may leak
+    args = ["bench", "--target", str(target), "--draft", str(draft), "--prompts", str(prompts),
+            "--max-new-tokens", "12", "--k", "3", "--suffix-tier"]
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["mode"] == "hybrid" and result["greedy_identical_vs_plain"] == "2/2"
+    # The index learns from none of the measured requests, so both runs of the prompt draft alike.
+    assert 0.0 <= result["acceptance_rate"] <= 1.0
+    assert main(args + ["--suffix-logs", str(tmp_path / "missing")]) != 0
+    assert "--suffix-logs" in capsys.readouterr().err
 
 
 def test_bench_sampled_compares_plain_and_speculative(dirs, tmp_path, capsys, monkeypatch):

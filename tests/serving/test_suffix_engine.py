@@ -76,6 +76,16 @@ def test_finished_request_makes_the_next_identical_one_cheap(pair):
     assert again.record.verify_steps < first.record.verify_steps / 2
 
 
+def test_requests_naming_no_mode_are_hybrid_when_the_engine_has_the_tier(pair):
+    tokenizer, target, draft = pair
+    engine = make_engine(pair)
+    assert engine.default_mode == "hybrid"
+    completion, = engine.generate(["Please write a short"], SamplingParams(max_new_tokens=8))
+    assert completion.record.mode == "hybrid"
+    without_tier = Engine(from_objects(target, tokenizer, "target"), from_objects(draft, tokenizer, "draft"))
+    assert without_tier.default_mode == "draft"
+
+
 def test_suffix_mode_without_shared_index_uses_the_request_itself(pair):
     tokenizer, target, _ = pair
     engine = Engine(from_objects(target, tokenizer, "target"))
