@@ -116,7 +116,7 @@ def test_attach_tier_builds_the_index_from_the_logs_and_saves_state(pair, tmp_pa
         for tokens in ([1, 2, 3, 4, 5], [1, 2, 3, 4, 6]):
             sink.write(record(engine.target.model_id, tokens))
         sink.write(record(ModelId(name="another-target"), [9, 9, 9]))
-    assert attach_tier(engine, ServeConfig(), tmp_path / "logs", tmp_path / "state") is None
+    assert attach_tier(engine, ServeConfig(suffix_tier=False), tmp_path / "logs", tmp_path / "state") is None
     config = ServeConfig(suffix_tier=True, router=True, mode="hybrid")
     saver = attach_tier(engine, config, tmp_path / "logs", tmp_path / "state")
     assert engine.suffix_index.requests == 2 and engine.router is not None
@@ -151,7 +151,8 @@ def test_startup_reads_only_the_newest_files(tmp_path):
 
 
 def test_serve_config_suffix_fields():
-    for bad, field in (({"mode": "fast"}, "mode"), ({"mode": "hybrid"}, "mode"),
+    assert ServeConfig().suffix_tier  # on by default: requests naming no mode are hybrid
+    for bad, field in (({"mode": "fast"}, "mode"), ({"mode": "hybrid", "suffix_tier": False}, "mode"),
                        ({"suffix_max_tokens": 0}, "suffix_max_tokens"), ({"state_save_s": 0}, "state_save_s")):
         with pytest.raises(ValueError, match=field):
             ServeConfig(**bad)
