@@ -51,6 +51,53 @@ class ScoreCalibration:
         self.promised = self.decay * self.promised + score
 
 
+class StepPace:
+    """Whether drafting with the model pays in this request, by its own clock: seconds per emitted token
+    of its draft steps (drafting + verify forward) against its plain steps (one target forward), both
+    exponential moving averages weighted by tokens.
+
+    Why: `speedup` prices a draft step at 1 + k*c target forwards, but on this CPU a verify forward also
+    grows ~4 % per row and each draft step has fixed costs (the eagle3 draft first takes in the target's
+    features of the confirmed tokens). At an acceptance of ~0.1 (the eagle3 v0 on sampled templated
+    traffic) the draft alone ran at 0.91x plain decoding (benchmarks/bench_suffix.py), and the hybrid
+    drafted with it whenever the suffix index had nothing. The hybrid asks `draft_pays()` each step and
+    otherwise verifies the index's proposal, or takes a plain step when there is none.
+
+    The plain pace is measured by one plain step after `warmup` draft steps, and only when the draft
+    emits fewer than `1 + margin` tokens per step (a draft that clearly pays never spends a step on the
+    comparison). While plain steps win, every `explore`-th step drafts again, so a draft that recovers
+    later in the request is noticed.
+    """
+
+    def __init__(self, warmup: int = 3, explore: int = 8, decay: float = 0.8, margin: float = 0.25):
+        self.warmup, self.explore, self.decay, self.margin = warmup, explore, decay, margin
+        self._draft = [0.0, 0.0, 0.0]  # discounted seconds, tokens and steps of draft steps
+        self._plain = [0.0, 0.0]  # discounted seconds and tokens (= steps) of plain steps
+        self.draft_steps = 0
+        self.skipped = 0  # steps since the last draft step
+
+    def draft_pays(self) -> bool:
+        """Draft with the model this step? A "no" counts as a skipped step (for exploration)."""
+        seconds, tokens, steps = self._draft
+        if self.draft_steps < self.warmup:
+            pays = True
+        elif not self._plain[1]:  # no plain step measured: take one only when the draft looks marginal
+            pays = tokens / steps > 1.0 + self.margin
+        else:
+            pays = seconds / tokens <= self._plain[0] / self._plain[1] or self.skipped >= self.explore
+        self.skipped = 0 if pays else self.skipped + 1
+        return pays
+
+    def drafted(self, seconds: float, tokens: int) -> None:
+        """A draft step took `seconds` (drafting + verify forward) and emitted `tokens`."""
+        self._draft = [self.decay * old + new for old, new in zip(self._draft, (seconds, tokens, 1))]
+        self.draft_steps += 1
+
+    def plain(self, seconds: float) -> None:
+        """A plain step (one target forward, one token) took `seconds`."""
+        self._plain = [self.decay * old + new for old, new in zip(self._plain, (seconds, 1))]
+
+
 def speedup(a: float, k: int, c: float) -> float:
     """Expected tokens per unit of target-forward time, relative to plain decoding."""
     return expected_tokens(a, k) / (1.0 + k * c)

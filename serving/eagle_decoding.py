@@ -13,8 +13,10 @@ the target's p (serving.verify) stays exact. Greedy output equals the target's.
 
 Hybrid (mode `hybrid` with an eagle3 draft): each step first asks `propose` (the suffix index,
 serving.suffix_decoding) for a proposal and verifies it instead of drafting when its score beats the
-draft's expected accepted length. Such a step leaves the draft cache alone; the positions it confirms
-join the pending slots, so the draft's next step consumes their target features together.
+draft's expected accepted length, or whenever drafting does not pay in this request by its own clock
+(`serving.adaptive.StepPace`); with no proposal then, the step is a plain target step. Such steps leave
+the draft cache alone; the positions they confirm join the pending slots, so the draft's next step
+consumes their target features together.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from serving.adaptive import AdaptiveK, ScoreCalibration, index_beats_draft
+from serving.adaptive import AdaptiveK, ScoreCalibration, StepPace, index_beats_draft
 from serving.decoding import Request, choose
 from serving.eagle import DraftKV, Eagle3Draft
 from serving.kv import CachedLM
@@ -78,6 +80,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
     kv = DraftKV()
     estimate = controller or AdaptiveK(params.k)  # the draft's acceptance estimate, for the hybrid choice
     calibration = ScoreCalibration()  # how far the index's scores come true in this request
+    pace = StepPace() if propose else None  # the hybrid's "is drafting worth a step here?"
     logits, features = target.forward(req.prompt_ids, keep=1, aux=aux_ids)  # [1, V], [P, 3H]
     last = choose(logits[-1], params, req.generator)
     req.emit([last])
@@ -96,11 +99,13 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
             continue
         # The index may propose past k (up to its max_spec_tokens): long verbatim spans are its strength.
         proposal = propose(context, req.out.remaining - 1) if propose else None
-        from_suffix = bool(proposal and proposal.tokens) and index_beats_draft(calibration.scaled(proposal.score),
-                                                                               estimate.a, k)
+        use_draft = pace.draft_pays() if pace else True
+        from_suffix = bool(proposal and proposal.tokens) and (
+            not use_draft or index_beats_draft(calibration.scaled(proposal.score), estimate.a, k))
+        plain_step = not (from_suffix or use_draft)  # the hybrid's third choice: no draft at all
         start = time.perf_counter()
-        if from_suffix:
-            drafted, q = torch.tensor(proposal.tokens, dtype=torch.long), None  # [n]: a point mass
+        if from_suffix or plain_step:
+            drafted, q = torch.tensor(proposal.tokens if from_suffix else [], dtype=torch.long), None  # [n]: a point mass
         else:
             committed = kv.length + slot_tokens.shape[0]
             hidden = draft.extend(slot_tokens, draft.project(features), kv)[-1]  # [H]
@@ -116,18 +121,24 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
             emitted, accepted = verify_sampled(drafted, q, warp(logits, params), req.generator)
         target.rollback(k - accepted)
         # new_features[:a+1]: positions of `last` and the accepted drafts; `emitted` follows them.
-        if from_suffix:  # the draft consumed nothing this step: these slots queue behind the pending ones
-            calibration.update(proposal.score, accepted)
+        if from_suffix or plain_step:  # the draft consumed nothing this step: these slots queue behind the pending ones
+            if from_suffix:
+                calibration.update(proposal.score, accepted)
+            else:
+                pace.plain(target.last_forward_s)
             features = torch.cat([features, new_features[: accepted + 1]])
             slot_tokens = torch.cat([slot_tokens, emitted])
         else:
             kv.crop(committed)  # drop the slots that ran on the draft's own features
             features, slot_tokens = new_features[: accepted + 1], emitted  # [a+1, 3H], [a+1]
             estimate.update(k, accepted, draft_s, target.last_forward_s)
+            if pace:
+                pace.drafted(draft_s + target.last_forward_s, accepted + 1)
         last = int(emitted[-1])
         req.timed_step(draft_s, target.last_forward_s)
+        source = "suffix" if from_suffix else None if plain_step else SOURCE
         req.steps.append(Step(k=k, accepted=accepted, draft_token_ids=drafted.tolist(), target_token_id=last,
-                              source="suffix" if from_suffix else SOURCE))
+                              source=source))
         context.extend(emitted.tolist())
         req.emit(emitted.tolist())
         yield

@@ -5,8 +5,9 @@ suffix index (the shared part over earlier requests and the request's own part o
 output so far, `serving.suffix`) for a proposal. `suffix` verifies the proposal when there is one and
 otherwise takes a plain target step (k=0). `hybrid` verifies it when its score (the estimated accepted
 length) beats the draft model's expected accepted length at its k, E(a, k) - 1 with the request's
-running acceptance estimate a (`serving.adaptive`), and otherwise drafts with the model
-(`_draft_tokens`). Each `Step` says which source drafted it.
+running acceptance estimate a (`serving.adaptive`), or when drafting does not pay in this request by
+its own clock (`serving.adaptive.StepPace`: then a step with no proposal is a plain step), and
+otherwise drafts with the model (`_draft_tokens`). Each `Step` says which source drafted it.
 
 Lossless: a proposal is a function of the context alone, so as a draft it is a point mass, q = one-hot
 (q(x) = 1): `verify_sampled` accepts x with probability p(x) and otherwise draws from norm(max(0, p - q)),
@@ -29,7 +30,7 @@ from typing import Iterator
 
 import torch
 
-from serving.adaptive import AdaptiveK, ScoreCalibration, index_beats_draft
+from serving.adaptive import AdaptiveK, ScoreCalibration, StepPace, index_beats_draft
 from serving.decoding import Request, _draft_tokens
 from serving.eagle_decoding import eagle3
 from serving.kv import CachedLM
@@ -70,6 +71,7 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
     local = RequestIndex(context, index.config if index is not None else SuffixConfig())
     model_a = AdaptiveK(params.k)  # the draft model's acceptance estimate (and its k when adaptive)
     calibration = ScoreCalibration()  # how far the index's scores come true in this request
+    pace = StepPace()  # whether drafting with the model pays in this request (hybrid only)
     while not req.out.finished:
         # Drafts past max_new_tokens would be thrown away. The first forward is the prompt alone, as in
         # plain decoding: a prefill that also verifies drafts runs other kernel shapes, and in bfloat16
@@ -77,8 +79,9 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
         room = req.out.remaining - 1 if target.length else 0
         proposal = best_proposal(context, room, local, index)
         k_model = min(model_a.next_k() if params.adaptive_k else params.k, room)
-        use_model = draft is not None and k_model > 0 and not index_beats_draft(calibration.scaled(proposal.score),
-                                                                                model_a.a, k_model)
+        use_model = draft is not None and k_model > 0 and pace.draft_pays() and not index_beats_draft(
+            calibration.scaled(proposal.score), model_a.a, k_model)
+        pending = _pending(target, context)
         before = len(context)
         draft_s = 0.0
         if use_model:
@@ -89,7 +92,7 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
             drafted, q = torch.tensor(proposal.tokens, dtype=torch.long), None  # [k]
             source = "suffix" if proposal.tokens else None
         k = len(drafted)
-        logits = target.forward(torch.cat([_pending(target, context), drafted]), keep=k + 1)  # [k+1, V]
+        logits = target.forward(torch.cat([pending, drafted]), keep=k + 1)  # [k+1, V]
         if params.greedy:
             emitted, accepted = verify_greedy(drafted, logits)
         else:
@@ -100,8 +103,11 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
         if use_model:
             draft.rollback(draft.length - (before + min(accepted, k - 1)))
             model_a.update(k, accepted, draft_s, target.last_forward_s)
+            pace.drafted(draft_s + target.last_forward_s, accepted + 1)
         elif proposal.tokens:
             calibration.update(proposal.score, accepted)
+        elif pending.shape[0] == 1:  # a plain step (not the prefill)
+            pace.plain(target.last_forward_s)
         emitted_list = emitted.tolist()
         context.extend(emitted_list)
         local.extend(emitted_list)

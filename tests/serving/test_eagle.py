@@ -144,6 +144,40 @@ def test_hybrid_with_suffix_index_greedy_identical(pair, min_path_prob):
                for a, b in zip(c.record.steps, c.record.steps[1:]))
 
 
+class EveryThirdStepDrafts:
+    """A stand-in for serving.adaptive.StepPace with a fixed pattern: draft, skip, skip, draft, ..."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def draft_pays(self) -> bool:
+        self.calls += 1
+        return self.calls % 3 == 1
+
+    def drafted(self, seconds: float, tokens: int) -> None:
+        pass
+
+    def plain(self, seconds: float) -> None:
+        pass
+
+
+def test_hybrid_takes_plain_steps_when_drafting_does_not_pay(pair, monkeypatch):
+    """Steps the pace rules out are plain target steps when the index has nothing: their positions queue
+    for the draft like suffix-drafted ones, and greedy output stays the target's."""
+    tokenizer, target, _ = pair
+    monkeypatch.setattr("serving.eagle_decoding.StepPace", EveryThirdStepDrafts)
+    engine = hybrid_engine(pair, [])  # an empty index: the request's own part only
+    completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=30, k=3), mode="hybrid")
+    for completion in completions:
+        assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 30), completion.prompt
+    steps = [s for c in completions for s in c.record.steps[:-1]]  # the last token is always a plain step
+    plain = [s for s in steps if s.k == 0]
+    assert plain and all(s.source is None and s.accepted == 0 for s in plain)
+    # a plain step followed by an eagle3 step: the draft consumed the plain step's queued slots
+    assert any(a.k == 0 and b.source == "eagle3" for c in completions
+               for a, b in zip(c.record.steps, c.record.steps[1:]))
+
+
 def test_hybrid_sampled_tokens_follow_target_distribution(pair, two_token_sequences):
     tokenizer, target, _ = pair
     engine = hybrid_engine(pair, two_token_sequences)

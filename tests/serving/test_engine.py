@@ -334,6 +334,40 @@ def test_score_calibration_stops_trusting_an_index_that_over_promises():
     assert chat.ratio > 0.9
 
 
+def test_step_pace_drops_a_draft_that_costs_more_than_it_brings():
+    from serving.adaptive import StepPace
+
+    good = StepPace()
+    for _ in range(50):  # 2.5 tokens per step at 1.3 plain steps: drafting pays, no step spent checking
+        assert good.draft_pays()
+        good.drafted(1.3, 3 if good.draft_steps % 2 else 2)
+
+    bad = StepPace(warmup=3, explore=8)
+    choices = []
+    for step in range(40):
+        pays = bad.draft_pays()
+        choices.append(pays)
+        if pays:
+            bad.drafted(1.2, 1)  # one token per step (the correction) at 1.2 plain steps
+        else:
+            bad.plain(1.0)
+    assert choices[:3] == [True] * 3  # warm-up; then one plain step to compare, and plain wins:
+    assert choices[3:11] == [False] * 8 and choices[11] is True  # after 8 plain steps, one draft step explores
+    assert sum(choices) <= 3 + 40 // 9 + 1
+
+    recovering = StepPace(warmup=3, explore=2)
+    for _ in range(3):
+        recovering.draft_pays()
+        recovering.drafted(1.2, 1)
+    recovering.draft_pays()
+    recovering.plain(1.0)
+    while not recovering.draft_pays():
+        recovering.plain(1.0)
+    for _ in range(3):
+        recovering.drafted(1.2, 4)  # the draft now emits 4 tokens per step
+    assert recovering.draft_pays() and recovering.draft_pays()  # it drafts on every step again
+
+
 def test_adaptive_k_in_engine_logs_each_step_k(engine, pair):
     _, target, _ = pair
     completion, = engine.generate(["The quick brown"], SamplingParams(max_new_tokens=40, k=6, adaptive_k=True))

@@ -65,6 +65,19 @@ def test_greedy_identical_to_hf_generate(seeded, pair, mode):
     assert seeded.suffix_index.requests == requests_before + len(completions)  # each finished request was indexed
 
 
+def test_hybrid_takes_plain_steps_when_drafting_does_not_pay(pair, monkeypatch):
+    from tests.serving.test_eagle import EveryThirdStepDrafts
+
+    _, target, _ = pair
+    monkeypatch.setattr("serving.suffix_decoding.StepPace", EveryThirdStepDrafts)
+    engine = make_engine(pair)  # an empty shared index: the request's own part only
+    completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=30, k=3), mode="hybrid")
+    for completion in completions:
+        assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 30), completion.prompt
+    steps = [s for c in completions for s in c.record.steps[1:]]  # after the prefill step
+    assert any(s.k == 0 and s.source is None for s in steps) and any(s.source == "draft" for s in steps)
+
+
 def test_finished_request_makes_the_next_identical_one_cheap(pair):
     """Updating as requests finish: a repeat of a finished request is drafted from its own record and
     accepted almost whole (greedy), in a few verification steps."""
