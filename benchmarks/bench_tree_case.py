@@ -89,7 +89,7 @@ def main() -> None:
     apply_offline_defaults()
     dtype = resolve_dtype("auto")
     target = load_model(ensure_reference_target(models_dir()), dtype=dtype).model
-    draft = load_model(args.draft, dtype=dtype).model
+    draft = load_model(args.draft, dtype=dtype).model.attach_target(target)  # it shares the target's embeddings
     choices = first_position_choices(target, draft, args.holdout)
     prepack_linears(target)
     use_row_invariant_attention(target)

@@ -107,6 +107,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
         if from_suffix or plain_step:
             drafted, q = torch.tensor(proposal.tokens if from_suffix else [], dtype=torch.long), None  # [n]: a point mass
         else:
+            prefills_draft = kv.length == 0  # this extend takes in the whole prompt: not a step's usual cost
             committed = kv.length + slot_tokens.shape[0]
             hidden = draft.extend(slot_tokens, draft.project(features), kv)[-1]  # [H]
             drafted, q = _run_ahead(draft, hidden, k, kv, req, min_path_prob)  # [n], [n, V] | None (n <= k)
@@ -132,7 +133,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
             kv.crop(committed)  # drop the slots that ran on the draft's own features
             features, slot_tokens = new_features[: accepted + 1], emitted  # [a+1, 3H], [a+1]
             estimate.update(k, accepted, draft_s, target.last_forward_s)
-            if pace:
+            if pace and not prefills_draft:
                 pace.drafted(draft_s + target.last_forward_s, accepted + 1)
         last = int(emitted[-1])
         req.timed_step(draft_s, target.last_forward_s)

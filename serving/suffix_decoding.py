@@ -85,6 +85,7 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
         before = len(context)
         draft_s = 0.0
         if use_model:
+            prefills_draft = draft.length == 0  # this forward takes in the whole prompt: not a step's usual cost
             start = time.perf_counter()
             drafted, q = _draft_tokens(draft, _pending(draft, context), k_model, req)  # [k], [k, V] | None
             draft_s, source = time.perf_counter() - start, "draft"
@@ -103,7 +104,8 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
         if use_model:
             draft.rollback(draft.length - (before + min(accepted, k - 1)))
             model_a.update(k, accepted, draft_s, target.last_forward_s)
-            pace.drafted(draft_s + target.last_forward_s, accepted + 1)
+            if not prefills_draft:
+                pace.drafted(draft_s + target.last_forward_s, accepted + 1)
         elif proposal.tokens:
             calibration.update(proposal.score, accepted)
         elif pending.shape[0] == 1:  # a plain step (not the prefill)
