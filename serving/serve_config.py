@@ -68,8 +68,9 @@ class ServeConfig:
     suffix_tier: bool = True
     """Keep a suffix index of this target's earlier requests (built from the newest acceptance logs at
     start-up, updated as requests finish), so modes suffix and hybrid draft from it (hybrid takes either
-    draft kind), and serve requests that name no mode in mode hybrid. On by default: in every benchmark
-    so far hybrid was at least as fast as the draft alone (docs/results.md). The monitor and mining judge
+    draft kind), and serve requests that name no mode in mode hybrid. On by default: hybrid was as fast
+    as the draft alone or faster in the suffix benchmark's last runs and ~1.6x faster on the demo's code
+    prompts (docs/serving.md, docs/results.md). The monitor and mining judge
     only the draft's own steps of a hybrid request (serving.records.draft_steps)."""
     suffix_max_requests: int = 50_000
     """Suffix index bound: most requests kept (oldest evicted first)."""
