@@ -65,7 +65,10 @@ def start_server(target: Path, draft: Path, log_dir: Path) -> tuple[subprocess.P
         port = sock.getsockname()[1]
     proc = subprocess.Popen(
         [sys.executable, "-m", "draftwheel", "serve", "--target", str(target), "--draft", str(draft),
-         "--port", str(port), "--log-dir", str(log_dir), "--set", "default_temperature=0"],
+         "--port", str(port), "--log-dir", str(log_dir), "--set", "default_temperature=0",
+         # The same decoding on both sides (mode draft): with the suffix tier the server would also learn
+         # the prompts each round repeats, and the figure would no longer be the HTTP layer's cost.
+         "--set", "suffix_tier=false"],
         cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     import httpx
 
@@ -210,12 +213,15 @@ def main() -> None:
 
     from draftwheel.home import apply_offline_defaults
     from serving.engine import Engine
+    from serving.precision import resolve_dtype
+    from serving.serve_config import ServeConfig
 
     apply_offline_defaults()
     RESULTS.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         target, draft = save_pair(args.pair, Path(tmp))
-        engine = Engine.from_paths(target, draft)
+        serve = ServeConfig()  # the in-process engine decodes as the server does: its dtype and chain cut
+        engine = Engine.from_paths(target, draft, dtype=resolve_dtype(serve.dtype), min_path_prob=serve.min_path_prob)
         proc, url = start_server(target, draft, Path(tmp, "logs"))
         try:
             load_before = os.getloadavg()[0]
