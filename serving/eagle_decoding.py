@@ -102,10 +102,10 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
         use_draft = pace.draft_pays() if pace else True
         from_suffix = bool(proposal and proposal.tokens) and (
             not use_draft or index_beats_draft(calibration.scaled(proposal.score), estimate.a, k))
-        plain_step = not (from_suffix or use_draft)  # the hybrid's third choice: no draft at all
+        by_model = use_draft and not from_suffix  # neither: a plain step (the hybrid's third choice)
         start = time.perf_counter()
-        if from_suffix or plain_step:
-            drafted, q = torch.tensor(proposal.tokens if from_suffix else [], dtype=torch.long), None  # [n]: a point mass
+        if not by_model:  # the index's proposal, a point mass; or nothing, for a plain step
+            drafted, q = torch.tensor(proposal.tokens if from_suffix else [], dtype=torch.long), None  # [n]
         else:
             prefills_draft = kv.length == 0  # this extend takes in the whole prompt: not a step's usual cost
             committed = kv.length + slot_tokens.shape[0]
@@ -122,7 +122,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
             emitted, accepted = verify_sampled(drafted, q, warp(logits, params), req.generator)
         target.rollback(k - accepted)
         # new_features[:a+1]: positions of `last` and the accepted drafts; `emitted` follows them.
-        if from_suffix or plain_step:  # the draft consumed nothing this step: these slots queue behind the pending ones
+        if not by_model:  # the draft consumed nothing this step: these slots queue behind the pending ones
             if from_suffix:
                 calibration.update(proposal.score, accepted)
             else:
@@ -137,7 +137,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
                 pace.drafted(draft_s + target.last_forward_s, accepted + 1)
         last = int(emitted[-1])
         req.timed_step(draft_s, target.last_forward_s)
-        source = "suffix" if from_suffix else None if plain_step else SOURCE
+        source = SOURCE if by_model else "suffix" if from_suffix else None
         req.steps.append(Step(k=k, accepted=accepted, draft_token_ids=drafted.tolist(), target_token_id=last,
                               source=source))
         context.extend(emitted.tolist())
