@@ -57,7 +57,7 @@ class StepPace:
     exponential moving averages weighted by tokens.
 
     Why: `speedup` prices a draft step at 1 + k*c target forwards, but on this CPU a verify forward also
-    grows ~4 % per row and each draft step has fixed costs (the eagle3 draft first takes in the target's
+    grows ~3 % per row (benchmarks/bench_tree_case.py) and each draft step has fixed costs (the eagle3 draft first takes in the target's
     features of the confirmed tokens). At an acceptance of ~0.1 (the eagle3 v0 on sampled templated
     traffic) the draft alone ran at 0.91x plain decoding (benchmarks/bench_suffix.py), and the hybrid
     drafted with it whenever the suffix index had nothing. The hybrid asks `draft_pays()` each step and
@@ -74,7 +74,7 @@ class StepPace:
         self._draft = [0.0, 0.0, 0.0]  # discounted seconds, tokens and steps of draft steps
         self._plain = [0.0, 0.0]  # discounted seconds and tokens (= steps) of plain steps
         self.draft_steps = 0
-        self.skipped = 0  # steps since the last draft step
+        self.skipped = 0  # "no" answers since `draft_pays` last said yes (the step may then still go to the index)
 
     def draft_pays(self) -> bool:
         """Draft with the model this step? A "no" counts as a skipped step (for exploration)."""
