@@ -12,7 +12,8 @@ the logged requests at a fraction of serving them.
 Rehearsal (against forgetting): a warm-started draft also trains on a fixed, seeded sample of the data
 its warm start learned from (`rehearsal: auto` follows its training info back to the bootstrap data,
 whose features are already cached), `rehearsal_ratio` sequences per mined one, so a round on one new
-slice does not overwrite what the champion does well elsewhere.
+slice does not overwrite what the champion does well elsewhere. `mined_passes` repeats the mined
+sequences within each epoch (the rehearsal sample is seen once).
 Epoch selection (against forgetting too): before training and after each epoch, the implied mean
 accepted length at k = `eval_k` is measured per slice on a probe -- the round's hold-out, the warm
 start's own hold-out and the canary prompts -- and the saved weights are those of the epoch best for
@@ -70,6 +71,7 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     continue_to: int = 0         # lengthen outputs cut at their length limit with the target's greedy continuation to this many tokens (0 = off)
     rehearsal: str = "auto"      # earlier data mixed in: a dataset dir | auto = the warm start's own (training info) | "" = none
     rehearsal_ratio: float = 1.0  # rehearsal sequences per mined sequence (a fixed seeded sample)
+    mined_passes: int = 1        # times each mined sequence is seen per epoch (rehearsal and probe stay once)
     probe_canary: bool = True    # forgetting probe: also evaluate each epoch on the canary prompts (target's greedy answers)
     identity_init: bool = True   # a fresh draft starts as the target's top aux feature through its norm and head
     bf16: bool = True            # bfloat16 autocast for the target features and training (AMX/AVX512-BF16 CPUs, GPUs)
@@ -88,6 +90,7 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
         common.require(0.0 < self.ttt_decay <= 1.0, "ttt_decay", f"must be in (0, 1], got {self.ttt_decay}")
         common.require(self.continue_to >= 0, "continue_to", f"must be >= 0, got {self.continue_to}")
         common.require(self.rehearsal_ratio >= 0.0, "rehearsal_ratio", f"must be >= 0, got {self.rehearsal_ratio}")
+        common.require(self.mined_passes >= 1, "mined_passes", f"must be >= 1, got {self.mined_passes}")
         self.check_selection()
         common.require(len(self.aux_layer_ids) in (0, 3), "aux_layer_ids",
                        f"must list 3 layer ids or be empty, got {self.aux_layer_ids}")
@@ -443,8 +446,12 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
     features, hit = cached_features(target.model, train_seqs.ids, draft.c.aux_layer_ids, target.model_id.sha256,
                                     cache_root, bf16=config.bf16)
     info.update(feature_cache_hit=hit, feature_s=common.seconds_since(started))
-    train_set: torch.utils.data.Dataset = EagleDataset(train_seqs, features, config.prompt_loss)
-    train_tokens = len(features.argmax)
+    # A round's mined set is small next to its rehearsal sample: more passes over it per epoch give the
+    # new traffic more steps without more epochs, so the rehearsal sample, the per-epoch probe and the
+    # patience of epoch selection stay as they are (more epochs instead stopped the demo's round early).
+    mined = EagleDataset(train_seqs, features, config.prompt_loss)
+    train_set: torch.utils.data.Dataset = torch.utils.data.ConcatDataset([mined] * config.mined_passes)
+    train_tokens = len(features.argmax) * config.mined_passes
     source = rehearsal_source(config, info.get("student_dir"))
     if source is not None and source[0].resolve() != dataset_dir.resolve():
         rehearsal, rehearsal_info = rehearsal_sample(config, source, target, draft.c.aux_layer_ids, cache_root,

@@ -138,9 +138,17 @@ def test_warm_start_rehearses_the_data_it_learned_from(trained, toy_data, tmp_pa
     second = train_eagle(EagleConfig(**{**base, "student": str(first), "output_dir": str(tmp_path / "r2")}))
     assert json.loads((second / "draftwheel_training.json").read_text())["rehearsal"] == str(toy_data["distill"])
     off = train_eagle(EagleConfig(**{**base, "student": str(out), "rehearsal": "", "output_dir": str(tmp_path / "r3")}))
-    assert "rehearsal" not in json.loads((off / "draftwheel_training.json").read_text())
+    off_info = json.loads((off / "draftwheel_training.json").read_text())
+    assert "rehearsal" not in off_info
+    twice = train_eagle(EagleConfig(**{**base, "student": str(out), "rehearsal": "", "mined_passes": 2,
+                                       "output_dir": str(tmp_path / "r4")}))
+    twice_info = json.loads((twice / "draftwheel_training.json").read_text())
+    assert twice_info["metrics"]["train_tokens"] == 2 * off_info["metrics"]["train_tokens"]  # each mined row twice
+    assert twice_info["metrics"]["steps"] > off_info["metrics"]["steps"]
     with pytest.raises(ValueError, match="rehearsal_ratio"):
         EagleConfig(rehearsal_ratio=-1.0)
+    with pytest.raises(ValueError, match="mined_passes"):
+        EagleConfig(mined_passes=0)
 
 
 def test_lengthen_continues_cut_outputs_with_the_targets_greedy_tokens(toy_models, toy_data, tmp_path):
