@@ -63,7 +63,7 @@ class DemoConfig:
     """An absolute monitor threshold instead (0 = use trigger_ratio)."""
     mining_overrides: list[str] = field(default_factory=lambda: ["holdout_fraction=0.2", "hard_quantile=1.0"])
     """On top of configs/mining.yaml: with this little traffic, every request counts as a training sample."""
-    train_overrides: list[str] = field(default_factory=lambda: ["epochs=6", "mined_passes=2"])
+    train_overrides: list[str] = field(default_factory=lambda: ["epochs=6", "mined_passes=2", "rehearsal_ratio=2.0"])
     """On top of the shipped configs/<trainer>.yaml: a few more passes over the small mined set."""
     shadow_overrides: list[str] = field(default_factory=lambda: ["max_new_tokens=32", "min_requests=6"])
     """On top of configs/shadow.yaml: shorter replays. The canary set stays in, so the gate also weighs
