@@ -159,6 +159,27 @@ def _epoch(callback, model, state, control, weights, epoch):
     callback.on_epoch_end(_Args(), state, control, model=model)
 
 
+def test_callback_does_not_stop_in_the_first_half_of_training():
+    """A slice that dips while the learning rate is high may recover: no early stop before half the steps."""
+    from transformers import TrainerControl, TrainerState
+
+    a, b = _two_models()
+    weights_a = {k: v.clone() for k, v in a.state_dict().items()}
+    weights_b = {k: v.clone() for k, v in b.state_dict().items()}
+    examples = _examples(a, n=2, slice_name="old") + _examples(b, n=2, slice_name="new", seed=1)
+    callback = AgreementCallback(examples, _RecordingTracker(), k=4,
+                                 selection=EpochSelection(min_slice_examples=2, patience=2))
+    model, state, control = a, TrainerState(max_steps=80), TrainerControl()  # 8 epochs of 10 steps
+    state.epoch = 0.0
+    callback.on_train_begin(_Args(), state, control, model=model)
+    _epoch(callback, model, state, control, weights_a, 1)
+    for epoch in (2, 3, 4):  # forgetting `old`: not eligible, but still the first half
+        _epoch(callback, model, state, control, weights_b, epoch)
+        assert not control.should_training_stop
+    _epoch(callback, model, state, control, weights_b, 5)
+    assert control.should_training_stop  # past half, and still nothing better than epoch 1
+
+
 def test_callback_stops_early_and_puts_back_the_best_weights():
     from transformers import TrainerControl, TrainerState
 
@@ -170,7 +191,7 @@ def test_callback_stops_early_and_puts_back_the_best_weights():
     examples = _examples(a, n=2, slice_name="old") + _examples(b, n=2, slice_name="new", seed=1)
     tracker = _RecordingTracker()
     callback = AgreementCallback(examples, tracker, k=4, selection=EpochSelection(min_slice_examples=2, patience=2))
-    model, state, control = a, TrainerState(), TrainerControl()
+    model, state, control = a, TrainerState(max_steps=40), TrainerControl()  # 4 epochs of 10 steps
     state.epoch = 0.0
     callback.on_train_begin(_Args(), state, control, model=model)
     _epoch(callback, model, state, control, weights_a, 1)
