@@ -64,7 +64,8 @@ class DemoConfig:
     mining_overrides: list[str] = field(default_factory=lambda: ["holdout_fraction=0.2", "hard_quantile=1.0"])
     """On top of configs/mining.yaml: with this little traffic, every request counts as a training sample."""
     train_overrides: list[str] = field(default_factory=lambda: ["epochs=6", "mined_passes=2", "rehearsal_ratio=2.0"])
-    """On top of the shipped configs/<trainer>.yaml: a few more passes over the small mined set."""
+    """On top of the shipped configs/<trainer>.yaml: the small mined set twice per epoch, with twice as
+    many rehearsal sequences so chat is not forgotten (docs/training.md, "Mined passes")."""
     shadow_overrides: list[str] = field(default_factory=lambda: ["max_new_tokens=32", "min_requests=6"])
     """On top of configs/shadow.yaml: shorter replays. The canary set stays in, so the gate also weighs
     the chat and prose slices a code-only round could hurt."""

@@ -71,7 +71,7 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
     local = RequestIndex(context, index.config if index is not None else SuffixConfig())
     model_a = AdaptiveK(params.k)  # the draft model's acceptance estimate (and its k when adaptive)
     calibration = ScoreCalibration()  # how far the index's scores come true in this request
-    pace = StepPace()  # whether drafting with the model pays in this request (hybrid only)
+    pace = StepPace() if draft is not None else None  # whether drafting with the model pays (hybrid only)
     while not req.out.finished:
         # Drafts past max_new_tokens would be thrown away. The first forward is the prompt alone, as in
         # plain decoding: a prefill that also verifies drafts runs other kernel shapes, and in bfloat16
@@ -108,7 +108,7 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
                 pace.drafted(draft_s + target.last_forward_s, accepted + 1)
         elif proposal.tokens:
             calibration.update(proposal.score, accepted)
-        elif pending.shape[0] == 1:  # a plain step (not the prefill)
+        elif pace and pending.shape[0] == 1:  # a plain step of the hybrid (not the prefill)
             pace.plain(target.last_forward_s)
         emitted_list = emitted.tolist()
         context.extend(emitted_list)
