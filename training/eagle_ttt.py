@@ -22,10 +22,33 @@ from serving.eagle import Eagle3Draft
 
 
 def ttt_mask(n: int, step: int, device: torch.device | None = None) -> torch.Tensor:
-    """[n, (step+1)*n] bool: block 0 causal (slot j sees slots <= j), blocks 1..step diagonal."""
+    """[n, (step+1)*n] bool: block 0 causal (slot j sees slots <= j), blocks 1..step diagonal. The
+    mask `ttt_attention` applies, written out (its reference in the tests)."""
     blocks = [torch.ones(n, n, dtype=torch.bool, device=device).tril()]
     blocks += [torch.eye(n, dtype=torch.bool, device=device)] * step
     return torch.cat(blocks, 1)
+
+
+def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+    """Attention over the unrolled cache without materialising its mostly-empty mask.
+
+    q[B, nh, n, d]; keys/values[i]: [B, nkv, n, d] per unroll step i. Slot j attends causally to block 0
+    (slots <= j) and, in every later block, to its own entry only (its chain). The diagonal blocks are
+    per-slot dot products, so step s costs one n x n block plus s vectors instead of (s+1) n x n.
+    Returns [B, nh, n, d].
+    """
+    b, nh, n, d = q.shape
+    nkv = keys[0].shape[1]
+    qg = q.reshape(b, nkv, nh // nkv, n, d)  # heads grouped by the kv head they share (GQA)
+    scale = d ** -0.5
+    causal = (qg @ keys[0].unsqueeze(2).transpose(-1, -2)) * scale  # [B, nkv, g, n, n]
+    causal = causal.masked_fill(~torch.ones(n, n, dtype=torch.bool, device=q.device).tril(), float("-inf"))
+    own = [(qg * k.unsqueeze(2)).sum(-1, keepdim=True) * scale for k in keys[1:]]  # each [B, nkv, g, n, 1]
+    probs = torch.softmax(torch.cat([causal, *own], -1).float(), -1).to(q.dtype)
+    out = probs[..., :n] @ values[0].unsqueeze(2)  # [B, nkv, g, n, d]
+    for i, v in enumerate(values[1:]):
+        out = out + probs[..., n + i: n + i + 1] * v.unsqueeze(2)
+    return out.reshape(b, nh, n, d)
 
 
 def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, steps: int) -> list[torch.Tensor]:
@@ -35,6 +58,7 @@ def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, steps
     per step s, logits[B, T-1, Vd] whose slot j predicts the token at j+2+s.
     """
     layer = draft.layers[0]
+    attn = layer.self_attn
     n = input_ids.shape[1] - 1
     tokens = input_ids[:, 1:]  # [B, n]: the token at j+1
     hidden = draft.fc(aux[:, :-1].to(draft.fc.weight.dtype))  # [B, n, H]: target features at j
@@ -45,8 +69,8 @@ def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, steps
         q, k, v = layer.qkv(draft.embed(tokens), hidden, positions)
         keys.append(k)
         values.append(v)
-        mask = ttt_mask(n, step, input_ids.device)
-        hidden = layer.finish(layer.self_attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2), mask), hidden)
+        attended = ttt_attention(q, keys, values)  # [B, nh, n, d]
+        hidden = layer.finish(attn.o_proj(attended.transpose(1, 2).reshape(q.shape[0], n, -1)), hidden)
         logits = draft.logits(hidden)  # [B, n, Vd]
         out.append(logits)
         tokens = to_target[logits.detach().argmax(-1)]  # [B, n]: what the draft feeds itself next
@@ -68,6 +92,36 @@ def step_weights(steps: int, decay: float) -> list[float]:
     return [decay ** s for s in range(steps)]
 
 
+class _SoftCrossEntropy(torch.autograd.Function):
+    """Cross-entropy of logits[B, n, V] against probabilities p[B, n, V], one batch row at a time.
+
+    Same value and gradient as `F.cross_entropy(logits.float(), p, reduction="none")`, but each
+    row's float32 work stays a few MB (cache-sized) and no [B*n, V] copy is made: on a CPU this
+    vocabulary-wide, memory-bound part cost as much as the draft's matmuls.
+    Returns ce[B, n] float32; the backward is (softmax(logits) - p) * grad.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        lse = logits.new_empty(logits.shape[:-1], dtype=torch.float32)
+        ce = torch.empty_like(lse)
+        for b in range(logits.shape[0]):
+            z = logits[b].float()  # [n, V]
+            lse[b] = torch.logsumexp(z, -1)
+            ce[b] = lse[b] - (p[b] * z).sum(-1)
+        ctx.save_for_backward(logits, p, lse)
+        return ce
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        logits, p, lse = ctx.saved_tensors
+        out = torch.empty_like(logits)
+        for b in range(logits.shape[0]):
+            q = (logits[b].float() - lse[b].unsqueeze(-1)).exp_()  # softmax, [n, V]
+            out[b] = q.sub_(p[b]).mul_(grad[b].unsqueeze(-1))
+        return out, None
+
+
 def ttt_loss(step_logits: list[torch.Tensor], teacher_logp: torch.Tensor, mask: torch.Tensor,
              decay: float) -> tuple[torch.Tensor, list[float]]:
     """Forward KL from the target to the draft per unroll step, weighted decay**s, averaged over tokens.
@@ -77,10 +131,10 @@ def ttt_loss(step_logits: list[torch.Tensor], teacher_logp: torch.Tensor, mask: 
     teacher at position j+1+s. Returns (loss, per-step losses).
 
     KL(p || q) = cross-entropy(p, q) - entropy(p): the cross-entropy is one fused call with
-    probability targets, and the entropy, which no parameter changes, is computed once for all steps.
+    probability targets (`_SoftCrossEntropy`), and the entropy, which no parameter changes, is
+    computed once for all steps.
     """
     n = step_logits[0].shape[1]
-    vd = teacher_logp.shape[-1]
     with torch.no_grad():
         teacher_p = teacher_logp.float().exp()  # [B, T, Vd]
         entropy = -(teacher_p * teacher_logp.float()).sum(-1)  # [B, T]
@@ -90,10 +144,9 @@ def ttt_loss(step_logits: list[torch.Tensor], teacher_logp: torch.Tensor, mask: 
         width = n - s
         if width <= 0:
             break
-        target = teacher_p[:, 1 + s: 1 + s + width].reshape(-1, vd)  # [B*width, Vd]
-        m = mask[:, 1 + s: 1 + s + width].float().reshape(-1)
-        ce = F.cross_entropy(logits[:, :width].reshape(-1, vd).float(), target, reduction="none")
-        kl = ce - entropy[:, 1 + s: 1 + s + width].reshape(-1)  # [B*width]
+        ce = _SoftCrossEntropy.apply(logits[:, :width], teacher_p[:, 1 + s: 1 + s + width])  # [B, width]
+        kl = ce - entropy[:, 1 + s: 1 + s + width]
+        m = mask[:, 1 + s: 1 + s + width].float()
         step_loss = (kl * m).sum() / m.sum().clamp_min(1.0)
         total = total + weight * step_loss
         per_step.append(float(step_loss.detach()))

@@ -19,7 +19,10 @@ from serving.models import load_model
 from serving.params import SamplingParams
 from serving.toy import build_tokenizer, tiny_llama
 from training.eagle_train import EagleConfig, load_sequences, train_eagle
-from training.eagle_ttt import chain_acceptance, implied_mal, ttt_loss, ttt_mask
+import torch.nn.functional as F
+
+import training.eagle_train as eagle_train
+from training.eagle_ttt import _SoftCrossEntropy, chain_acceptance, implied_mal, ttt_attention, ttt_loss, ttt_mask
 
 
 def test_ttt_mask_is_causal_then_diagonal():
@@ -28,6 +31,36 @@ def test_ttt_mask_is_causal_then_diagonal():
     assert mask[:, :3].tolist() == [[True, False, False], [True, True, False], [True, True, True]]
     assert mask[:, 3:6].tolist() == torch.eye(3, dtype=torch.bool).tolist()
     assert mask[:, 6:].tolist() == torch.eye(3, dtype=torch.bool).tolist()
+
+
+def test_ttt_attention_equals_attention_under_the_written_out_mask():
+    """The per-slot diagonal shortcut computes exactly the masked attention over the whole unrolled cache."""
+    torch.manual_seed(0)
+    b, nh, nkv, n, d = 2, 4, 2, 5, 8
+    q = torch.randn(b, nh, n, d)
+    keys = [torch.randn(b, nkv, n, d) for _ in range(3)]
+    values = [torch.randn(b, nkv, n, d) for _ in range(3)]
+    expected = F.scaled_dot_product_attention(q, torch.cat(keys, 2), torch.cat(values, 2),
+                                              attn_mask=ttt_mask(n, 2), enable_gqa=True)
+    assert torch.allclose(ttt_attention(q, keys, values), expected, atol=1e-5)
+    # At step 0 it is plain causal attention.
+    causal = F.scaled_dot_product_attention(q, keys[0], values[0], is_causal=True, enable_gqa=True)
+    assert torch.allclose(ttt_attention(q, keys[:1], values[:1]), causal, atol=1e-5)
+
+
+def test_soft_cross_entropy_matches_torch_in_value_and_gradient():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 4, 9, requires_grad=True)
+    p = torch.softmax(torch.randn(3, 4, 9), -1)
+    upstream = torch.randn(3, 4)
+    ours = _SoftCrossEntropy.apply(logits, p)
+    (ours * upstream).sum().backward()
+    ours_grad = logits.grad.clone()
+    logits.grad = None
+    reference = F.cross_entropy(logits.reshape(-1, 9), p.reshape(-1, 9), reduction="none").reshape(3, 4)
+    (reference * upstream).sum().backward()
+    assert torch.allclose(ours, reference, atol=1e-6)
+    assert torch.allclose(ours_grad, logits.grad, atol=1e-6)
 
 
 def test_ttt_loss_zero_when_draft_equals_teacher_and_positive_otherwise():
@@ -111,6 +144,27 @@ def test_train_eagle_improves_and_saves_speculators_dir(trained):
     assert config["speculators_model_type"] == "eagle3"
     assert config["draft_vocab_size"] == 128
     assert info["metrics"]["feature_cache_hit"] == 0.0
+
+
+def test_bf16_training_runs_the_unrolled_draft_under_autocast(trained, tmp_path, monkeypatch):
+    """`bf16: true` must reach the draft's matmuls: accelerate's autocast wraps only `model.forward`,
+    which the unrolled loop does not call (this trained in float32 before, 4-5x slower on AMX)."""
+    out, config = trained
+    seen = []
+
+    def recording_unroll(*args, **kwargs):
+        logits = unroll(*args, **kwargs)
+        if torch.is_grad_enabled():  # a training step (the per-epoch probe runs without gradients)
+            seen.append((torch.is_autocast_enabled("cpu"), logits[0].dtype))
+        return logits
+
+    unroll = eagle_train.unroll
+    monkeypatch.setattr(eagle_train, "unroll", recording_unroll)
+    for bf16, expected in ((True, (True, torch.bfloat16)), (False, (False, torch.float32))):
+        seen.clear()
+        train_eagle(EagleConfig(**{**vars(config), "output_dir": str(tmp_path / f"bf16-{bf16}"), "bf16": bf16,
+                                   "max_steps": 1, "keep_best_epoch": False}))
+        assert seen == [expected]  # max_steps 1: one training step
 
 
 def test_feature_cache_reused_on_second_run(trained, tmp_path):
