@@ -354,9 +354,11 @@ def _chain_totals(draft: Eagle3Draft, dataset: EagleDataset, indices: list[int],
     return totals, counted
 
 
-def evaluate_chains(draft: Eagle3Draft, dataset: EagleDataset, k: int, batch_size: int = 8) -> dict[str, float]:
+def evaluate_chains(draft: Eagle3Draft, dataset: EagleDataset, k: int, batch_size: int = 8,
+                    bf16: bool = False) -> dict[str, float]:
     """Teacher-forced greedy acceptance per chain position and the implied mean accepted length at k,
-    overall and per slice (`slice.<name>.implied_mal`)."""
+    overall and per slice (`slice.<name>.implied_mal`). With `bf16`, under bfloat16 autocast, the
+    precision the engine serves in on AMX CPUs (and ~4x faster matmuls there)."""
     by_slice: dict[str, list[int]] = {}
     for i, name in enumerate(dataset.seqs.slices):
         by_slice.setdefault(name, []).append(i)
@@ -364,7 +366,7 @@ def evaluate_chains(draft: Eagle3Draft, dataset: EagleDataset, k: int, batch_siz
     totals, counted = [0] * k, 0
     was_training = draft.training
     draft.eval()
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast(draft.fc.weight.device.type, dtype=torch.bfloat16, enabled=bf16):
         for name, indices in sorted(by_slice.items()):
             slice_totals, slice_counted = _chain_totals(draft, dataset, indices, k, batch_size)
             result[slice_key(name, METRIC)] = implied_mal(slice_totals, slice_counted)
@@ -385,15 +387,17 @@ class ChainCallback(EpochSelectionCallback):
 
     metric = METRIC
 
-    def __init__(self, dataset: EagleDataset, k: int, tracker: Any, selection: Any):
+    def __init__(self, dataset: EagleDataset, k: int, tracker: Any, selection: Any, bf16: bool = False):
         super().__init__(dataset.seqs.slices, tracker, selection)
-        self.dataset, self.k = dataset, k
+        self.dataset, self.k, self.bf16 = dataset, k, bf16
 
     def measure(self, model: Any) -> dict[str, float]:
-        result = evaluate_chains(model, self.dataset, self.k)
+        started = time.perf_counter()
+        result = evaluate_chains(model, self.dataset, self.k, bf16=self.bf16)
         slices = " ".join(f"{name} {result[slice_key(name, METRIC)]:.3f}" for name in sorted(self.counts))
         print(f"[eagle] implied mean accepted length {result[METRIC]:.3f} (k={self.k}; {slices}), acceptance by "
-              "position " + " ".join(f"{result[f'acceptance_pos{s + 1}']:.2f}" for s in range(self.k)), flush=True)
+              "position " + " ".join(f"{result[f'acceptance_pos{s + 1}']:.2f}" for s in range(self.k))
+              + f" [probe {common.seconds_since(started):.1f} s]", flush=True)
         return result
 
 
@@ -474,7 +478,7 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
         probe_features, _ = cached_features(target.model, probe.ids, draft.c.aux_layer_ids,
                                             target.model_id.sha256, cache_root, bf16=config.bf16)
         evaluation = ChainCallback(EagleDataset(probe, probe_features, prompt_loss=False), config.eval_k, tracker,
-                                   config.epoch_selection())
+                                   config.epoch_selection(), config.bf16)
         callbacks.append(evaluation)
     draft.train()
     # Batches of similar lengths: mined outputs run from a few dozen to max_length tokens, and a random
