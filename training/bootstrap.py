@@ -54,6 +54,7 @@ class BootstrapConfig:
     max_length: int = 384        # tokens per training sequence
     text_sequences: int = 64     # eagle3: extra teacher-forced text (stdlib docstrings, the `prose` workload)
     ttt_steps: int = 3           # eagle3: training-time-test unroll depth
+    bf16: bool = True            # eagle3: generate the completions and train under bfloat16 (AMX/AVX512-BF16 CPUs, GPUs)
     register: bool = True        # register the draft and set `champion` (unless a champion exists)
     tracking: bool = True        # log the distillation run to MLflow
 
@@ -109,8 +110,13 @@ def _traffic(config: BootstrapConfig, target: Any, data_dir: Path, workload: lis
 
         workload = build_workload(config.workload, config.n_prompts + config.holdout_prompts, config.seed)
     print(f"bootstrap: target completions of {len(workload)} {config.workload} prompts", flush=True)
-    rows = target_traffic(target.model, target.tokenizer, workload, config.max_new_tokens,
-                          config.gen_batch_size, top_k=config.top_k if config.draft_kind == "lm" else 0)
+    from training.eagle_train import generation_model
+
+    # The lm v0 distils cached top-k log-probs, kept in float32; the eagle3 v0 reads only the token ids
+    # (its teacher comes from the feature forward), so a bfloat16 copy generates them ~1.9x faster.
+    eagle = config.draft_kind == "eagle3"
+    rows = target_traffic(generation_model(target, eagle and config.bf16), target.tokenizer, workload,
+                          config.max_new_tokens, config.gen_batch_size, top_k=0 if eagle else config.top_k)
     tmp = data_dir.with_name(data_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.parent.mkdir(parents=True, exist_ok=True)
@@ -158,7 +164,7 @@ def _build_eagle_draft(config: BootstrapConfig, target: Any, data: dict[str, Pat
                         holdout=str(data["holdout"]) if data["holdout"].is_dir() else "", output_dir=str(tmp),
                         learning_rate=config.learning_rate, epochs=config.epochs, batch_size=config.batch_size,
                         max_length=config.max_length, ttt_steps=config.ttt_steps, tracking=config.tracking,
-                        eval_max_samples=config.holdout_prompts, seed=config.seed, logging_steps=5)
+                        eval_max_samples=config.holdout_prompts, seed=config.seed, logging_steps=5, bf16=config.bf16)
     train_eagle(eagle, tracker)
     tmp.rename(draft_dir)
 
@@ -226,7 +232,7 @@ def bootstrap(config: BootstrapConfig | None = None, workload: list[dict] | None
     else:
         # Keyed by what shapes the traffic, so a changed config never silently reuses stale data.
         key = (f"{config.workload}-{config.n_prompts}-{config.holdout_prompts}-{config.max_new_tokens}-{config.seed}"
-               f"-{config.draft_kind}")
+               f"-{config.draft_kind}" + ("-bf16" if config.draft_kind == "eagle3" and config.bf16 else ""))
         data = _traffic(config, target, home.datasets_dir() / "bootstrap" / key, workload)
         _build_draft(config, target, data, draft_dir, get_tracker(config.tracking))
         result["built"] = True
