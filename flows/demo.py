@@ -67,9 +67,9 @@ class DemoConfig:
     chat than `draftwheel bootstrap`'s (probe chat MAL 1.81 vs 1.96); the table reports what it does."""
     mining_overrides: list[str] = field(default_factory=lambda: ["holdout_fraction=0.2", "hard_quantile=1.0"])
     """On top of configs/mining.yaml: with this little traffic, every request counts as a training sample."""
-    train_overrides: list[str] = field(default_factory=lambda: ["epochs=6", "mined_passes=2", "rehearsal_ratio=2.0"])
-    """On top of the shipped configs/<trainer>.yaml: the small mined set twice per epoch, with twice as
-    many rehearsal sequences so chat is not forgotten (docs/training.md, "Mined passes")."""
+    train_overrides: list[str] = field(default_factory=lambda: ["epochs=6"])
+    """On top of the shipped configs/<trainer>.yaml (two passes over the mined set per epoch, twice as many
+    rehearsal sequences; docs/training.md, "Mined passes"): twice the round's epochs."""
     shadow_overrides: list[str] = field(default_factory=lambda: ["max_new_tokens=32", "min_requests=6"])
     """On top of configs/shadow.yaml: shorter replays. The canary set stays in, so the gate also weighs
     the chat and prose slices a code-only round could hurt."""
