@@ -128,9 +128,12 @@ class Attention(nn.Module):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """q[B, nh, T, d] over k/v[B, nkv, S, d] with mask[T, S] (True = may attend) -> [B, T, H]."""
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  # [B, nh, T, d]
-        b, _, t, _ = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        return self.project_out(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True))
+
+    def project_out(self, heads: torch.Tensor) -> torch.Tensor:
+        """Per-head attention outputs[B, nh, T, d] -> o_proj over the concatenated heads, [B, T, H]."""
+        b, _, t, _ = heads.shape
+        return self.o_proj(heads.transpose(1, 2).reshape(b, t, -1))
 
 
 class MLP(nn.Module):

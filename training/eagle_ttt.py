@@ -58,7 +58,6 @@ def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, steps
     per step s, logits[B, T-1, Vd] whose slot j predicts the token at j+2+s.
     """
     layer = draft.layers[0]
-    attn = layer.self_attn
     n = input_ids.shape[1] - 1
     tokens = input_ids[:, 1:]  # [B, n]: the token at j+1
     hidden = draft.fc(aux[:, :-1].to(draft.fc.weight.dtype))  # [B, n, H]: target features at j
@@ -69,8 +68,7 @@ def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, steps
         q, k, v = layer.qkv(draft.embed(tokens), hidden, positions)
         keys.append(k)
         values.append(v)
-        attended = ttt_attention(q, keys, values)  # [B, nh, n, d]
-        hidden = layer.finish(attn.o_proj(attended.transpose(1, 2).reshape(q.shape[0], n, -1)), hidden)
+        hidden = layer.finish(layer.self_attn.project_out(ttt_attention(q, keys, values)), hidden)
         logits = draft.logits(hidden)  # [B, n, Vd]
         out.append(logits)
         tokens = to_target[logits.detach().argmax(-1)]  # [B, n]: what the draft feeds itself next

@@ -12,16 +12,15 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+import training.eagle_train as eagle_train
 from serving.eagle import Eagle3Config, Eagle3Draft, vocab_from_counts
 from serving.engine import Engine
 from serving.models import load_model
 from serving.params import SamplingParams
 from serving.toy import build_tokenizer, tiny_llama
 from training.eagle_train import EagleConfig, load_sequences, train_eagle
-import torch.nn.functional as F
-
-import training.eagle_train as eagle_train
 from training.eagle_ttt import _SoftCrossEntropy, chain_acceptance, implied_mal, ttt_attention, ttt_loss, ttt_mask
 
 
