@@ -116,8 +116,6 @@ def print_report(report: dict[str, Any]) -> None:
         figures = overall[arm]
         print(f"  {arm:<10} mean accepted length {figures['mean']:.3f}  acceptance {figures['acceptance_rate']:.3f}  "
               f"{figures['tokens_per_s']:.1f} tok/s")
-    if "target_only_tokens_per_s" in overall:
-        print(f"  target alone {overall['target_only_tokens_per_s']:.1f} tok/s")
     for reason in report["decision"]["reasons"]:
         print(f"  {reason}")
 

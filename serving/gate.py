@@ -204,8 +204,6 @@ def _compare(requests: list[dict[str, Any]], config: ShadowConfig) -> dict[str, 
     for arm in ("champion", "challenger"):
         for key in ("acceptance_rate", "tokens_per_s"):
             result[arm][key] = float(np.mean([r[arm][key] for r in requests]))
-    if all("target_only" in r for r in requests):  # replays carry it; constructed reports may not
-        result["target_only_tokens_per_s"] = float(np.mean([r["target_only"]["tokens_per_s"] for r in requests]))
     return result
 
 

@@ -1,12 +1,13 @@
 """Shadow replay: champion vs challenger draft on the same prompts, then the gate's decision.
 
 `run_shadow` replays the mined holdout set (and the repo's fixed canary prompts) through one target
-with each draft and with the target alone. Every prompt runs with the same sampling settings and
-seed for both drafts, in mode draft, or with `suffix_tier` in mode hybrid as serving runs it (each draft
-with its own suffix index, learning from its replays); the order of the two drafts alternates from
-prompt to prompt so slow drift of the machine (thermal, other load) does not favour one side. It records per request the accepted
+with each draft. Every prompt runs with the same sampling settings and seed for both drafts, in mode
+draft, or with `suffix_tier` in mode hybrid as serving runs it (each draft with its own suffix index,
+learning from its replays); the order of the two drafts alternates from prompt to prompt so slow drift
+of the machine (thermal, other load) does not favour one side. It records per request the accepted
 length, acceptance rate and tokens/s, checks losslessness (greedy output of each draft identical to
-target-only greedy decoding), and hands the report to `serving.gate`. It writes report.json and the
+target-only greedy decoding: one teacher-forced pass, serving.greedy_check, and a target-only decode
+only to report a difference), and hands the report to `serving.gate`. It writes report.json and the
 plot when asked, and logs both to a tracker passed in. It does not touch the registry: moving
 aliases after a passing gate is the caller's decision (see `draftwheel.registry_cli`).
 """
@@ -24,6 +25,7 @@ from typing import Any
 from draftwheel.config import to_dict
 from draftwheel.tracking import NullTracker
 from serving.engine import Completion, Engine
+from serving.greedy_check import greedy_divergence
 from serving.gate import ShadowConfig, gate, plot_slices, slice_table, summarize
 from serving.models import LoadedModel, load_model
 from serving.params import SamplingParams
@@ -98,23 +100,32 @@ def _run(engine: Engine, request: ShadowRequest, params: SamplingParams, mode: s
 
 def _replay_one(engines: dict[str, Engine], request: ShadowRequest, index: int,
                 config: ShadowConfig) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """One prompt through target-only, champion and challenger: (request row, lossless mismatches)."""
+    """One prompt through champion and challenger: (request row, lossless mismatches)."""
     params = _params(request, index, config)
-    # The target-only run is the reference for losslessness, so it is always greedy.
-    reference = _run(engines["target"], request, _params(request, index, config, greedy=True), "autoregressive")
     order = ("champion", "challenger") if index % 2 == 0 else ("challenger", "champion")
     runs = {arm: _run(engines[arm], request, params) for arm in order}
     row = {"id": request.id, "slice": request.slice, "source": request.source,
-           "target_only": {"tokens_per_s": reference.stats.tokens_per_s},
            **{arm: _figures(runs[arm]) for arm in ("champion", "challenger")}}
-    mismatches = []
+    mismatches, reference = [], None
     for arm in ("champion", "challenger"):
         greedy = runs[arm] if params.greedy else _run(engines[arm], request, _params(
             request, index, config, greedy=True))
+        if _is_target_greedy(engines["target"], greedy, params.max_new_tokens):
+            continue
+        # The one-pass check found a difference: decode target-only, once, and report against that.
+        reference = reference or _run(engines["target"], request, _params(request, index, config, greedy=True),
+                                      "autoregressive")
         if greedy.token_ids != reference.token_ids:
             mismatches.append({"id": request.id, "model": arm,
                                "first_difference": _first_difference(greedy.token_ids, reference.token_ids)})
     return row, mismatches
+
+
+def _is_target_greedy(target: Engine, completion: Completion, max_new_tokens: int) -> bool:
+    """Whether `completion` is target-only greedy decoding's output, from one teacher-forced pass
+    (serving.greedy_check) instead of decoding the prompt again."""
+    return greedy_divergence(target.target.model, target.eos_ids, completion.prompt_token_ids,
+                             completion.token_ids, max_new_tokens) is None
 
 
 def _engines(models: dict[str, LoadedModel], config: ShadowConfig) -> dict[str, Engine]:

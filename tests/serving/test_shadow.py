@@ -116,7 +116,6 @@ def test_shadow_replay_promotes_the_better_draft(toy_models, tmp_path):
     assert result["overall"]["champion"]["acceptance_rate"] == 0.0
     assert result["overall"]["difference"]["ci_low"] > 1.0
     assert set(result["slices"]) == {"code", "prose", "chat"}
-    assert result["overall"]["target_only_tokens_per_s"] > 0
     assert json.loads(out.read_text())["decision"] == result["decision"]
     assert out.with_suffix(".png").stat().st_size > 1000
     assert tracker.files == ["shadow_report.json", "shadow_slices.png"] and tracker.metrics["promote"] == 1.0
@@ -144,3 +143,25 @@ def test_shadow_replay_with_the_suffix_tier(toy_models):
     assert result["overall"]["champion"]["mean"] > 1.0
     assert result["overall"]["difference"]["mean"] < 1.0
     assert result["config"]["suffix_tier"] is True
+
+
+def test_a_lossy_challenger_is_caught_and_reported_against_target_only_decoding(toy_models, monkeypatch):
+    models, holdout, _ = toy_models
+    import serving.shadow as shadow
+
+    replay = shadow._run
+
+    def lossy(engine, request, params, mode=None):
+        """The good draft's engine changes the third token of every output (a lossy draft)."""
+        completion = replay(engine, request, params, mode)
+        if engine._draft is models["good"]:
+            completion.token_ids[2] = (completion.token_ids[2] + 1) % models["target"].model.config.vocab_size
+        return completion
+
+    monkeypatch.setattr(shadow, "_run", lossy)
+    config = ShadowConfig(bootstrap_resamples=500, include_canary=False, min_requests=4)
+    result = run_shadow(models["bad"], models["good"], models["target"], holdout, config)
+    assert result["lossless"]["mismatches"] == [{"id": f"h{i}", "model": "challenger", "first_difference": 2}
+                                                for i in range(6)]
+    assert not result["decision"]["promote"]
+    assert any("lossless" in reason for reason in result["decision"]["failed_checks"])
