@@ -70,10 +70,12 @@ class DemoConfig:
     reports what it does."""
     mining_overrides: list[str] = field(default_factory=lambda: ["holdout_fraction=0.2", "hard_quantile=1.0"])
     """On top of configs/mining.yaml: with this little traffic, every request counts as a training sample."""
-    train_overrides: list[str] = field(default_factory=lambda: ["epochs=6", "learning_rate=4e-3"])
-    """On top of the shipped configs/<trainer>.yaml (two passes over the mined set per epoch, twice as many
-    rehearsal sequences; docs/training.md, "Mined passes"): twice the round's epochs at twice its learning
-    rate (on this demo's round data the gate measured code +32.8 % instead of +29.1 % at 2e-3)."""
+    train_overrides: list[str] = field(default_factory=lambda: ["epochs=6", "learning_rate=4e-3", "mined_passes=3",
+                                                                "rehearsal_ratio=1.0"])
+    """On top of the shipped configs/<trainer>.yaml: twice a default round's epochs and learning rate, and
+    three passes over the mined code per epoch with one rehearsal sequence per mined one (the default is
+    two and two: the same sequences per epoch, more of them code). On this demo's round data the gate
+    measured code +35.4 % with these, +32.8 % with only the rate changed and +29.1 % with neither."""
     shadow_overrides: list[str] = field(default_factory=lambda: ["max_new_tokens=32", "min_requests=6"])
     """On top of configs/shadow.yaml: shorter replays. The canary set stays in, so the gate also weighs
     the chat and prose slices a code-only round could hurt."""
