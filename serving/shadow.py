@@ -25,8 +25,8 @@ from typing import Any
 from draftwheel.config import to_dict
 from draftwheel.tracking import NullTracker
 from serving.engine import Completion, Engine
-from serving.greedy_check import greedy_divergence
 from serving.gate import ShadowConfig, gate, plot_slices, slice_table, summarize
+from serving.greedy_check import greedy_divergence
 from serving.models import LoadedModel, load_model
 from serving.params import SamplingParams
 from serving.precision import resolve_dtype
