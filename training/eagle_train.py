@@ -65,7 +65,6 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     min_vocab_coverage: float = 0.97  # rebuild the warm start's vocabulary below this output-token coverage
     prompt_vocab: bool = True    # also score each request's prompt tokens outside the vocabulary (serving.eagle.DraftVocab)
     prompt_token_weight: float = 0.25  # with prompt_vocab: vocabulary count of an output token its prompt holds
-    freeze_head: bool = False    # the head is the target's own rows, not trained
     aux_layer_ids: list[int] = field(default_factory=list)  # target layers fused; [] = EAGLE-3's (2, L/2, L-3)
     ttt_steps: int = 4           # training-time-test unroll depth
     ttt_decay: float = 0.8       # weight of unroll step s is ttt_decay**s
@@ -465,10 +464,6 @@ def prepare_draft(config: EagleConfig, target: Any, counts: torch.Tensor, eos: l
         draft.c.target_sha256 = target.model_id.sha256
     draft.c.prompt_vocab = config.prompt_vocab
     info["vocab_coverage_train"] = coverage(draft.t2d, counts)
-    if config.freeze_head:  # the target's own rows, frozen (EAGLE-1/2, FR-Spec): extension rows score alike
-        with torch.no_grad():
-            draft.lm_head.weight.copy_(target.model.get_output_embeddings().weight[draft.draft_to_target])
-        draft.lm_head.weight.requires_grad_(False)
     return draft.attach_target(target.model), info
 
 

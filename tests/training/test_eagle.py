@@ -142,8 +142,6 @@ def test_train_eagle_improves_and_saves_speculators_dir(trained):
     config = json.loads((out / "config.json").read_text())
     assert config["speculators_model_type"] == "eagle3"
     assert config["draft_vocab_size"] == 128
-    assert config["draftwheel"]["prompt_vocab"] is True  # the default: serving extends it with the prompt
-    assert 0.0 < info["metrics"]["vocab_coverage_holdout"] <= info["metrics"]["vocab_coverage_holdout_with_prompt"]
     assert info["metrics"]["feature_cache_hit"] == 0.0
 
 
@@ -291,21 +289,3 @@ def test_revocab_keeps_shared_rows_and_starts_new_ones_from_the_target_head():
     sparse[[20, 21]] = 1.0  # a round that saw two new ids: they rank first, the old ones fill the rest
     chosen = set(revocab(draft, sparse, 8, target, eos=[]).draft_to_target.tolist())
     assert {20, 21} <= chosen and chosen - {20, 21} <= set(range(8))
-
-
-def test_copied_output_tokens_count_less_for_the_vocabulary():
-    """With prompt_vocab an output token its own prompt holds is covered by the request's extension:
-    it counts `in_prompt_weight` for the static vocabulary, and coverage counts it as proposable."""
-    from training.eagle_train import Sequences, coverage_with_prompts, output_counts
-
-    seqs = Sequences([], [], [])
-    seqs.add([5, 6, 7], [7, 8, 7, 9], "code", max_length=64)  # 7 is copied from the prompt, 8 and 9 are not
-    seqs.add([1, 2], [8, 3], "chat", max_length=64)
-    counts = output_counts(seqs, 16, in_prompt_weight=0.25)
-    assert counts[7] == 0.5 and counts[8] == 2.0 and counts[9] == 1.0 and counts[3] == 1.0
-    assert output_counts(seqs, 16)[7] == 2.0  # full counts without the weight
-    t2d = torch.zeros(16, dtype=torch.bool)
-    t2d[8] = True
-    assert coverage_with_prompts(t2d, seqs) == pytest.approx(4 / 6)  # 7, 8, 7 and 8 of 6 output tokens
-    with pytest.raises(ValueError, match="prompt_token_weight"):
-        EagleConfig(prompt_token_weight=1.5)
