@@ -64,7 +64,6 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     draft_vocab_size: int = 4096  # rows of the draft head (FR-Spec: most frequent output tokens)
     min_vocab_coverage: float = 0.97  # rebuild the warm start's vocabulary below this output-token coverage
     prompt_vocab: bool = True    # also score each request's prompt tokens outside the vocabulary (serving.eagle.DraftVocab)
-    prompt_token_weight: float = 0.25  # with prompt_vocab: vocabulary count of an output token its prompt holds
     aux_layer_ids: list[int] = field(default_factory=list)  # target layers fused; [] = EAGLE-3's (2, L/2, L-3)
     ttt_steps: int = 4           # training-time-test unroll depth
     ttt_decay: float = 0.8       # weight of unroll step s is ttt_decay**s
@@ -93,8 +92,6 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
         common.require(self.continue_to >= 0, "continue_to", f"must be >= 0, got {self.continue_to}")
         common.require(self.rehearsal_ratio >= 0.0, "rehearsal_ratio", f"must be >= 0, got {self.rehearsal_ratio}")
         common.require(self.mined_passes >= 1, "mined_passes", f"must be >= 1, got {self.mined_passes}")
-        common.require(0.0 <= self.prompt_token_weight <= 1.0, "prompt_token_weight",
-                       f"must be in [0, 1], got {self.prompt_token_weight}")
         self.check_selection()
         common.require(len(self.aux_layer_ids) in (0, 3), "aux_layer_ids",
                        f"must list 3 layer ids or be empty, got {self.aux_layer_ids}")
@@ -133,37 +130,15 @@ def load_sequences(path: Path, max_length: int, output_column: str = "completion
     return seqs
 
 
-def output_counts(seqs: Sequences, vocab_size: int, in_prompt_weight: float = 1.0) -> torch.Tensor:
-    """How often each target id appears in the outputs (what the draft must be able to propose), [V] double.
-
-    An output token that its own prompt also holds counts `in_prompt_weight`: with `prompt_vocab` the
-    request's extension covers it. Why below 1: an identifier a completion copies from its prompt is
-    rare elsewhere, and with a full count the vocabulary built from a round's data held every output
-    token of it, so training never showed the draft a copied token outside its vocabulary and it never
-    learned to propose one (measured: 0 of 86 such hold-out positions right)."""
-    counts = torch.zeros(vocab_size, dtype=torch.double)
-    for ids, p in zip(seqs.ids, seqs.prompt_lens):
-        out = torch.tensor(ids[p:], dtype=torch.long)
-        weight = torch.ones(out.shape[0], dtype=torch.double)
-        if in_prompt_weight != 1.0:
-            weight[torch.isin(out, torch.tensor(ids[:p], dtype=torch.long))] = in_prompt_weight
-        counts.index_add_(0, out, weight)
-    return counts
+def output_counts(seqs: Sequences, vocab_size: int) -> torch.Tensor:
+    """How often each target id appears in the outputs (what the draft must be able to propose)."""
+    outputs = [t for ids, p in zip(seqs.ids, seqs.prompt_lens) for t in ids[p:]]
+    return torch.bincount(torch.tensor(outputs, dtype=torch.long), minlength=vocab_size)[:vocab_size]
 
 
 def coverage(t2d: torch.Tensor, counts: torch.Tensor) -> float:
     """Share of output tokens the draft vocabulary contains."""
     return float(counts[t2d].sum() / counts.sum().clamp_min(1))
-
-
-def coverage_with_prompts(t2d: torch.Tensor, seqs: Sequences) -> float:
-    """Share of output tokens a `prompt_vocab` draft can propose: in its vocabulary or in the own prompt."""
-    covered = total = 0
-    for ids, p in zip(seqs.ids, seqs.prompt_lens):
-        out = torch.tensor(ids[p:], dtype=torch.long)
-        covered += int((t2d[out] | torch.isin(out, torch.tensor(ids[:p], dtype=torch.long))).sum())
-        total += out.shape[0]
-    return covered / max(total, 1)
 
 
 def fresh_draft(target: Any, config: EagleConfig, counts: torch.Tensor, target_sha: str, eos: list[int]) -> Eagle3Draft:
@@ -483,7 +458,7 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
     eos = eos_token_ids(target)
     lengthened = lengthen(train_seqs, target, eos, config, cache_root) if config.continue_to else {}
     vocab = target.model.config.vocab_size
-    counts = output_counts(train_seqs, vocab, config.prompt_token_weight if config.prompt_vocab else 1.0)
+    counts = output_counts(train_seqs, vocab)
     draft, info = prepare_draft(config, target, counts, sorted(eos))
     info.update(lengthened)
     started = time.perf_counter()
@@ -509,8 +484,6 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
     if holdout_dir.is_dir():
         hold_seqs = load_sequences(holdout_dir, config.max_length, "output_token_ids", config.eval_max_samples)
         info["vocab_coverage_holdout"] = coverage(draft.t2d, output_counts(hold_seqs, vocab))
-        if config.prompt_vocab:
-            info["vocab_coverage_holdout_with_prompt"] = coverage_with_prompts(draft.t2d, hold_seqs)
     probe = probe_sequences(config, hold_seqs, source, target, cache_root)
     evaluation = None
     if probe.ids:

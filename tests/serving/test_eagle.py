@@ -10,7 +10,6 @@ suffix index (proposals from test_suffix_engine's corrupted continuations) must 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -28,32 +27,28 @@ from tests.serving.test_suffix_engine import corrupted, two_token_sequences  # n
 from training.eagle_ttt import teacher_log_probs, ttt_loss, unroll
 
 
-def fit_draft(target, tokenizer, steps=300, seed=0, prompt_vocab=False, vocab_div=2) -> Eagle3Draft:
-    """A draft fitted to the target's greedy continuations of PROMPTS; its static vocabulary is 1/vocab_div
-    of the target's. With `prompt_vocab`, trained to score each prompt's other tokens too."""
+def fit_draft(target, tokenizer, steps=300, seed=0) -> Eagle3Draft:
+    """A draft fitted to the target's greedy continuations of PROMPTS (plus sampled ones for variety)."""
     torch.manual_seed(seed)
-    sequences, prompts = [], []
+    sequences = []
     for prompt in PROMPTS:
         ids = tokenizer(prompt)["input_ids"]
-        prompts.append(torch.tensor(ids))
         sequences.append(ids + hf_greedy(target, ids, 40))
     width = min(len(s) for s in sequences)
     ids = torch.tensor([s[:width] for s in sequences])
     with torch.no_grad():
         out = target(input_ids=ids, output_hidden_states=True)
-    config = Eagle3Config.for_target(target.config, draft_vocab_size=target.config.vocab_size // vocab_div,
-                                     prompt_vocab=prompt_vocab)
+    config = Eagle3Config.for_target(target.config, draft_vocab_size=target.config.vocab_size // 2)
     counts = torch.bincount(ids.flatten(), minlength=target.config.vocab_size)
     d2t, t2d = vocab_from_counts(counts, config.draft_vocab_size)
     draft = Eagle3Draft(config, d2t=d2t, t2d=t2d).attach_target(target)
-    vocab = draft.vocab_for(prompts) if prompt_vocab else None
     aux = torch.cat([out.hidden_states[i] for i in config.aux_layer_ids], -1)
     with torch.no_grad():
-        teacher = teacher_log_probs(out.hidden_states[-1], target.lm_head.weight, draft, vocab=vocab)
+        teacher = teacher_log_probs(out.hidden_states[-1], target.lm_head.weight, draft)
     mask = torch.ones(ids.shape, dtype=torch.bool)
     optimizer = torch.optim.Adam(draft.parameters(), lr=3e-3)
     for _ in range(steps):
-        loss, _ = ttt_loss(unroll(draft, ids, aux, 3, vocab), teacher, mask, decay=0.8)
+        loss, _ = ttt_loss(unroll(draft, ids, aux, 3), teacher, mask, decay=0.8)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -115,55 +110,6 @@ def test_sampled_tokens_follow_target_distribution(engine, pair):
     control = (tokenizer, target, noisy_copy(target, 1.0))
     completions = check_two_token_law(engine, control, SamplingParams(max_new_tokens=3, temperature=1.0, top_k=3, k=2))
     assert any(s.accepted > 0 for c in completions for s in c.record.steps), "no draft token ever accepted"
-
-
-@pytest.fixture(scope="module")
-def prompt_vocab_engine(pair):
-    """A draft with an eighth of the vocabulary, trained to score each prompt's other tokens too."""
-    tokenizer, target, _ = pair
-    draft = fit_draft(target, tokenizer, prompt_vocab=True, vocab_div=8)
-    return Engine(from_objects(target, tokenizer, "target"), from_objects(draft, tokenizer, "eagle")), draft
-
-
-def test_prompt_vocab_proposes_prompt_tokens_and_stays_lossless(pair, prompt_vocab_engine):
-    """With `prompt_vocab` the draft proposes (and gets accepted) prompt tokens outside its static
-    vocabulary; greedy output stays the target's and the sampled law too (q over the extended ids)."""
-    tokenizer, target, _ = pair
-    engine, draft = prompt_vocab_engine
-    completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=40, k=3))
-    for completion in completions:
-        assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 40), completion.prompt
-    outside = [(t, i < s.accepted) for c in completions for s in c.record.steps
-               for i, t in enumerate(s.draft_token_ids) if not draft.t2d[t]]
-    assert outside, "no token outside the static vocabulary was ever drafted"
-    assert any(accepted for _, accepted in outside), "no drafted prompt token was ever accepted"
-    assert all(t in c.prompt_token_ids for c in completions for s in c.record.steps
-               for t in s.draft_token_ids if not draft.t2d[t])
-    control = (tokenizer, target, noisy_copy(target, 1.0))
-    check_two_token_law(engine, control, SamplingParams(max_new_tokens=3, temperature=1.0, top_k=3, k=2))
-
-
-def test_draft_vocab_for_a_batch_masks_other_rows_prompts(pair, prompt_vocab_engine, tmp_path):
-    _, target, _ = pair
-    _, draft = prompt_vocab_engine
-    outside = (~draft.t2d).nonzero().flatten()
-    a, b = outside[:3], outside[3:5]
-    vocab = draft.vocab_for([torch.cat([a, draft.draft_to_target[:2]]), b])
-    assert vocab.to_target[:draft.c.draft_vocab_size].tolist() == draft.draft_to_target.tolist()
-    assert sorted(vocab.to_target[draft.c.draft_vocab_size:].tolist()) == sorted(outside[:5].tolist())
-    extra = vocab.to_target[draft.c.draft_vocab_size:]
-    assert vocab.extra_mask.tolist() == [[int(t) in a.tolist() for t in extra], [int(t) in b.tolist() for t in extra]]
-    assert torch.equal(vocab.extra_rows, target.lm_head.weight[extra])
-    hidden = torch.randn(2, 4, target.config.hidden_size)
-    logits = draft.logits(hidden, vocab)  # [2, 4, Vd + 5]
-    teacher = teacher_log_probs(hidden, target.lm_head.weight, draft, vocab=vocab).exp()
-    for row, mine in ((0, a), (1, b)):
-        masked = [draft.c.draft_vocab_size + i for i, t in enumerate(extra.tolist()) if t not in mine.tolist()]
-        assert (logits[row][:, masked] < -1e8).all() and (teacher[row][:, masked] == 0).all()
-    assert torch.allclose(teacher.sum(-1), torch.ones(2, 4))
-    plain = Eagle3Draft(dataclasses.replace(draft.c, prompt_vocab=False), d2t=draft.d2t, t2d=draft.t2d)
-    assert plain.attach_target(target).vocab_for([a]).extra_rows is None
-    assert load_eagle3(save_eagle3(draft, tmp_path / "eagle")).c.prompt_vocab  # config.json's "draftwheel" part
 
 
 def hybrid_engine(pair, sequences, **kwargs):
