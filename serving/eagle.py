@@ -60,7 +60,6 @@ class Eagle3Config:
     verifier_name: str = ""          # the target's name or path (speculators_config.verifier)
     verifier_architectures: list[str] = field(default_factory=list)
     target_sha256: str = ""          # weights sha256 of the target it was trained for
-    prompt_vocab: bool = False       # the head also scores the request's prompt tokens (`DraftVocab`)
 
     @property
     def head_dim(self) -> int:
@@ -193,26 +192,6 @@ class DraftKV:
             self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
 
 
-@dataclass
-class DraftVocab:
-    """The ids a draft proposes over for one request (or one training batch): its static vocabulary, then,
-    with `prompt_vocab`, the prompt tokens outside it, scored through the target's own LM-head rows.
-
-    Why: FR-Spec's frequency vocabulary misses the rare tokens a request copies from its prompt. On the
-    demo round's held-out code the 4096-token vocabulary covered 82 % of the target's output tokens, and
-    98.7 % together with each request's prompt tokens (identifiers the completion reuses). A draft
-    trained with the extension learns to put mass on them; an untrained one scores them far below its
-    own rows (tried: no change in accepted length).
-    """
-
-    to_target: torch.Tensor                # [Vd + E] target ids: the draft ids, then the extra ones
-    extra_rows: torch.Tensor | None = None  # [E, H] the target's LM-head rows of the extra ids
-    extra_mask: torch.Tensor | None = None  # [B, E] bool: extra id e belongs to batch row b's prompt
-
-
-MASKED = -1e9  # logit of an extra id outside a row's prompt: finite, so 0 * logit stays 0 in the losses
-
-
 class Eagle3Draft(nn.Module):
     """fc + one decoder layer + norm + draft-vocabulary head; the embedding table is the target's."""
 
@@ -231,7 +210,6 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("d2t", d2t.long(), persistent=True)
         self.register_buffer("t2d", t2d.bool(), persistent=True)
         self.embed_tokens: nn.Module | None = None  # the target's, attached by `attach_target`
-        self.target_head: torch.Tensor | None = None  # the target's LM-head weight [V, H], likewise
         # What check_compatible and the engine read off any draft model.
         self.config = _PublicConfig(vocab_size=c.vocab_size, max_position_embeddings=c.max_position_embeddings)
 
@@ -251,19 +229,7 @@ class Eagle3Draft(nn.Module):
                              f"{tc.num_hidden_layers} layers")
         # Plain attribute (not a registered submodule): the table belongs to the target and is never saved.
         object.__setattr__(self, "embed_tokens", target_model.get_input_embeddings())
-        object.__setattr__(self, "target_head", target_model.get_output_embeddings().weight)
         return self
-
-    def vocab_for(self, prompts: list[torch.Tensor]) -> DraftVocab:
-        """The vocabulary for a batch of prompts (one per row; one for a serving request)."""
-        if not self.c.prompt_vocab:
-            return DraftVocab(self.draft_to_target)
-        ids = torch.unique(torch.cat(prompts))
-        extra = ids[~self.t2d[ids]]  # [E]
-        mask = torch.stack([torch.isin(extra, p) for p in prompts]) if len(prompts) > 1 else None  # [B, E]
-        with torch.no_grad():
-            rows = self.target_head[extra].to(self.lm_head.weight.dtype)  # [E, H]
-        return DraftVocab(torch.cat([self.draft_to_target, extra]), rows, mask)
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
@@ -274,17 +240,9 @@ class Eagle3Draft(nn.Module):
         """Fuse target features: aux[T, 3*Ht] -> [T, H]."""
         return self.fc(aux.to(self.fc.weight.dtype))
 
-    def logits(self, hidden: torch.Tensor, vocab: DraftVocab | None = None) -> torch.Tensor:
-        """hidden[..., H] -> logits over the draft vocabulary [..., Vd], or over `vocab` [..., Vd + E]
-        (hidden [B, n, H] when `vocab` has a batch mask)."""
-        normed = self.norm(hidden)
-        logits = self.lm_head(normed)
-        if vocab is None or vocab.extra_rows is None:
-            return logits
-        extra = normed @ vocab.extra_rows.to(normed.dtype).T  # [..., E]
-        if vocab.extra_mask is not None:
-            extra = extra.masked_fill(~vocab.extra_mask.unsqueeze(1), MASKED)
-        return torch.cat([logits, extra.to(logits.dtype)], -1)
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden[..., H] -> draft-vocabulary logits[..., Vd]."""
+        return self.lm_head(self.norm(hidden))
 
     @torch.inference_mode()
     def extend(self, token_ids: torch.Tensor, features: torch.Tensor, kv: DraftKV) -> torch.Tensor:
@@ -343,9 +301,7 @@ def config_json(c: Eagle3Config) -> dict[str, Any]:
             "verifier": {"name_or_path": c.verifier_name, "architectures": list(c.verifier_architectures)},
         },
         # Ours, ignored by speculators/vLLM: which target weights the draft was trained for.
-        # `prompt_vocab` too: serving extends the head with the prompt's tokens (vLLM uses the static vocabulary).
-        "draftwheel": {"draft_kind": SPECULATORS_TYPE, "target_sha256": c.target_sha256,
-                       "prompt_vocab": c.prompt_vocab},
+        "draftwheel": {"draft_kind": SPECULATORS_TYPE, "target_sha256": c.target_sha256},
     }
 
 
@@ -380,7 +336,7 @@ def parse_config(data: dict[str, Any]) -> Eagle3Config:
         max_position_embeddings=layer.get("max_position_embeddings", 8192),
         speculative_tokens=methods[0].get("speculative_tokens", 4) if methods else 4,
         verifier_name=verifier.get("name_or_path") or "", verifier_architectures=verifier.get("architectures") or [],
-        target_sha256=ours.get("target_sha256", ""), prompt_vocab=bool(ours.get("prompt_vocab", False)),
+        target_sha256=ours.get("target_sha256", ""),
     )
 
 

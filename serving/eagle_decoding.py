@@ -8,9 +8,8 @@ features of those positions; (4) the draft's speculative slots are cropped and s
 the accepted positions' target features. Nothing is re-encoded: each confirmed position enters each
 cache once.
 
-The draft proposes over its own vocabulary (with `prompt_vocab`, also over the prompt's tokens outside
-it: `serving.eagle.DraftVocab`); its q is zero outside that, so rejection sampling against the target's
-p (serving.verify) stays exact. Greedy output equals the target's.
+The draft proposes over its own vocabulary; its q is zero outside it, so rejection sampling against
+the target's p (serving.verify) stays exact. Greedy output equals the target's.
 
 Hybrid (mode `hybrid` with an eagle3 draft): each step first asks `propose` (the suffix index,
 serving.suffix_decoding) for a proposal and verifies it instead of drafting when its score beats the
@@ -29,7 +28,7 @@ import torch
 
 from serving.adaptive import AdaptiveK, ScoreCalibration, StepPace, index_beats_draft
 from serving.decoding import Request, choose
-from serving.eagle import DraftKV, DraftVocab, Eagle3Draft
+from serving.eagle import DraftKV, Eagle3Draft
 from serving.kv import CachedLM
 from serving.records import Step
 from serving.sampling import sample, warp
@@ -39,7 +38,7 @@ from serving.verify import point_mass_q, verify_greedy, verify_sampled
 SOURCE = "eagle3"
 
 
-def _run_ahead(draft: Eagle3Draft, vocab: DraftVocab, hidden: torch.Tensor, k: int, kv: DraftKV, req: Request,
+def _run_ahead(draft: Eagle3Draft, hidden: torch.Tensor, k: int, kv: DraftKV, req: Request,
                min_path_prob: float = 0.0):
     """Draft up to k tokens from the last slot's hidden[H]; return target ids[n] and, when sampling, q[n, V].
 
@@ -47,18 +46,18 @@ def _run_ahead(draft: Eagle3Draft, vocab: DraftVocab, hidden: torch.Tensor, k: i
     `min_path_prob` (EAGLE-2's observation: draft confidence predicts acceptance): a further token would
     most likely be rejected, yet costs a draft step and a verify row. The cut reads only the draft's side,
     so verification stays exact (any chain length is verified losslessly)."""
-    to_target = vocab.to_target  # [Vd + E]
+    to_target = draft.draft_to_target  # [Vd]
     tokens, probs = [], []
     path_prob = 1.0
     for i in range(k):
         with torch.inference_mode():
-            logits = draft.logits(hidden, vocab).float()  # [Vd + E]
+            logits = draft.logits(hidden).float()  # [Vd]
         if req.params.greedy:
             index = logits.argmax()
             if min_path_prob:
                 path_prob *= float(torch.softmax(logits, -1)[index])
         else:
-            q_draft = warp(logits, req.params)  # [Vd + E]
+            q_draft = warp(logits, req.params)  # [Vd]
             index = sample(q_draft, req.generator)
             path_prob *= float(q_draft[index])
             q = torch.zeros(draft.c.vocab_size)  # [V]: zero outside the draft vocabulary
@@ -79,7 +78,6 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
     params = req.params
     aux_ids = draft.c.aux_layer_ids
     kv = DraftKV()
-    vocab = draft.vocab_for([req.prompt_ids])  # its own ids, and with `prompt_vocab` the prompt's other tokens
     estimate = controller or AdaptiveK(params.k)  # the draft's acceptance estimate, for the hybrid choice
     calibration = ScoreCalibration()  # how far the index's scores come true in this request
     pace = StepPace() if propose else None  # the hybrid's "is drafting worth a step here?"
@@ -112,7 +110,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
             prefills_draft = kv.length == 0  # this extend takes in the whole prompt: not a step's usual cost
             committed = kv.length + slot_tokens.shape[0]
             hidden = draft.extend(slot_tokens, draft.project(features), kv)[-1]  # [H]
-            drafted, q = _run_ahead(draft, vocab, hidden, k, kv, req, min_path_prob)  # [n], [n, V] | None (n <= k)
+            drafted, q = _run_ahead(draft, hidden, k, kv, req, min_path_prob)  # [n], [n, V] | None (n <= k)
         k = drafted.shape[0]
         draft_s = time.perf_counter() - start
         logits, new_features = target.forward(torch.cat([torch.tensor([last]), drafted]), keep=k + 1, aux=aux_ids)

@@ -41,7 +41,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from draftwheel import home
 from draftwheel.config import to_dict
 from draftwheel.tracking import get_tracker
-from serving.eagle import DraftVocab, Eagle3Config, Eagle3Draft, save_eagle3, vocab_from_counts
+from serving.eagle import Eagle3Config, Eagle3Draft, save_eagle3, vocab_from_counts
 from training import common
 from training.data import join_and_truncate, load_dataset_dir
 from training.eagle_features import Features, cached_features
@@ -63,7 +63,6 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     holdout: str = ""            # holdout/ dataset dir; "" = sibling of dataset, if any
     draft_vocab_size: int = 4096  # rows of the draft head (FR-Spec: most frequent output tokens)
     min_vocab_coverage: float = 0.97  # rebuild the warm start's vocabulary below this output-token coverage
-    prompt_vocab: bool = True    # also score each request's prompt tokens outside the vocabulary (serving.eagle.DraftVocab)
     aux_layer_ids: list[int] = field(default_factory=list)  # target layers fused; [] = EAGLE-3's (2, L/2, L-3)
     ttt_steps: int = 4           # training-time-test unroll depth
     ttt_decay: float = 0.8       # weight of unroll step s is ttt_decay**s
@@ -302,8 +301,7 @@ class EagleDataset(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict[str, Any]:
         aux, hidden, argmax = self.features.sequence(i)
         start = 0 if self.prompt_loss else max(self.seqs.prompt_lens[i] - 1, 0)
-        return {"input_ids": self.seqs.ids[i], "aux": aux, "hidden": hidden, "argmax": argmax, "start": start,
-                "prompt_len": self.seqs.prompt_lens[i]}
+        return {"input_ids": self.seqs.ids[i], "aux": aux, "hidden": hidden, "argmax": argmax, "start": start}
 
 
 def collate(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
@@ -313,8 +311,7 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     batch = {"input_ids": torch.zeros(b, width, dtype=torch.long), "argmax": torch.zeros(b, width, dtype=torch.long),
              "mask": torch.zeros(b, width, dtype=torch.bool),
              "aux": torch.zeros(b, width, rows[0]["aux"].shape[-1]),
-             "hidden": torch.zeros(b, width, rows[0]["hidden"].shape[-1]),
-             "prompt_len": torch.tensor([r["prompt_len"] for r in rows])}
+             "hidden": torch.zeros(b, width, rows[0]["hidden"].shape[-1])}
     for i, r in enumerate(rows):
         n = len(r["input_ids"])
         batch["input_ids"][i, :n] = torch.tensor(r["input_ids"])
@@ -323,11 +320,6 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         batch["hidden"][i, :n] = r["hidden"].float()
         batch["mask"][i, r["start"]: n - 1] = True  # the last position's next token is not in the data
     return batch
-
-
-def batch_vocab(draft: Eagle3Draft, batch: dict[str, torch.Tensor]) -> DraftVocab:
-    """The draft's vocabulary for a collated batch: with `prompt_vocab`, each row's prompt tokens join it."""
-    return draft.vocab_for([ids[:n] for ids, n in zip(batch["input_ids"], batch["prompt_len"].tolist())])
 
 
 class EagleTrainer(Trainer):
@@ -343,11 +335,9 @@ class EagleTrainer(Trainer):
         # Accelerate's mixed precision wraps `model.forward`, which the unrolled loop never calls: enter
         # its autocast here, or `bf16` trains in float32 (4-5x slower matmuls on an AMX CPU, measured).
         with self.accelerator.autocast():
-            vocab = batch_vocab(draft, inputs)
-            logits = unroll(draft, inputs["input_ids"], inputs["aux"], self.ttt_steps, vocab)
+            logits = unroll(draft, inputs["input_ids"], inputs["aux"], self.ttt_steps)
             with torch.no_grad():
-                teacher = teacher_log_probs(inputs["hidden"], self.lm_head_weight.to(inputs["hidden"].device), draft,
-                                            vocab=vocab)
+                teacher = teacher_log_probs(inputs["hidden"], self.lm_head_weight.to(inputs["hidden"].device), draft)
             loss, _ = ttt_loss(logits, teacher, inputs["mask"], self.ttt_decay)
         return (loss, {"logits": logits[0]}) if return_outputs else loss
 
@@ -357,9 +347,8 @@ def _chain_totals(draft: Eagle3Draft, dataset: EagleDataset, indices: list[int],
     totals, counted = [0] * k, 0
     for start in range(0, len(indices), batch_size):
         batch = collate([dataset[i] for i in indices[start:start + batch_size]])
-        vocab = batch_vocab(draft, batch)
-        logits = unroll(draft, batch["input_ids"], batch["aux"], k, vocab)
-        accepted, n = chain_acceptance(logits, batch["argmax"], draft, batch["mask"], vocab)
+        logits = unroll(draft, batch["input_ids"], batch["aux"], k)
+        accepted, n = chain_acceptance(logits, batch["argmax"], draft, batch["mask"])
         totals = [a + b for a, b in zip(totals, accepted)]
         counted += n
     return totals, counted
@@ -437,7 +426,6 @@ def prepare_draft(config: EagleConfig, target: Any, counts: torch.Tensor, eos: l
         else:
             draft, info["vocab"] = warm, "kept"
         draft.c.target_sha256 = target.model_id.sha256
-    draft.c.prompt_vocab = config.prompt_vocab
     info["vocab_coverage_train"] = coverage(draft.t2d, counts)
     return draft.attach_target(target.model), info
 

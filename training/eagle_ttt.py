@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from serving.eagle import MASKED, DraftVocab, Eagle3Draft
+from serving.eagle import Eagle3Draft
 
 
 def ttt_mask(n: int, step: int, device: torch.device | None = None) -> torch.Tensor:
@@ -51,18 +51,17 @@ def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.
     return out.reshape(b, nh, n, d)
 
 
-def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, steps: int,
-           vocab: DraftVocab | None = None) -> list[torch.Tensor]:
+def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, steps: int) -> list[torch.Tensor]:
     """Run the draft `steps` times over every slot.
 
     input_ids[B, T] (target ids), aux[B, T, 3Ht] (target features at each position) ->
-    per step s, logits[B, T-1, Vd] (or [B, T-1, Vd + E] over `vocab`) whose slot j predicts the token at j+2+s.
+    per step s, logits[B, T-1, Vd] whose slot j predicts the token at j+2+s.
     """
     layer = draft.layers[0]
     n = input_ids.shape[1] - 1
     tokens = input_ids[:, 1:]  # [B, n]: the token at j+1
     hidden = draft.fc(aux[:, :-1].to(draft.fc.weight.dtype))  # [B, n, H]: target features at j
-    to_target = vocab.to_target if vocab is not None else draft.draft_to_target
+    to_target = draft.draft_to_target
     keys, values, out = [], [], []
     for step in range(steps):
         positions = torch.arange(1 + step, n + 1 + step, device=input_ids.device)
@@ -70,24 +69,20 @@ def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, steps
         keys.append(k)
         values.append(v)
         hidden = layer.finish(layer.self_attn.project_out(ttt_attention(q, keys, values)), hidden)
-        logits = draft.logits(hidden, vocab)  # [B, n, Vd (+ E)]
+        logits = draft.logits(hidden)  # [B, n, Vd]
         out.append(logits)
         tokens = to_target[logits.detach().argmax(-1)]  # [B, n]: what the draft feeds itself next
     return out
 
 
 def teacher_log_probs(teacher_hidden: torch.Tensor, lm_head_weight: torch.Tensor, draft: Eagle3Draft,
-                      temperature: float = 1.0, vocab: DraftVocab | None = None) -> torch.Tensor:
-    """The target's distribution restricted (and renormalised) to the draft vocabulary, or to `vocab`
-    (each row to its own prompt's extra ids).
+                      temperature: float = 1.0) -> torch.Tensor:
+    """The target's distribution restricted (and renormalised) to the draft vocabulary.
 
-    teacher_hidden[B, T, H] (the target's final normed hidden states) -> log-probs[B, T, Vd (+ E)].
+    teacher_hidden[B, T, H] (the target's final normed hidden states) -> log-probs[B, T, Vd].
     """
-    weight = lm_head_weight[vocab.to_target if vocab is not None else draft.draft_to_target]  # [Vd (+ E), H]
+    weight = lm_head_weight[draft.draft_to_target]  # [Vd, H]
     logits = teacher_hidden.to(weight.dtype) @ weight.T
-    if vocab is not None and vocab.extra_mask is not None:
-        extra = logits[..., draft.c.draft_vocab_size:]
-        extra.masked_fill_(~vocab.extra_mask.unsqueeze(1), MASKED)
     return F.log_softmax(logits / temperature, -1)
 
 
@@ -157,7 +152,7 @@ def ttt_loss(step_logits: list[torch.Tensor], teacher_logp: torch.Tensor, mask: 
 
 
 def chain_acceptance(step_logits: list[torch.Tensor], reference: torch.Tensor, draft: Eagle3Draft,
-                     mask: torch.Tensor, vocab: DraftVocab | None = None) -> tuple[list[int], int]:
+                     mask: torch.Tensor) -> tuple[list[int], int]:
     """Greedy acceptance by chain position, teacher-forced.
 
     reference[B, T]: the target's greedy token after each position (its argmax). A chain anchored at
@@ -173,10 +168,9 @@ def chain_acceptance(step_logits: list[torch.Tensor], reference: torch.Tensor, d
         return [0] * steps, 0
     alive = mask[:, 1: 1 + width].clone()
     counted = int(alive.sum())
-    to_target = vocab.to_target if vocab is not None else draft.draft_to_target
     accepted = []
     for s, logits in enumerate(step_logits):
-        guess = to_target[logits[:, :width].argmax(-1)]  # [B, width]
+        guess = draft.draft_to_target[logits[:, :width].argmax(-1)]  # [B, width]
         alive &= guess == reference[:, 1 + s: 1 + s + width]
         accepted.append(int(alive.sum()))
     return accepted, counted
