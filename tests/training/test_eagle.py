@@ -289,3 +289,21 @@ def test_revocab_keeps_shared_rows_and_starts_new_ones_from_the_target_head():
     sparse[[20, 21]] = 1.0  # a round that saw two new ids: they rank first, the old ones fill the rest
     chosen = set(revocab(draft, sparse, 8, target, eos=[]).draft_to_target.tolist())
     assert {20, 21} <= chosen and chosen - {20, 21} <= set(range(8))
+
+
+def test_eval_transfer_scores_drafts_on_other_code(trained, toy_models, tmp_path, capsys):
+    """benchmarks/eval_transfer.py: the target's greedy answers to code prompts, each draft's chains on them."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "eval_transfer.py"
+    spec = importlib.util.spec_from_file_location("eval_transfer", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out, _ = trained
+    module.main([str(out), "--target", str(toy_models["target"]), "--n", "3", "--max-new-tokens", "8",
+                 "--k", "3", "--cache", str(tmp_path)])
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith(f"{out}: implied mean accepted length") and "(k=3, 3 prompts)" in line
+    mal = float(line.split("length ")[1].split()[0])
+    assert 1.0 <= mal <= 4.0
