@@ -45,14 +45,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("drafts", nargs="+", help="eagle3 draft dirs")
     parser.add_argument("--target", required=True, help="the target model dir")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1000, 2000], help="code workload seeds")
-    parser.add_argument("--n", type=int, default=32, help="prompts (distinct, over the seeds)")
+    parser.add_argument("--per-seed", type=int, default=24, help="prompts drawn from each seed's workload")
+    parser.add_argument("--n", type=int, default=32, help="prompts kept (the first distinct ones, seed by seed)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--cache", type=Path, default=Path("/tmp/draftwheel-transfer"), help="feature cache dir")
     args = parser.parse_args(argv)
     apply_offline_defaults()
     target = load_model(args.target)
-    rows = [row for seed in args.seeds for row in build_workload("code", args.n, seed)]
+    rows = [row for seed in args.seeds for row in build_workload("code", args.per_seed, seed)]
     prompts = list(dict.fromkeys(row["prompt"] for row in rows))[: args.n]
     seqs = reference_sequences(target, prompts, args.max_new_tokens)
     for path in args.drafts:
