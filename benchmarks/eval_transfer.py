@@ -3,7 +3,8 @@
 The demo's round trains on code from a few stdlib files and its gate replays a hold-out split of that
 same traffic, while the demo's table measures other files (docs/results.md). This scores drafts on `--n`
 code prompts of other workload seeds (default 1000 and 2000: the demo's table draws its held-out prompts
-from seed 1000, its rounds train on seed 0), with the target's greedy answers as the reference, the way training's per-epoch probe scores chains (training.eagle_train).
+from seed 1000, its round trains on seed 0), with the target's greedy answers as the reference, the way
+training's per-epoch probe scores chains (training.eagle_train).
 
     flock /tmp/draftwheel-heavy.lock .venv/bin/python benchmarks/eval_transfer.py \\
         --target <state>/models/smollm2-135m-instruct <draft dir> [<draft dir> ...]
