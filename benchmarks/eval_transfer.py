@@ -16,28 +16,24 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
-
 from draftwheel.home import apply_offline_defaults
 from mining.workloads import build_workload
 from serving.models import load_model
 from training.eagle_features import cached_features
-from training.eagle_train import EagleDataset, Sequences, evaluate_chains
+from training.eagle_train import EagleDataset, Sequences, evaluate_chains, generation_model
+from training.target_completions import target_traffic
 
 
 def reference_sequences(target, prompts: list[str], max_new_tokens: int) -> Sequences:
-    """Chat-templated prompts + the target's greedy answers (bfloat16, as served)."""
-    tokenizer = target.tokenizer
-    model = target.model.to(torch.bfloat16)
+    """Chat-templated prompts + the target's greedy answers, in bfloat16 as served, one prompt per
+    generate call: batched bfloat16 generation is not row-invariant, so its answers could differ."""
+    workload = [{"prompt": prompt, "slice": "code"} for prompt in prompts]
+    rows = target_traffic(generation_model(target, bf16=True), target.tokenizer, workload, max_new_tokens,
+                          batch_size=1, progress=False)
     seqs = Sequences([], [], [])
-    for prompt in prompts:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                             tokenize=False)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        with torch.inference_mode():
-            out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False)
-        seqs.add(ids, out[0, len(ids):].tolist(), "code", max_length=len(ids) + max_new_tokens)
-    model.float()
+    for row in rows:
+        seqs.add(row["prompt_token_ids"], row["completion_token_ids"], row["slice"],
+                 max_length=len(row["prompt_token_ids"]) + max_new_tokens)
     return seqs
 
 
