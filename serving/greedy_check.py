@@ -9,7 +9,8 @@ of such a forward bitwise the row a one-token decoding step computes, the same g
 speculative decoding rests on. The prompt is prefilled alone, as plain decoding does.
 
 The shadow gate uses it for its losslessness check: a 48-token output is checked in 4 forwards (the
-prompt's, then 47 tokens in chunks of 16) instead of 48 decoding steps. Stop strings are not modelled (the gate's replays use none).
+prompt's, then 47 tokens in chunks of 16) instead of 48 decoding steps. Stop strings are not modelled
+(the gate's replays use none).
 """
 
 from __future__ import annotations
