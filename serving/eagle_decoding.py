@@ -73,14 +73,17 @@ def _run_ahead(draft: Eagle3Draft, hidden: torch.Tensor, k: int, kv: DraftKV, re
 
 def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: AdaptiveK | None,
            min_path_prob: float = 0.0,
-           propose: Callable[[list[int], int], Proposal] | None = None) -> Iterator[None]:
-    """Decode one request; with `propose` (context, max_k) -> Proposal, as the hybrid (module docstring)."""
+           propose: Callable[[list[int], int], Proposal] | None = None,
+           pace: StepPace | None = None) -> Iterator[None]:
+    """Decode one request; with `propose` (context, max_k) -> Proposal, as the hybrid (module docstring),
+    timing its steps into `pace` (a fresh `StepPace` when None)."""
     params = req.params
     aux_ids = draft.c.aux_layer_ids
     kv = DraftKV()
     estimate = controller or AdaptiveK(params.k)  # the draft's acceptance estimate, for the hybrid choice
     calibration = ScoreCalibration()  # how far the index's scores come true in this request
-    pace = StepPace() if propose else None  # the hybrid's "is drafting worth a step here?"
+    if propose and pace is None:
+        pace = StepPace()  # the hybrid's "is drafting worth a step here?"
     logits, features = target.forward(req.prompt_ids, keep=1, aux=aux_ids)  # [1, V], [P, 3H]
     last = choose(logits[-1], params, req.generator)
     req.emit([last])

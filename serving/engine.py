@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 import torch
 
-from serving.adaptive import AdaptiveK
+from serving.adaptive import AdaptiveK, PaceMemory, StepPace
 from serving.decoding import Request, autoregressive, medusa, speculative
 from serving.eagle_decoding import eagle3
 from serving.kv import CachedLM
@@ -115,6 +115,7 @@ class Engine:
         if suffix_index is not None:
             suffix_index.check_target(target.model_id)
         self.router = router
+        self.paces = PaceMemory()  # mode hybrid: per (slice, draft), whether drafting pays (serving.adaptive)
 
     @classmethod
     def from_paths(cls, target: str | Path, draft: str | Path | None = None, medusa: str | Path | None = None,
@@ -185,11 +186,12 @@ class Engine:
             raise ValueError("mode: 'medusa' needs Medusa heads")
         return mode
 
-    def _loop(self, mode: str, draft: LoadedModel | None, req: Request, params: SamplingParams):
+    def _loop(self, mode: str, draft: LoadedModel | None, req: Request, params: SamplingParams,
+              pace: StepPace | None = None):
         target = CachedLM(self.target.model)
         if mode in ("suffix", "hybrid"):
             return suffix_loop(target, draft if mode == "hybrid" else None, self.suffix_index, req,
-                               self.min_path_prob)
+                               self.min_path_prob, pace)
         if mode == "draft":
             controller = AdaptiveK(params.k) if params.adaptive_k else None
             if draft.kind == "eagle3":
@@ -214,14 +216,20 @@ class Engine:
         seed = params.seed if params.seed is not None or params.greedy else int(torch.randint(0, 2**62, (1,)))
         req = Request(prompt_ids=torch.tensor(ids), params=params, generator=make_generator(seed),
                       out=OutputState(self.target.tokenizer, self.eos_ids, params.stop, params.max_new_tokens))
+        # The hybrid's "does drafting pay?" carries over from the slice's last request with this draft.
+        pace_key = (slice, draft.model_id.name, draft.model_id.version, draft.model_id.sha256) \
+            if mode == "hybrid" else None
+        pace = self.paces.resume(pace_key) if pace_key else None
         ts, start = time.time(), time.perf_counter()
         sent = 0
-        for _ in self._loop(mode, draft, req, params):
+        for _ in self._loop(mode, draft, req, params, pace):
             stable = req.out.stable_text()
             if len(stable) > sent:
                 yield stable[sent:]
                 sent = len(stable)
         latency = time.perf_counter() - start
+        if pace_key:
+            self.paces.keep(pace_key, pace)
         record = self._record(req, mode, draft, slice, text_in, seed, ts, start, latency)
         self._publish(record)
         completion = self._completion(prompt, req, record)

@@ -23,7 +23,8 @@ counts the tree holds, for the recent occurrences only.
   update, O(tokens added + tokens evicted); `propose(...)` is a pure function of (index, context).
   `stats()`: its size and, over the suffix/hybrid records added, the share of steps it drafted.
   `from_logs(..., max_bytes)` builds it at start-up from the newest log files only.
-- `RequestIndex`: the per-request part over the prompt and the output so far.
+- `RequestIndex`: the per-request part over the prompt and the output so far, keyed by single tokens
+  (`request_min_match`).
 - `best_proposal`: the better of both, as arctic-inference does.
 
 Not here: verification or any model (serving.suffix_decoding), reading config files, metrics.
@@ -56,6 +57,12 @@ class SuffixConfig:
     """Shared index: most tokens kept (prompt + output of each request; oldest evicted first)."""
     min_match: int = 2
     """Shortest context suffix that may propose (the n-gram the table is keyed by), 1..3."""
+    request_min_match: int = 1
+    """The same for the per-request part. Its store is small (one prompt and output), so the
+    `max_candidates` most recent occurrences of a single token still hold the longest matches, and
+    one-token matches catch what an answer copies from its prompt (offline replay of the reference
+    target: 40-60 % fewer steps without a proposal and +2.5-3.5 % modelled suffix-mode speed over
+    min_match 2, on templated and on chat traffic, greedy and at temperature 0.7)."""
     max_depth: int = 32
     """Longest context suffix compared (tokens)."""
     max_candidates: int = 256
@@ -82,8 +89,11 @@ class SuffixConfig:
                              f"row-invariant), got {self.max_spec_tokens!r}")
         if self.min_match not in (1, 2, 3):
             raise ValueError(f"min_match: must be 1, 2 or 3, got {self.min_match!r}")
-        if self.max_depth < self.min_match:
-            raise ValueError(f"max_depth: must be >= min_match ({self.min_match}), got {self.max_depth!r}")
+        if self.request_min_match not in (1, 2, 3):
+            raise ValueError(f"request_min_match: must be 1, 2 or 3, got {self.request_min_match!r}")
+        if self.max_depth < max(self.min_match, self.request_min_match):
+            raise ValueError(f"max_depth: must be >= min_match and request_min_match "
+                             f"({max(self.min_match, self.request_min_match)}), got {self.max_depth!r}")
         if self.spec_factor < 0 or self.spec_offset < 0:
             raise ValueError("spec_factor, spec_offset: must be >= 0")
         if not 0.0 <= self.min_token_prob <= 1.0:
@@ -401,7 +411,7 @@ class RequestIndex:
 
     def __init__(self, prompt_ids: Sequence[int], config: SuffixConfig | None = None):
         self.config = config or SuffixConfig()
-        self._store = TokenStore(self.config.min_match, capacity=max(1024, 2 * len(prompt_ids)))
+        self._store = TokenStore(self.config.request_min_match, capacity=max(1024, 2 * len(prompt_ids)))
         self._store.extend(list(prompt_ids))
 
     def extend(self, tokens: Sequence[int]) -> None:

@@ -42,10 +42,11 @@ from serving.verify import point_mass_q, verify_greedy, verify_sampled
 
 
 def suffix_loop(target: CachedLM, draft: LoadedModel | None, index: SuffixIndex | None,
-                req: Request, min_path_prob: float = 0.0) -> Iterator[None]:
+                req: Request, min_path_prob: float = 0.0, pace: StepPace | None = None) -> Iterator[None]:
     """The loop for mode `suffix` (draft None) or `hybrid` (an `lm` or `eagle3` draft); without a
     shared index only the request's own part proposes. An eagle3 hybrid runs in the eagle3 loop, which
-    asks the index first each step (serving.eagle_decoding)."""
+    asks the index first each step (serving.eagle_decoding). The hybrid times its steps into `pace`
+    (the engine's `PaceMemory` carries it across requests; a fresh one when None)."""
     if draft is not None and draft.kind == "eagle3":
         local = RequestIndex(req.prompt_ids.tolist(), index.config if index is not None else SuffixConfig())
         seen = [req.prompt_ids.shape[0]]  # how much of the context `local` holds
@@ -56,8 +57,8 @@ def suffix_loop(target: CachedLM, draft: LoadedModel | None, index: SuffixIndex 
             return best_proposal(context, max_k, local, index)
 
         controller = AdaptiveK(req.params.k) if req.params.adaptive_k else None
-        return eagle3(target, draft.model, req, controller, min_path_prob, propose)
-    return _decode(target, CachedLM(draft.model) if draft is not None else None, index, req)
+        return eagle3(target, draft.model, req, controller, min_path_prob, propose, pace)
+    return _decode(target, CachedLM(draft.model) if draft is not None else None, index, req, pace)
 
 
 def _pending(cache: CachedLM, context: list[int]) -> torch.Tensor:
@@ -65,13 +66,15 @@ def _pending(cache: CachedLM, context: list[int]) -> torch.Tensor:
     return torch.tensor(context[cache.length:], dtype=torch.long)
 
 
-def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None, req: Request) -> Iterator[None]:
+def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None, req: Request,
+            pace: StepPace | None) -> Iterator[None]:
     params = req.params
     context = req.prompt_ids.tolist()  # prompt + emitted tokens
     local = RequestIndex(context, index.config if index is not None else SuffixConfig())
     model_a = AdaptiveK(params.k)  # the draft model's acceptance estimate (and its k when adaptive)
     calibration = ScoreCalibration()  # how far the index's scores come true in this request
-    pace = StepPace() if draft is not None else None  # whether drafting with the model pays (hybrid only)
+    if draft is not None and pace is None:
+        pace = StepPace()  # whether drafting with the model pays (hybrid only)
     while not req.out.finished:
         # Drafts past max_new_tokens would be thrown away. The first forward is the prompt alone, as in
         # plain decoding: a prefill that also verifies drafts runs other kernel shapes, and in bfloat16

@@ -165,8 +165,8 @@ def test_hybrid_takes_plain_steps_when_drafting_does_not_pay(pair, monkeypatch):
     """Steps the pace rules out are plain target steps when the index has nothing: their positions queue
     for the draft like suffix-drafted ones, and greedy output stays the target's."""
     tokenizer, target, _ = pair
-    monkeypatch.setattr("serving.eagle_decoding.StepPace", EveryThirdStepDrafts)
     engine = hybrid_engine(pair, [])  # an empty index: the request's own part only
+    monkeypatch.setattr(engine.paces, "resume", lambda key: EveryThirdStepDrafts())
     completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=30, k=3), mode="hybrid")
     for completion in completions:
         assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 30), completion.prompt

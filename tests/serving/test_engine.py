@@ -368,6 +368,43 @@ def test_step_pace_drops_a_draft_that_costs_more_than_it_brings():
     assert recovering.draft_pays() and recovering.draft_pays()  # it drafts on every step again
 
 
+def test_step_pace_explores_less_often_while_plain_steps_keep_winning():
+    from serving.adaptive import StepPace
+
+    pace = StepPace(warmup=3, explore=4, max_explore=16)
+    choices = []
+    for _ in range(80):
+        pays = pace.draft_pays()
+        choices.append(pays)
+        pace.drafted(1.2, 1) if pays else pace.plain(1.0)
+    explores = [i for i, pays in enumerate(choices) if pays][3:]  # after the warm-up
+    gaps = [b - a - 1 for a, b in zip([2] + explores, explores)]  # plain steps before each exploring one
+    assert gaps == [4, 8, 16, 16, 16]
+    for _ in range(3):  # the draft recovers: once it wins, it drafts every step and the wait resets
+        pace.drafted(1.2, 4)
+    assert pace.draft_pays() and pace.wait == 4
+
+
+def test_pace_memory_resumes_a_copy_per_key_and_keeps_the_newest_keys():
+    from serving.adaptive import PaceMemory
+
+    memory = PaceMemory(max_keys=2)
+    first = memory.resume("chat")
+    assert first.draft_steps == 0
+    for _ in range(4):
+        first.draft_pays()
+        first.drafted(1.2, 1)
+    memory.keep("chat", first)
+    again = memory.resume("chat")
+    assert again is not first and again.draft_steps == 4 and again._draft == first._draft  # no warm-up again
+    again.drafted(1.0, 5)
+    assert memory.resume("chat").draft_steps == 4  # a resumed copy changes nothing until it is kept
+    assert memory.resume("sql").draft_steps == 0
+    memory.keep("sql", memory.resume("sql"))
+    memory.keep("code", memory.resume("code"))
+    assert len(memory) == 2 and memory.resume("chat").draft_steps == 0  # the oldest key was dropped
+
+
 def test_adaptive_k_in_engine_logs_each_step_k(engine, pair):
     _, target, _ = pair
     completion, = engine.generate(["The quick brown"], SamplingParams(max_new_tokens=40, k=6, adaptive_k=True))

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from serving.records import AcceptanceRecord, ModelId, Sampling
-from serving.suffix import EMPTY, ReadOnlyIndex, RequestIndex, SuffixConfig, SuffixIndex, best_proposal, target_key
+from serving.suffix import EMPTY, Proposal, ReadOnlyIndex, RequestIndex, SuffixConfig, SuffixIndex, best_proposal, target_key
 
 
 def index_of(*sequences, **config):
@@ -79,6 +79,18 @@ def test_request_index_proposes_from_prompt_and_own_output():
     shared = index_of([11, 12, 99, 98, 97])
     assert best_proposal(context, 8, local, shared).tokens == [13, 14, 20]  # 3.0 beats the shared 2.0
     assert best_proposal(context, 8, None, shared).tokens == [99, 98]
+
+
+def test_request_index_matches_single_tokens_but_the_shared_index_does_not():
+    """An answer that copies a name from its prompt: after one shared token the request's own part
+    proposes (a match of length 1 drafts one token); the shared index needs min_match (2) tokens."""
+    prompt = [5, 40, 41, 42, 6, 7]
+    local = RequestIndex(prompt)
+    context = prompt + [9, 40]
+    assert local.propose(context, 8) == Proposal(tokens=[41], score=1.0, match_len=1)
+    shared = index_of(prompt)
+    assert shared.propose(context, 8) == EMPTY
+    assert RequestIndex(prompt, SuffixConfig(request_min_match=2)).propose(context, 8) == EMPTY
 
 
 def test_eviction_keeps_the_newest_requests_within_both_bounds():
@@ -150,6 +162,7 @@ def test_propose_is_pure():
 
 
 @pytest.mark.parametrize("bad", [{"min_match": 4}, {"max_tokens": 0}, {"max_depth": 1, "min_match": 2},
+                                 {"request_min_match": 0}, {"max_depth": 2, "request_min_match": 3},
                                  {"min_token_prob": 1.5}, {"spec_factor": -1.0}])
 def test_config_rejects_bad_values_by_name(bad):
     with pytest.raises(ValueError, match=next(iter(bad)) if "max_depth" not in bad else "max_depth"):

@@ -69,8 +69,8 @@ def test_hybrid_takes_plain_steps_when_drafting_does_not_pay(pair, monkeypatch):
     from tests.serving.test_eagle import EveryThirdStepDrafts
 
     _, target, _ = pair
-    monkeypatch.setattr("serving.suffix_decoding.StepPace", EveryThirdStepDrafts)
     engine = make_engine(pair)  # an empty shared index: the request's own part only
+    monkeypatch.setattr(engine.paces, "resume", lambda key: EveryThirdStepDrafts())
     completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=30, k=3), mode="hybrid")
     for completion in completions:
         assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 30), completion.prompt
@@ -161,3 +161,20 @@ def test_metrics_count_each_source(pair):
         assert metrics.value("draftwheel_spec_accepted_tokens_total", {"source": source}) == \
             sum(s.accepted for s in mine)
     assert metrics.value("draftwheel_spec_drafts_total") == len(steps)  # all sources together
+
+
+def test_hybrid_requests_carry_the_pace_per_slice_and_draft(pair):
+    """The second hybrid request of a slice starts from the pace the first one measured (no warm-up);
+    another slice, or a swapped draft, starts fresh; other modes keep none."""
+    tokenizer, _, draft = pair
+    engine = make_engine(pair)
+    params = SamplingParams(max_new_tokens=24, k=3)
+    engine.generate(PROMPTS[2:3], params, slice="chat", mode="suffix")  # (another prompt: not indexed for the next)
+    assert len(engine.paces) == 0
+    engine.generate(PROMPTS[:1], params, slice="chat", mode="hybrid")
+    key = ("chat", "draft", "", "")
+    assert len(engine.paces) == 1 and engine.paces.resume(key).draft_steps > 0
+    engine.generate(PROMPTS[1:2], params, slice="sql", mode="hybrid")
+    assert len(engine.paces) == 2
+    engine.swap_draft(from_objects(draft, tokenizer, "draft-v2"))
+    assert engine.paces.resume(("chat", "draft-v2", "", "")).draft_steps == 0
