@@ -27,6 +27,18 @@ def index_beats_draft(score: float, a: float, k: int) -> bool:
     return score > expected_tokens(a, k) - 1
 
 
+def suffix_drafts(score: float, match_len: int, draft_pays: bool, a: float, k: int) -> bool:
+    """The hybrid's choice for a step that has an index proposal: verify it rather than the draft
+    model's? Always when drafting with the model does not pay (the proposal then replaces a plain step);
+    otherwise when its calibrated `score` beats the draft's expected accepted length (`index_beats_draft`),
+    except on a one-token match: the request's own part proposes after a single shared token
+    (serving.suffix, `request_min_match`), evidence good enough to beat a plain step but not a draft
+    that pays."""
+    if not draft_pays:
+        return True
+    return match_len > 1 and index_beats_draft(score, a, k)
+
+
 class ScoreCalibration:
     """How far the suffix index's scores come true in one request: accepted tokens per unit of score
     over its verified proposals, discounted by `decay` per proposal, with a prior that trusts the score

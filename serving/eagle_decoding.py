@@ -26,7 +26,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from serving.adaptive import AdaptiveK, ScoreCalibration, StepPace, index_beats_draft
+from serving.adaptive import AdaptiveK, ScoreCalibration, StepPace, suffix_drafts
 from serving.decoding import Request, choose
 from serving.eagle import DraftKV, Eagle3Draft
 from serving.kv import CachedLM
@@ -103,8 +103,8 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
         # The index may propose past k (up to its max_spec_tokens): long verbatim spans are its strength.
         proposal = propose(context, req.out.remaining - 1) if propose else None
         use_draft = pace.draft_pays() if pace else True
-        from_suffix = bool(proposal and proposal.tokens) and (
-            not use_draft or index_beats_draft(calibration.scaled(proposal.score), estimate.a, k))
+        from_suffix = bool(proposal and proposal.tokens) and suffix_drafts(
+            calibration.scaled(proposal.score), proposal.match_len, use_draft, estimate.a, k)
         by_model = use_draft and not from_suffix  # neither: a plain step (the hybrid's third choice)
         start = time.perf_counter()
         if not by_model:  # the index's proposal, a point mass; or nothing, for a plain step

@@ -7,7 +7,8 @@ otherwise takes a plain target step (k=0). `hybrid` verifies it when its score (
 length) beats the draft model's expected accepted length at its k, E(a, k) - 1 with the request's
 running acceptance estimate a (`serving.adaptive`), or when drafting does not pay in this request by
 its own clock (`serving.adaptive.StepPace`: then a step with no proposal is a plain step), and
-otherwise drafts with the model (`_draft_tokens`). Each `Step` says which source drafted it.
+otherwise drafts with the model (`_draft_tokens`); a proposal continuing a one-token match only ever
+replaces a plain step (`serving.adaptive.suffix_drafts`). Each `Step` says which source drafted it.
 
 Lossless: a proposal is a function of the context alone, so as a draft it is a point mass, q = one-hot
 (q(x) = 1): `verify_sampled` accepts x with probability p(x) and otherwise draws from norm(max(0, p - q)),
@@ -30,7 +31,7 @@ from typing import Iterator
 
 import torch
 
-from serving.adaptive import AdaptiveK, ScoreCalibration, StepPace, index_beats_draft
+from serving.adaptive import AdaptiveK, ScoreCalibration, StepPace, suffix_drafts
 from serving.decoding import Request, _draft_tokens
 from serving.eagle_decoding import eagle3
 from serving.kv import CachedLM
@@ -82,8 +83,9 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
         room = req.out.remaining - 1 if target.length else 0
         proposal = best_proposal(context, room, local, index)
         k_model = min(model_a.next_k() if params.adaptive_k else params.k, room)
-        use_model = draft is not None and k_model > 0 and pace.draft_pays() and not index_beats_draft(
-            calibration.scaled(proposal.score), model_a.a, k_model)
+        draft_pays = draft is not None and k_model > 0 and pace.draft_pays()
+        use_model = draft_pays and not (proposal.tokens and suffix_drafts(
+            calibration.scaled(proposal.score), proposal.match_len, draft_pays, model_a.a, k_model))
         pending = _pending(target, context)
         before = len(context)
         draft_s = 0.0

@@ -334,6 +334,15 @@ def test_score_calibration_stops_trusting_an_index_that_over_promises():
     assert chat.ratio > 0.9
 
 
+def test_hybrid_uses_one_token_matches_only_in_place_of_plain_steps():
+    from serving.adaptive import suffix_drafts
+
+    assert suffix_drafts(score=0.9, match_len=1, draft_pays=False, a=0.1, k=5)  # instead of a plain step
+    assert not suffix_drafts(score=0.9, match_len=1, draft_pays=True, a=0.1, k=5)  # E(0.1, 5) - 1 = 0.11
+    assert suffix_drafts(score=0.9, match_len=2, draft_pays=True, a=0.1, k=5)
+    assert not suffix_drafts(score=0.9, match_len=4, draft_pays=True, a=0.6, k=5)  # the draft's 1.37 wins
+
+
 def test_step_pace_drops_a_draft_that_costs_more_than_it_brings():
     from serving.adaptive import StepPace
 
