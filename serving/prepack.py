@@ -35,7 +35,6 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 MIN_PACKED_WEIGHT = 1 << 17  # float32 weights (in_features * out_features) below which the stock op is faster
 # bfloat16: the stock op is slow at every size for a few rows (a 576x192 SmolLM2 k/v projection: ~106 us per
 # row stock vs ~15 us packed), so everything is packed: plain decoding 59 -> 48 ms per token on the reference.
@@ -103,10 +102,21 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+@functools.lru_cache(maxsize=None)
+def packs_bfloat16() -> bool:
+    """oneDNN has a bfloat16 path on this CPU. Without one (an AVX2-only CPU: no AVX-512, no AVX-NE-CONVERT)
+    packing a bfloat16 weight raises, so bfloat16 layers stay stock there."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def packable(dtype: torch.dtype) -> bool:
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and packs_bfloat16())
+
+
 def can_prepack(model: nn.Module) -> bool:
-    """oneDNN is built in, and the model's parameters are on the CPU in a packable dtype."""
+    """oneDNN is built in, and the model's parameters are on the CPU in a dtype it packs here."""
     param = next(model.parameters(), None)
-    return (param is not None and param.device.type == "cpu" and param.dtype in PACKABLE_DTYPES
+    return (param is not None and param.device.type == "cpu" and packable(param.dtype)
             and torch.backends.mkldnn.is_available())
 
 
@@ -132,7 +142,7 @@ def prepack_linears(model: nn.Module, min_weight: int | None = None) -> int:
             return min_weight
         return MIN_PACKED_WEIGHT_BF16 if dtype == torch.bfloat16 else MIN_PACKED_WEIGHT
 
-    swapped = _swap_children(model, lambda m: type(m) is nn.Linear and m.weight.dtype in PACKABLE_DTYPES
+    swapped = _swap_children(model, lambda m: type(m) is nn.Linear and packable(m.weight.dtype)
                              and m.weight.numel() >= threshold(m.weight.dtype), PackedLinear)
     if swapped:
         log.info("prepacked %d linear layers of %s for oneDNN", swapped, type(model).__name__)
