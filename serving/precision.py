@@ -31,9 +31,10 @@ def check_dtype_name(name: str) -> None:
 def cpu_has_amx_bf16() -> bool:
     import torch
 
+    from serving.prepack import packs_bfloat16
+
     caps = torch._C._cpu._get_cpu_capability()  # what torch itself dispatches on
-    return bool(caps.get("amx_bf16")) and torch.backends.mkldnn.is_available() \
-        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return bool(caps.get("amx_bf16")) and packs_bfloat16()
 
 
 def resolve_dtype(name: str, device: str = "cpu") -> "torch.dtype":
