@@ -85,17 +85,24 @@ class StepPace:
     comparison). While plain steps win, a draft step explores after `explore` skipped steps, so a draft
     that recovers is noticed; each exploration that finds plain steps still winning doubles that wait,
     up to `max_explore` (on templated traffic at temperature 0.7 the eagle3 v0's explorations accepted
-    ~9 % of their tokens: each one cost more than the step it replaced).
+    ~9 % of their tokens: each one cost more than the step it replaced). An exploring step drafts at
+    most `explore_k` tokens (`cap`): its question is whether the draft's first token now lands, and on a
+    CPU where each verify row costs 15-27 % of a step (the AVX2 VM) a full-k exploration that fails
+    costs two steps; at k = 1 it costs about a third of one. A draft that pays at k = 1 is back to
+    drafting at full k from the next step. Explorations that cheap can wait up to `max_explore` = 64
+    skipped steps (was 32): the pace outlives the request (`PaceMemory`), so that is one or two requests
+    of a slice.
 
     One `StepPace` follows one (slice, draft) pair across requests (`PaceMemory`), so a new request
     starts from what the last one measured instead of paying the warm-up again.
     """
 
     def __init__(self, warmup: int = 3, explore: int = 8, decay: float = 0.8, margin: float = 0.25,
-                 max_explore: int = 32):
+                 max_explore: int = 64, explore_k: int = 1):
         self.warmup, self.explore, self.decay, self.margin = warmup, explore, decay, margin
-        self.max_explore = max_explore
+        self.max_explore, self.explore_k = max_explore, explore_k
         self.wait = explore  # skipped steps before the next exploring draft step
+        self.exploring = False  # the last `draft_pays` said yes only to explore
         self._draft = [0.0, 0.0, 0.0]  # discounted seconds, tokens and steps of draft steps
         self._plain = [0.0, 0.0]  # discounted seconds and tokens (= steps) of plain steps
         self.draft_steps = 0
@@ -104,6 +111,7 @@ class StepPace:
     def draft_pays(self) -> bool:
         """Draft with the model this step? A "no" counts as a skipped step (for exploration)."""
         seconds, tokens, steps = self._draft
+        self.exploring = False
         if self.draft_steps < self.warmup:
             pays = True
         elif not self._plain[1]:  # no plain step measured: take one only when the draft looks marginal
@@ -111,11 +119,15 @@ class StepPace:
         elif seconds / tokens <= self._plain[0] / self._plain[1]:
             pays, self.wait = True, self.explore
         else:
-            pays = self.skipped >= self.wait
+            pays = self.exploring = self.skipped >= self.wait
             if pays:  # an exploring step; if plain steps still win after it, the next one waits longer
                 self.wait = min(2 * self.wait, self.max_explore)
         self.skipped = 0 if pays else self.skipped + 1
         return pays
+
+    def cap(self, k: int) -> int:
+        """The draft length for this step: at most `explore_k` on an exploring step, else k."""
+        return min(k, self.explore_k) if self.exploring else k
 
     def drafted(self, seconds: float, tokens: int) -> None:
         """A draft step took `seconds` (drafting + verify forward) and emitted `tokens`."""

@@ -103,6 +103,8 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
         # The index may propose past k (up to its max_spec_tokens): long verbatim spans are its strength.
         proposal = propose(context, req.out.remaining - 1) if propose else None
         use_draft = pace.draft_pays() if pace else True
+        if pace:
+            k = pace.cap(k)  # an exploring step drafts little (StepPace)
         from_suffix = bool(proposal and proposal.tokens) and suffix_drafts(
             calibration.scaled(proposal.score), proposal.match_len, use_draft, estimate.a, k)
         by_model = use_draft and not from_suffix  # neither: a plain step (the hybrid's third choice)

@@ -84,6 +84,8 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
         proposal = best_proposal(context, room, local, index)
         k_model = min(model_a.next_k() if params.adaptive_k else params.k, room)
         draft_pays = draft is not None and k_model > 0 and pace.draft_pays()
+        if draft_pays:
+            k_model = pace.cap(k_model)  # an exploring step drafts little (StepPace)
         use_model = draft_pays and not (proposal.tokens and suffix_drafts(
             calibration.scaled(proposal.score), proposal.match_len, draft_pays, model_a.a, k_model))
         pending = _pending(target, context)

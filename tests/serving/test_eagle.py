@@ -145,14 +145,19 @@ def test_hybrid_with_suffix_index_greedy_identical(pair, min_path_prob):
 
 
 class EveryThirdStepDrafts:
-    """A stand-in for serving.adaptive.StepPace with a fixed pattern: draft, skip, skip, draft, ..."""
+    """A stand-in for serving.adaptive.StepPace with a fixed pattern: draft, skip, skip, draft, ...;
+    with `explore_k`, every drafting step is an exploring one, capped at that many tokens."""
 
-    def __init__(self):
+    def __init__(self, explore_k: int | None = None):
         self.calls = 0
+        self.explore_k = explore_k
 
     def draft_pays(self) -> bool:
         self.calls += 1
         return self.calls % 3 == 1
+
+    def cap(self, k: int) -> int:
+        return min(k, self.explore_k) if self.explore_k else k
 
     def drafted(self, seconds: float, tokens: int) -> None:
         pass
@@ -176,6 +181,19 @@ def test_hybrid_takes_plain_steps_when_drafting_does_not_pay(pair, monkeypatch):
     # a plain step followed by an eagle3 step: the draft consumed the plain step's queued slots
     assert any(a.k == 0 and b.source == "eagle3" for c in completions
                for a, b in zip(c.record.steps, c.record.steps[1:]))
+    assert any(s.k > 1 for s in steps if s.source == "eagle3")
+
+
+def test_hybrid_exploring_steps_draft_one_token(pair, monkeypatch):
+    """An exploring draft step (StepPace.cap) drafts at most `explore_k` tokens; greedy stays the target's."""
+    tokenizer, target, _ = pair
+    engine = hybrid_engine(pair, [])
+    monkeypatch.setattr(engine.paces, "resume", lambda key: EveryThirdStepDrafts(explore_k=1))
+    completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=30, k=3), mode="hybrid")
+    for completion in completions:
+        assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 30), completion.prompt
+    drafted = [s.k for c in completions for s in c.record.steps if s.source == "eagle3"]
+    assert drafted and all(k == 1 for k in drafted)
 
 
 def test_hybrid_sampled_tokens_follow_target_distribution(pair, two_token_sequences):

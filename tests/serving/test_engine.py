@@ -394,6 +394,24 @@ def test_step_pace_explores_less_often_while_plain_steps_keep_winning():
     assert pace.draft_pays() and pace.wait == 4
 
 
+def test_step_pace_caps_only_exploring_steps():
+    """Warm-up steps and steps where the draft pays draft at full k; exploring ones at `explore_k`."""
+    from serving.adaptive import StepPace
+
+    pace = StepPace(warmup=2, explore=2, explore_k=1)
+    caps = []
+    for _ in range(12):
+        pays = pace.draft_pays()
+        caps.append(pace.cap(5) if pays else None)
+        pace.drafted(1.2, 1) if pays else pace.plain(1.0)
+    assert caps[:2] == [5, 5]  # warm-up
+    explored = [c for c in caps[2:] if c is not None]
+    assert explored and all(c == 1 for c in explored)  # plain steps win: every draft step explores
+    for _ in range(3):
+        pace.drafted(1.2, 4)  # it recovers
+    assert pace.draft_pays() and pace.cap(5) == 5
+
+
 def test_pace_memory_resumes_a_copy_per_key_and_keeps_the_newest_keys():
     from serving.adaptive import PaceMemory
 
