@@ -184,16 +184,20 @@ def test_hybrid_takes_plain_steps_when_drafting_does_not_pay(pair, monkeypatch):
     assert any(s.k > 1 for s in steps if s.source == "eagle3")
 
 
-def test_hybrid_exploring_steps_draft_one_token(pair, monkeypatch):
-    """An exploring draft step (StepPace.cap) drafts at most `explore_k` tokens; greedy stays the target's."""
-    tokenizer, target, _ = pair
-    engine = hybrid_engine(pair, [])
+def assert_explorations_draft_one_token(engine: Engine, target, source: str, monkeypatch) -> None:
+    """Every drafting step exploring with `explore_k` 1: each draft step of `source` drafts one token,
+    and greedy output stays the target's. Shared by both hybrid loops' tests."""
     monkeypatch.setattr(engine.paces, "resume", lambda key: EveryThirdStepDrafts(explore_k=1))
     completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=30, k=3), mode="hybrid")
     for completion in completions:
         assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 30), completion.prompt
-    drafted = [s.k for c in completions for s in c.record.steps if s.source == "eagle3"]
+    drafted = [s.k for c in completions for s in c.record.steps if s.source == source]
     assert drafted and all(k == 1 for k in drafted)
+
+
+def test_hybrid_exploring_steps_draft_one_token(pair, monkeypatch):
+    """An exploring draft step (StepPace.cap) drafts at most `explore_k` tokens."""
+    assert_explorations_draft_one_token(hybrid_engine(pair, []), pair[1], "eagle3", monkeypatch)
 
 
 def test_hybrid_sampled_tokens_follow_target_distribution(pair, two_token_sequences):

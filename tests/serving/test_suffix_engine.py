@@ -80,16 +80,9 @@ def test_hybrid_takes_plain_steps_when_drafting_does_not_pay(pair, monkeypatch):
 
 def test_hybrid_exploring_steps_draft_one_token(pair, monkeypatch):
     """As in the eagle3 hybrid (test_eagle): an exploring step of the LM-draft hybrid drafts one token."""
-    from tests.serving.test_eagle import EveryThirdStepDrafts
+    from tests.serving.test_eagle import assert_explorations_draft_one_token
 
-    _, target, _ = pair
-    engine = make_engine(pair)
-    monkeypatch.setattr(engine.paces, "resume", lambda key: EveryThirdStepDrafts(explore_k=1))
-    completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=30, k=3), mode="hybrid")
-    for completion in completions:
-        assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 30), completion.prompt
-    drafted = [s.k for c in completions for s in c.record.steps if s.source == "draft"]
-    assert drafted and all(k == 1 for k in drafted)
+    assert_explorations_draft_one_token(make_engine(pair), pair[1], "draft", monkeypatch)
 
 
 def test_finished_request_makes_the_next_identical_one_cheap(pair):
