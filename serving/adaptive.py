@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections import OrderedDict
-from typing import Hashable
+from typing import Callable, Hashable
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -142,17 +142,19 @@ class StepPace:
 class PaceMemory:
     """The hybrid's `StepPace` per (slice, draft), carried from one request to the next: each request
     starts from a copy of the last finished one's (`resume`) and leaves its own (`keep`). A new draft
-    (champion change) has a new key, so it starts fresh. Holds the `max_keys` most recently kept."""
+    (champion change) has a new key, so it starts fresh. Holds the `max_keys` most recently kept.
+    `factory` builds a fresh pace (default `StepPace()`; benchmarks/ab_pace.py compares settings)."""
 
-    def __init__(self, max_keys: int = 256):
+    def __init__(self, max_keys: int = 256, factory: Callable[[], StepPace] | None = None):
         self.max_keys = max_keys
+        self.factory = factory or StepPace
         self._paces: OrderedDict[Hashable, StepPace] = OrderedDict()
         self._lock = threading.Lock()
 
     def resume(self, key: Hashable) -> StepPace:
         with self._lock:
             last = self._paces.get(key)
-            return copy.deepcopy(last) if last is not None else StepPace()
+            return copy.deepcopy(last) if last is not None else self.factory()
 
     def keep(self, key: Hashable, pace: StepPace) -> None:
         with self._lock:

@@ -413,7 +413,7 @@ def test_step_pace_caps_only_exploring_steps():
 
 
 def test_pace_memory_resumes_a_copy_per_key_and_keeps_the_newest_keys():
-    from serving.adaptive import PaceMemory
+    from serving.adaptive import PaceMemory, StepPace
 
     memory = PaceMemory(max_keys=2)
     first = memory.resume("chat")
@@ -430,6 +430,8 @@ def test_pace_memory_resumes_a_copy_per_key_and_keeps_the_newest_keys():
     memory.keep("sql", memory.resume("sql"))
     memory.keep("code", memory.resume("code"))
     assert len(memory) == 2 and memory.resume("chat").draft_steps == 0  # the oldest key was dropped
+    custom = PaceMemory(factory=lambda: StepPace(max_explore=32, explore_k=5))
+    assert custom.resume("chat").max_explore == 32 and custom.resume("chat").explore_k == 5
 
 
 def test_adaptive_k_in_engine_logs_each_step_k(engine, pair):
