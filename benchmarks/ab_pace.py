@@ -2,7 +2,7 @@
 
 Why interleaved: on this VM plain decoding's speed moves by ~25 % from one day to the next, so two
 separate `draftwheel bench` runs cannot tell a pace change from the day. Here each prompt runs plain
-decoding and then the hybrid once per setting, back to back, each setting keeping its own
+decoding, the draft alone (mode `draft`) and then the hybrid once per setting, back to back, each setting keeping its own
 `PaceMemory` across the prompts (as serving keeps one per slice and draft). The suffix index holds only
 each request's own prompt and output, as `draftwheel bench --suffix-tier` without logs.
 
@@ -71,6 +71,11 @@ def main(argv: list[str] | None = None) -> None:
         plain, = engine.generate([prompt], params, slice="bench", chat=args.chat, mode="autoregressive")
         tokens["plain"] += len(plain.token_ids)
         seconds["plain"] += time.perf_counter() - start
+        start = time.perf_counter()
+        alone, = engine.generate([prompt], params, slice="bench", chat=args.chat, mode="draft")
+        tokens["draft"] += len(alone.token_ids)
+        seconds["draft"] += time.perf_counter() - start
+        identical["draft"] += alone.token_ids == plain.token_ids
         for name, memory in memories.items():
             engine.paces = memory
             start = time.perf_counter()
@@ -82,11 +87,15 @@ def main(argv: list[str] | None = None) -> None:
     plain_rate = tokens["plain"] / seconds["plain"]
     result = {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "k": args.k,
               "min_path_prob": args.min_path_prob, "torch_threads": torch.get_num_threads(),
-              "dtype": str(engine.dtype).removeprefix("torch."), "plain_tokens_per_s": plain_rate}
+              "dtype": str(engine.dtype).removeprefix("torch."), "plain_tokens_per_s": plain_rate,
+              "draft_alone": {"tokens_per_s": tokens["draft"] / seconds["draft"],
+                              "vs_plain": tokens["draft"] / seconds["draft"] / plain_rate,
+                              "greedy_identical": f"{identical['draft']}/{len(prompts)}"}}
     for name in SETTINGS:
         rate = tokens[name] / seconds[name]
-        result[name] = {"tokens_per_s": rate, "vs_plain": rate / plain_rate, "steps_by_source": dict(steps[name]),
-                        "greedy_identical": f"{identical[name]}/{len(prompts)}"}
+        result[name] = {"tokens_per_s": rate, "vs_plain": rate / plain_rate,
+                        "vs_draft_alone": rate / result["draft_alone"]["tokens_per_s"],
+                        "steps_by_source": dict(steps[name]), "greedy_identical": f"{identical[name]}/{len(prompts)}"}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
