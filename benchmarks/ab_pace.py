@@ -2,8 +2,8 @@
 
 Why interleaved: on this VM plain decoding's speed moves by ~25 % from one day to the next, so two
 separate `draftwheel bench` runs cannot tell a pace change from the day. Here each prompt runs plain
-decoding, the draft alone (mode `draft`) and then the hybrid once per setting, back to back, each setting keeping its own
-`PaceMemory` across the prompts (as serving keeps one per slice and draft). The suffix index holds only
+decoding, the draft alone (mode `draft`) and then the hybrid once per setting, back to back, each
+setting keeping its own `PaceMemory` across the prompts (as serving keeps one per slice and draft). The suffix index holds only
 each request's own prompt and output, as `draftwheel bench --suffix-tier` without logs.
 
 Settings:
@@ -22,6 +22,7 @@ import json
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -66,22 +67,21 @@ def main(argv: list[str] | None = None) -> None:
     tokens, seconds = Counter(), Counter()
     steps: dict[str, Counter] = {name: Counter() for name in SETTINGS}
     identical = Counter()
+
+    def timed(name: str, prompt: Any, mode: str) -> Any:
+        """One generation of `prompt` in `mode`, its tokens and seconds counted under `name`."""
+        start = time.perf_counter()
+        completion, = engine.generate([prompt], params, slice="bench", chat=args.chat, mode=mode)
+        seconds[name] += time.perf_counter() - start
+        tokens[name] += len(completion.token_ids)
+        return completion
+
     for prompt in tqdm(prompts, desc="ab_pace"):
-        start = time.perf_counter()
-        plain, = engine.generate([prompt], params, slice="bench", chat=args.chat, mode="autoregressive")
-        tokens["plain"] += len(plain.token_ids)
-        seconds["plain"] += time.perf_counter() - start
-        start = time.perf_counter()
-        alone, = engine.generate([prompt], params, slice="bench", chat=args.chat, mode="draft")
-        tokens["draft"] += len(alone.token_ids)
-        seconds["draft"] += time.perf_counter() - start
-        identical["draft"] += alone.token_ids == plain.token_ids
+        plain = timed("plain", prompt, "autoregressive")
+        identical["draft"] += timed("draft", prompt, "draft").token_ids == plain.token_ids
         for name, memory in memories.items():
             engine.paces = memory
-            start = time.perf_counter()
-            hybrid, = engine.generate([prompt], params, slice="bench", chat=args.chat, mode="hybrid")
-            seconds[name] += time.perf_counter() - start
-            tokens[name] += len(hybrid.token_ids)
+            hybrid = timed(name, prompt, "hybrid")
             identical[name] += hybrid.token_ids == plain.token_ids
             steps[name].update(step.source or "plain" for step in hybrid.record.steps)
     plain_rate = tokens["plain"] / seconds["plain"]
