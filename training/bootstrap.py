@@ -54,7 +54,7 @@ class BootstrapConfig:
     max_length: int = 384        # tokens per training sequence
     text_sequences: int = 64     # eagle3: extra teacher-forced text (stdlib docstrings, the `prose` workload)
     ttt_steps: int = 3           # eagle3: training-time-test unroll depth
-    bf16: bool = False           # eagle3: generate the completions and train under bfloat16 (~1.7x faster on AMX; a weaker v0, configs/bootstrap.yaml)
+    bf16: bool | str = False     # eagle3: generate the completions and train under bfloat16 (~1.7x faster on AMX, a weaker v0; auto = only where fast)
     register: bool = True        # register the draft and set `champion` (unless a champion exists)
     tracking: bool = True        # log the distillation run to MLflow
 
@@ -64,6 +64,9 @@ class BootstrapConfig:
         return self.draft_kind == "eagle3" and self.bf16
 
     def __post_init__(self) -> None:
+        from serving.precision import resolve_bf16
+
+        self.bf16 = resolve_bf16(self.bf16)  # auto: bfloat16 only on CPUs where it is fast (AMX)
         common.require(self.draft_kind in DRAFT_KINDS, "draft_kind",
                        f"must be one of {', '.join(DRAFT_KINDS)}, got {self.draft_kind!r}")
         common.require(self.text_sequences >= 0, "text_sequences", f"must be >= 0, got {self.text_sequences}")

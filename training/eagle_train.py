@@ -42,6 +42,7 @@ from draftwheel import home
 from draftwheel.config import to_dict
 from draftwheel.tracking import get_tracker
 from serving.eagle import Eagle3Config, Eagle3Draft, save_eagle3, vocab_from_counts
+from serving.precision import resolve_bf16
 from training import common
 from training.data import join_and_truncate, load_dataset_dir
 from training.eagle_features import Features, cached_features
@@ -74,7 +75,7 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     mined_passes: int = 1        # times each mined sequence is seen per epoch (rehearsal and probe stay once)
     probe_canary: bool = True    # forgetting probe: also evaluate each epoch on the canary prompts (target's greedy answers)
     identity_init: bool = True   # a fresh draft starts as the target's top aux feature through its norm and head
-    bf16: bool = True            # bfloat16 autocast for the target features and training (AMX/AVX512-BF16 CPUs, GPUs)
+    bf16: bool | str = "auto"    # bfloat16 autocast for the target features and training; auto = where it is fast (serving.precision.resolve_bf16)
     learning_rate: float = 2e-3
     epochs: float = 4.0
     batch_size: int = 8
@@ -83,6 +84,7 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self.bf16 = resolve_bf16(self.bf16, self.device)  # resolved once: cache keys and run params record what ran
         common.require(self.draft_vocab_size >= 2, "draft_vocab_size", f"must be >= 2, got {self.draft_vocab_size}")
         common.require(0.0 < self.min_vocab_coverage <= 1.0, "min_vocab_coverage",
                        f"must be in (0, 1], got {self.min_vocab_coverage}")

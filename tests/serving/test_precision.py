@@ -15,7 +15,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 from serving.engine import Engine
 from serving.models import from_objects
 from serving.params import SamplingParams
-from serving.precision import resolve_dtype
+from serving.precision import resolve_bf16, resolve_dtype
 from serving.prepack import is_packed, packs_bfloat16, prepack_linears
 from serving.row_invariant import NAME, use_row_invariant_attention, use_stock_attention
 from serving.toy import build_tokenizer, tiny_llama
@@ -156,3 +156,18 @@ def test_configs_refuse_an_unknown_dtype_naming_the_field():
     for config in (ServeConfig, ShadowConfig, DemoConfig):
         with pytest.raises(ValueError, match="dtype: 'fp8' is not one of auto, float32, bfloat16"):
             config(dtype="fp8")
+
+
+def test_resolve_bf16_auto_follows_the_cpu(monkeypatch):
+    """`bf16: auto` trains in bfloat16 only where it is fast: on an AVX2-only CPU bfloat16 autocast
+    was 7-33x slower than float32 (benchmarks/bf16_speed.py)."""
+    assert resolve_bf16(True) is True and resolve_bf16(False) is False
+    assert resolve_bf16("true") is True and resolve_bf16("False") is False
+    for has_amx in (True, False):
+        monkeypatch.setattr("serving.precision.cpu_has_amx_bf16", lambda has_amx=has_amx: has_amx)
+        assert resolve_bf16("auto") is has_amx
+        assert resolve_bf16("auto", device="auto") is has_amx  # no CUDA here: the CPU decides
+    for bad in ("fp16", 1, None):
+        with pytest.raises(ValueError, match="bf16"):
+            resolve_bf16(bad)
+

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from draftwheel.config import load_config
+from draftwheel.config import ConfigError, load_config
 from serving import toy
 from training.bootstrap import BootstrapConfig, bootstrap, init_draft_from_target
 
@@ -82,3 +82,16 @@ def test_bootstrap_config_validation():
     with pytest.raises(ValueError, match="n_prompts"):
         BootstrapConfig(n_prompts=0)
     assert load_config(BootstrapConfig, "configs/bootstrap.yaml").init_layers == [0, 1]
+    with pytest.raises(ConfigError, match="bf16"):
+        load_config(BootstrapConfig, overrides=["bf16=fast"])
+
+
+def test_bf16_auto_is_resolved_once_in_the_configs(monkeypatch):
+    """The trainers see a bool: what ran (cache keys, MLflow params), not the request."""
+    from training.eagle_train import EagleConfig
+
+    for has_amx in (True, False):
+        monkeypatch.setattr("serving.precision.cpu_has_amx_bf16", lambda has_amx=has_amx: has_amx)
+        assert load_config(EagleConfig, "configs/eagle.yaml").bf16 is has_amx  # the shipped default: auto
+        assert load_config(BootstrapConfig, overrides=["bf16=auto"]).bf16 is has_amx
+    assert load_config(EagleConfig, overrides=["bf16=true"]).bf16 is True

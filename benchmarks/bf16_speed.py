@@ -1,0 +1,55 @@
+"""bfloat16 autocast vs float32 on this CPU, for what the eagle trainer does: the batched target feature
+forward (SmolLM2-135M, 8 sequences x 256 tokens) and one forward+backward of a draft-head-sized layer.
+
+Why: `bf16: auto` (serving.precision.resolve_bf16) picks bfloat16 only on AMX-BF16 CPUs. This prints
+the ratio that decides it on the machine at hand, measured in one run (3 timed repeats after a warm-up).
+
+    flock /tmp/draftwheel-heavy.lock .venv/bin/python benchmarks/bf16_speed.py
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from draftwheel.home import apply_offline_defaults
+from serving.models import load_model
+from serving.precision import cpu_has_amx_bf16
+from serving.reference import default_target_dir
+
+
+def seconds_per_call(fn: Callable[[], object], repeats: int = 3) -> float:
+    fn()  # warm-up: oneDNN picks and caches its kernels on the first call
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - start) / repeats
+
+
+def main() -> None:
+    apply_offline_defaults()
+    torch.manual_seed(0)
+    target = load_model(str(default_target_dir())).model.eval()
+    ids = torch.randint(0, target.config.vocab_size, (8, 256))
+    head = torch.nn.Linear(target.config.hidden_size, 4096)
+    x = torch.randn(2048, target.config.hidden_size, requires_grad=True)
+
+    def feature_forward(bf16: bool) -> None:
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            target(input_ids=ids, output_hidden_states=True)
+
+    def head_step(bf16: bool) -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = head(torch.relu(x)).float().logsumexp(-1).sum()
+        loss.backward()
+
+    print(f"cpu has AMX-BF16: {cpu_has_amx_bf16()} (bf16: auto -> {'bfloat16' if cpu_has_amx_bf16() else 'float32'})")
+    for name, fn in (("target feature forward 8x256", feature_forward), ("head fwd+bwd 2048x576->4096", head_step)):
+        fp32, bf16 = seconds_per_call(lambda: fn(False)), seconds_per_call(lambda: fn(True))
+        print(f"{name}: float32 {fp32:.3f} s, bfloat16 {bf16:.3f} s -> bfloat16 is {fp32 / bf16:.2f}x float32's speed")
+
+
+if __name__ == "__main__":
+    main()
