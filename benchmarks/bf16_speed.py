@@ -52,7 +52,8 @@ def main() -> None:
     draft = Eagle3Draft(Eagle3Config.for_target(target.config, draft_vocab_size=4096)).attach_target(target).train()
     optimizer = torch.optim.AdamW(draft.parameters(), lr=1e-4)
     batch_ids = torch.randint(0, target.config.vocab_size, (8, 300))
-    batch_aux, batch_hidden = torch.randn(8, 300, 3 * target.config.hidden_size), torch.randn(8, 300, target.config.hidden_size)
+    hidden_size = target.config.hidden_size
+    batch_aux, batch_hidden = torch.randn(8, 300, 3 * hidden_size), torch.randn(8, 300, hidden_size)
     lm_head = target.get_output_embeddings().weight.detach()
 
     def training_step(bf16: bool) -> None:  # as training.eagle_train.EagleTrainer.compute_loss, plus the update
@@ -65,7 +66,8 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad()
 
-    print(f"cpu has AMX-BF16: {cpu_has_amx_bf16()} (bf16: auto -> {'bfloat16' if cpu_has_amx_bf16() else 'float32'})")
+    amx = cpu_has_amx_bf16()
+    print(f"cpu has AMX-BF16: {amx} (bf16: auto -> {'bfloat16' if amx else 'float32'})")
     for name, fn, repeats in (("target feature forward 8x256", feature_forward, 3),
                               ("head fwd+bwd 2048x576->4096", head_step, 3),
                               ("eagle training step 8x300, 3 unroll steps", training_step, 1)):
