@@ -70,9 +70,7 @@ class Eagle3Config:
                    **extra: Any) -> "Eagle3Config":
         """A config sized for a HF target config; default aux layers are EAGLE-3's (2, L/2, L-3)
         (for targets under 6 layers: first, middle, last)."""
-        layers = target_config.num_hidden_layers
-        default = [2, layers // 2, layers - 3] if layers >= 6 else [0, layers // 2, layers - 1]
-        aux = aux_layer_ids or default
+        aux = aux_layer_ids or default_aux_layer_ids(target_config.num_hidden_layers)
         rope = getattr(target_config, "rope_parameters", None) or {}
         theta = rope.get("rope_theta") or getattr(target_config, "rope_theta", None) or 10000.0
         return cls(hidden_size=target_config.hidden_size, num_attention_heads=target_config.num_attention_heads,
@@ -82,6 +80,11 @@ class Eagle3Config:
                    aux_layer_ids=list(aux), rms_norm_eps=target_config.rms_norm_eps, rope_theta=float(theta),
                    max_position_embeddings=target_config.max_position_embeddings,
                    verifier_architectures=list(getattr(target_config, "architectures", None) or []), **extra)
+
+
+def default_aux_layer_ids(layers: int) -> list[int]:
+    """EAGLE-3's target layers for a target of `layers` layers: (2, L/2, L-3); under 6: first, middle, last."""
+    return [2, layers // 2, layers - 3] if layers >= 6 else [0, layers // 2, layers - 1]
 
 
 @functools.lru_cache(maxsize=16)

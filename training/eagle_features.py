@@ -42,6 +42,25 @@ def cache_key(sequences: list[list[int]], target_sha256: str, aux_layer_ids: lis
     return digest.hexdigest()[:24]
 
 
+def feature_row(states: tuple[torch.Tensor, ...], aux_layer_ids: list[int],
+                argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One sequence's (aux, hidden, argmax) from its per-layer [n, H] hidden states (embeddings first).
+    states[-1] is the final norm's output in HF Llama-family models: lm_head(it) == logits."""
+    aux = torch.cat([states[i] for i in aux_layer_ids], -1)
+    return aux.half().cpu(), states[-1].half().cpu(), argmax.cpu()
+
+
+def row_from_states(target: Any, states: tuple[torch.Tensor, ...], n: int,
+                    aux_layer_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A feature row from hidden states a forward pass already produced (e.g. generation's), for the
+    first n positions; the argmax comes from the target's head over the final states."""
+    states = tuple(layer[:n] for layer in states)
+    with torch.inference_mode():
+        head = target.get_output_embeddings()
+        argmax = torch.cat([head(chunk.to(head.weight.dtype)).argmax(-1) for chunk in states[-1].split(512)])
+    return feature_row(states, aux_layer_ids, argmax)
+
+
 def _forward(target: Any, batch: list[list[int]], aux_layer_ids: list[int], bf16: bool):
     width = max(len(s) for s in batch)
     ids = torch.tensor([s + [0] * (width - len(s)) for s in batch])
@@ -49,24 +68,25 @@ def _forward(target: Any, batch: list[list[int]], aux_layer_ids: list[int], bf16
     device = next(target.parameters()).device
     with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
         out = target(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True)
-    aux = torch.cat([out.hidden_states[i] for i in aux_layer_ids], -1)  # [B, W, 3H]
-    # hidden_states[-1] is the final norm's output in HF Llama-family models: lm_head(it) == logits.
     for row, seq in enumerate(batch):
         n = len(seq)
-        yield aux[row, :n].half().cpu(), out.hidden_states[-1][row, :n].half().cpu(), out.logits[row, :n].argmax(-1).cpu()
+        yield feature_row(tuple(layer[row, :n] for layer in out.hidden_states), aux_layer_ids,
+                          out.logits[row, :n].argmax(-1))
 
 
 def compute_features(target: Any, sequences: list[list[int]], aux_layer_ids: list[int], progress: bool = True,
-                     bf16: bool = False) -> Features:
+                     bf16: bool = False, known: dict[int, tuple] | None = None) -> Features:
     """Teacher-forced target forwards over `sequences`, batched by length (about TOKENS_PER_BATCH each).
     With `bf16`, under bfloat16 autocast (several times faster on CPUs with AMX; the features are
-    stored in half precision anyway)."""
+    stored in half precision anyway). `known` holds rows some earlier pass already produced (sequence
+    index -> feature_row); those sequences are not run again."""
     from tqdm import tqdm
 
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
-    results: dict[int, tuple] = {}
+    results: dict[int, tuple] = dict(known or {})
+    order = sorted((i for i in range(len(sequences)) if i not in results), key=lambda i: len(sequences[i]))
     batch: list[int] = []
-    bar = tqdm(total=sum(len(s) for s in sequences), desc="target features", unit="tok", disable=not progress)
+    bar = tqdm(total=sum(len(sequences[i]) for i in order), desc="target features", unit="tok",
+               disable=not progress)
 
     def flush() -> None:
         for i, row in zip(batch, _forward(target, [sequences[i] for i in batch], aux_layer_ids, bf16)):
@@ -89,12 +109,14 @@ def compute_features(target: Any, sequences: list[list[int]], aux_layer_ids: lis
 
 
 def cached_features(target: Any, sequences: list[list[int]], aux_layer_ids: list[int], target_sha256: str,
-                    cache_root: Path, progress: bool = True, bf16: bool = False) -> tuple[Features, bool]:
-    """Features from `cache_root/<key>/` when there, else computed and stored. Returns (features, hit)."""
+                    cache_root: Path, progress: bool = True, bf16: bool = False,
+                    known: dict[int, tuple] | None = None) -> tuple[Features, bool]:
+    """Features from `cache_root/<key>/` when there, else computed (less the `known` rows) and stored.
+    Returns (features, hit)."""
     path = cache_root / cache_key(sequences, target_sha256, aux_layer_ids, bf16) / CACHE_FILE
     if path.is_file():
         return Features(**load_file(str(path))), True
-    features = compute_features(target, sequences, aux_layer_ids, progress, bf16)
+    features = compute_features(target, sequences, aux_layer_ids, progress, bf16, known)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     save_file({k: v.contiguous() for k, v in vars(features).items()}, str(tmp))

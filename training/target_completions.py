@@ -14,7 +14,7 @@ logs. It does not touch the Engine or the serving logs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -29,7 +29,7 @@ def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> tuple[str, list[in
 
 
 def _generate_batch(model: Any, prompt_ids: list[list[int]], pad_id: int, max_new_tokens: int,
-                    logits: bool = True) -> Any:
+                    logits: bool = True, hidden: bool = False) -> Any:
     width = max(len(p) for p in prompt_ids)
     # Left padding: every row's next token is then predicted at the same (last) position.
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompt_ids])
@@ -38,7 +38,7 @@ def _generate_batch(model: Any, prompt_ids: list[list[int]], pad_id: int, max_ne
     with torch.no_grad():
         return model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
                               max_new_tokens=max_new_tokens, pad_token_id=pad_id, output_logits=logits,
-                              return_dict_in_generate=True), width
+                              output_hidden_states=hidden, return_dict_in_generate=True), width
 
 
 def _pad_and_eos(model: Any, tokenizer: Any) -> tuple[int, set[int]]:
@@ -85,10 +85,15 @@ def target_traffic(model: Any, tokenizer: Any, workload: list[dict[str, str]], m
 
 
 def greedy_continuations(model: Any, tokenizer: Any, sequences: list[list[int]], max_new_tokens: int,
-                         batch_size: int = 16, progress: bool = True) -> list[list[int]]:
+                         batch_size: int = 16, progress: bool = True,
+                         on_states: Callable[[int, tuple[torch.Tensor, ...]], None] | None = None) -> list[list[int]]:
     """The target's greedy continuation of each token sequence (up to and including an EOS), batched
     by length so little is padded. Used to lengthen logged completions that stopped at the request's
-    max_new_tokens: more in-domain target output per logged prompt, at a batched forward's price."""
+    max_new_tokens: more in-domain target output per logged prompt, at a batched forward's price.
+
+    With `on_states`, generation also keeps every layer's hidden states and calls `on_states(i, states)`
+    for sequence i: per layer (embeddings first), the [positions, H] states of every position the model
+    was fed -- the sequence, then each generated token but the last (past an EOS: padding, not data)."""
     from tqdm.auto import tqdm
 
     pad_id, eos_ids = _pad_and_eos(model, tokenizer)
@@ -97,12 +102,22 @@ def greedy_continuations(model: Any, tokenizer: Any, sequences: list[list[int]],
     bar = tqdm(total=len(sequences), desc="target continuations", disable=not progress)
     for start in range(0, len(order), batch_size):
         batch = order[start:start + batch_size]
-        out, width = _generate_batch(model, [sequences[i] for i in batch], pad_id, max_new_tokens, logits=False)
+        out, width = _generate_batch(model, [sequences[i] for i in batch], pad_id, max_new_tokens, logits=False,
+                                     hidden=on_states is not None)
         for row, i in enumerate(batch):
             result[i] = _completion(out.sequences[row, width:].tolist(), eos_ids)
+            if on_states is not None:
+                on_states(i, _fed_states(out.hidden_states, row, width - len(sequences[i])))
         bar.update(len(batch))
     bar.close()
     return result
+
+
+def _fed_states(steps: tuple, row: int, pad: int) -> tuple[torch.Tensor, ...]:
+    """One row of generate's hidden states ([step][layer] -> [B, positions, H]: the prefill's, then one
+    position per decoding step) as per-layer [positions, H], without the row's left padding."""
+    return tuple(torch.cat([steps[0][layer][row, pad:]] + [step[layer][row] for step in steps[1:]])
+                 for layer in range(len(steps[0])))
 
 
 def holdout_rows(rows: list[dict]) -> list[dict]:

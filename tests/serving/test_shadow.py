@@ -165,3 +165,17 @@ def test_a_lossy_challenger_is_caught_and_reported_against_target_only_decoding(
                                                 for i in range(6)]
     assert not result["decision"]["promote"]
     assert any("lossless" in reason for reason in result["decision"]["failed_checks"])
+
+
+def test_identical_outputs_take_one_target_check_per_prompt(toy_models, monkeypatch):
+    """Both arms' greedy outputs are the target's, token for token: the teacher-forced check runs once per
+    prompt, not once per arm (the lossy case above shows a differing arm is still checked on its own)."""
+    models, holdout, _ = toy_models
+    import serving.shadow as shadow
+
+    calls = []
+    check = shadow._is_target_greedy
+    monkeypatch.setattr(shadow, "_is_target_greedy", lambda *args: calls.append(1) or check(*args))
+    config = ShadowConfig(bootstrap_resamples=200, include_canary=False, min_requests=4)
+    result = run_shadow(models["bad"], models["good"], models["target"], holdout, config)
+    assert result["lossless"] == {"checked": 6, "mismatches": []} and len(calls) == 6

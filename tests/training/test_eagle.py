@@ -206,17 +206,21 @@ def test_warm_start_rehearses_the_data_it_learned_from(trained, toy_data, tmp_pa
 
 def test_lengthen_continues_cut_outputs_with_the_targets_greedy_tokens(toy_models, toy_data, tmp_path):
     """Outputs cut by their request's max_new_tokens (12 in toy_data) grow to `continue_to` output tokens
-    (or an EOS) with exactly the target's greedy continuation; the second call reads the cache."""
+    (or an EOS) with exactly the target's greedy continuation, and generation's hidden states come back as
+    those sequences' features: the same as a teacher-forced forward over the grown sequence would give.
+    The second call reads the cache (and then has no hidden states to give)."""
     from serving.engine import eos_token_ids
     from tests.serving.test_engine import hf_greedy
+    from training.eagle_features import compute_features
     from training.eagle_train import lengthen
 
     target = load_model(toy_models["target"])
     eos = eos_token_ids(target)
     config = EagleConfig(continue_to=20, max_length=64, bf16=False)  # float32: comparable with hf_greedy
+    aux = [0, 1, 1]
     seqs = load_sequences(toy_data["distill"], config.max_length)
     before = [list(ids) for ids in seqs.ids]
-    info = lengthen(seqs, target, eos, config, tmp_path)
+    info, rows = lengthen(seqs, target, eos, config, tmp_path, aux)
     cut = [i for i, ids in enumerate(before) if ids[-1] not in eos]
     assert info["continued_sequences"] == len(cut) > 0 and info["continuations_cache_hit"] is False
     for i in cut:
@@ -226,8 +230,22 @@ def test_lengthen_continues_cut_outputs_with_the_targets_greedy_tokens(toy_model
         assert len(grown) - p == 20 or grown[-1] in eos
         assert grown[p:] == hf_greedy(target.model, grown[:p], len(grown) - p)  # the target's own tokens
     assert all(seqs.ids[i] == before[i] for i in range(len(before)) if i not in cut)
+
+    assert set(rows) == set(cut) and info["features_from_generation"] == len(cut)
+    forward = compute_features(target.model, seqs.ids, aux, progress=False)
+    for i in cut:
+        (aux_gen, hidden_gen, argmax_gen), (aux_fwd, hidden_fwd, argmax_fwd) = rows[i], forward.sequence(i)
+        assert aux_gen.shape == aux_fwd.shape == (len(seqs.ids[i]), 3 * target.model.config.hidden_size)
+        torch.testing.assert_close(aux_gen.float(), aux_fwd.float(), atol=2e-3, rtol=2e-3)
+        torch.testing.assert_close(hidden_gen.float(), hidden_fwd.float(), atol=2e-3, rtol=2e-3)
+        assert torch.equal(argmax_gen, argmax_fwd)
+    merged = compute_features(target.model, seqs.ids, aux, progress=False, known=rows)
+    torch.testing.assert_close(merged.aux.float(), forward.aux.float(), atol=2e-3, rtol=2e-3)
+    assert torch.equal(merged.offsets, forward.offsets)
+
     again = load_sequences(toy_data["distill"], config.max_length)
-    assert lengthen(again, target, eos, config, tmp_path)["continuations_cache_hit"] is True
+    info, rows = lengthen(again, target, eos, config, tmp_path, aux)
+    assert info["continuations_cache_hit"] is True and rows == {}
     assert again.ids == seqs.ids
     with pytest.raises(ValueError, match="continue_to"):
         EagleConfig(continue_to=-1)
@@ -289,6 +307,39 @@ def test_revocab_keeps_shared_rows_and_starts_new_ones_from_the_target_head():
     sparse[[20, 21]] = 1.0  # a round that saw two new ids: they rank first, the old ones fill the rest
     chosen = set(revocab(draft, sparse, 8, target, eos=[]).draft_to_target.tolist())
     assert {20, 21} <= chosen and chosen - {20, 21} <= set(range(8))
+
+
+def test_a_rebuilt_vocabulary_ranks_the_warm_starts_data_too():
+    """When the mined outputs leave rows free, a rebuilt vocabulary fills them with the tokens the warm
+    start's own data used most (`rank_counts`), not with arbitrary rows of the old vocabulary; whether to
+    rebuild at all is still judged on the mined outputs alone."""
+    from types import SimpleNamespace
+
+    from training.eagle_train import prepare_draft
+
+    tokenizer = build_tokenizer()
+    target = tiny_llama(tokenizer, n_layers=2, seed=0, tie_embeddings=False)
+    loaded = SimpleNamespace(model=target, model_id=SimpleNamespace(sha256="target"))
+    vocab = target.config.vocab_size
+
+    def warm_draft() -> Eagle3Draft:
+        old = torch.zeros(vocab)
+        old[:8] = 1.0  # the warm start's vocabulary: ids 0..7
+        d2t, t2d = vocab_from_counts(old, 8)
+        return Eagle3Draft(Eagle3Config.for_target(target.config, draft_vocab_size=8), d2t=d2t, t2d=t2d)
+
+    mined, rehearsal = torch.zeros(vocab), torch.zeros(vocab)
+    mined[[20, 21]] = 3.0  # the round's traffic: two ids the warm start cannot propose
+    rehearsal[[5, 6, 7]] = 9.0  # the old traffic used 5..7 most, then 0
+    rehearsal[0] = 1.0
+    config = EagleConfig(draft_vocab_size=6, min_vocab_coverage=0.97)
+    draft, info = prepare_draft(config, loaded, mined, [], warm_draft(), mined + rehearsal)
+    assert info["vocab"] == "rebuilt" and info["warm_vocab_coverage"] == 0.0 and info["vocab_coverage_train"] == 1.0
+    assert draft.draft_to_target.tolist() == [0, 5, 6, 7, 20, 21]
+    old_only = torch.zeros(vocab)
+    old_only[[1, 2]] = 1.0  # mined outputs the warm vocabulary covers: kept, whatever rank_counts says
+    kept, info = prepare_draft(config, loaded, old_only, [], warm_draft(), old_only + mined)
+    assert info["vocab"] == "kept" and kept.draft_to_target.tolist() == list(range(8))
 
 
 def test_eval_transfer_scores_drafts_on_other_code(trained, toy_models, tmp_path, capsys):
