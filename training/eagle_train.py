@@ -203,7 +203,7 @@ def cached_generation(folder: Path, key: Any, generate: Any) -> tuple[Any, bool]
 
 
 def lengthen(seqs: Sequences, target: Any, eos: set[int], config: EagleConfig, cache_root: Path,
-             aux_layer_ids: list[int]) -> tuple[dict[str, Any], dict[int, tuple]]:
+             aux_layer_ids: list[int] | None) -> tuple[dict[str, Any], dict[int, tuple]]:
     """Continue (in place) every output that stopped short of `continue_to` tokens without an EOS -- a
     logged request's max_new_tokens, not the answer, ended it -- with the target's own greedy tokens, up
     to `continue_to` output tokens and `max_length` in all. SpecForge's regeneration lever at a fraction of
@@ -212,7 +212,8 @@ def lengthen(seqs: Sequences, target: Any, eos: set[int], config: EagleConfig, c
 
     Returns (info, feature rows): generation's forward passes already ran the target over every position
     of a continued sequence, so its hidden states become that sequence's features (training.eagle_features
-    .feature_row) instead of a second forward over the same tokens. None come back on a cache hit."""
+    .feature_row) instead of a second forward over the same tokens. None come back on a cache hit, or
+    with `aux_layer_ids` None (continuations only)."""
     from training.target_completions import greedy_continuations
 
     todo = [i for i, (ids, p) in enumerate(zip(seqs.ids, seqs.prompt_lens))
@@ -229,7 +230,7 @@ def lengthen(seqs: Sequences, target: Any, eos: set[int], config: EagleConfig, c
     key = [[seqs.ids[i] for i in todo], target.model_id.sha256, need, config.bf16]
     extra, hit = cached_generation(cache_root / "continuations", key, lambda: greedy_continuations(
         generation_model(target, config.bf16), target.tokenizer, [seqs.ids[i] for i in todo], need + 1,
-        batch_size=32, on_states=keep))
+        batch_size=32, on_states=None if aux_layer_ids is None else keep))
     added, rows = 0, {}
     for i, more in zip(todo, extra):
         room = min(config.continue_to - (len(seqs.ids[i]) - seqs.prompt_lens[i]), config.max_length - len(seqs.ids[i]))

@@ -247,6 +247,9 @@ def test_lengthen_continues_cut_outputs_with_the_targets_greedy_tokens(toy_model
     info, rows = lengthen(again, target, eos, config, tmp_path, aux)
     assert info["continuations_cache_hit"] is True and rows == {}
     assert again.ids == seqs.ids
+    alone = load_sequences(toy_data["distill"], config.max_length)  # continuations only: no states kept
+    info, rows = lengthen(alone, target, eos, config, tmp_path / "alone", None)
+    assert info["continuations_cache_hit"] is False and rows == {} and alone.ids == seqs.ids
     with pytest.raises(ValueError, match="continue_to"):
         EagleConfig(continue_to=-1)
 
