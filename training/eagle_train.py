@@ -221,16 +221,17 @@ def lengthen(seqs: Sequences, target: Any, eos: set[int], config: EagleConfig, c
     if not todo:
         return {"continued_sequences": 0, "continued_tokens": 0}, {}
     need = max(config.continue_to - (len(seqs.ids[i]) - seqs.prompt_lens[i]) for i in todo)
-    states: dict[int, tuple] = {}
+    states: dict[int, tuple] = {}  # sequence index -> (aux layers' states..., final states)
 
-    def keep(j: int, fed: tuple) -> None:  # only the layers the features hold: the aux ones, then the last
-        states[todo[j]] = tuple(fed[layer] for layer in [*aux_layer_ids, -1])
+    def keep(j: int, fed: tuple) -> None:
+        states[todo[j]] = fed
 
+    keep_states = {"on_states": keep, "state_layers": [*aux_layer_ids, -1]} if aux_layer_ids is not None else {}
     # need + 1 tokens: the model is then also fed the last token kept, so its features exist too.
     key = [[seqs.ids[i] for i in todo], target.model_id.sha256, need, config.bf16]
     extra, hit = cached_generation(cache_root / "continuations", key, lambda: greedy_continuations(
         generation_model(target, config.bf16), target.tokenizer, [seqs.ids[i] for i in todo], need + 1,
-        batch_size=32, on_states=None if aux_layer_ids is None else keep))
+        batch_size=32, **keep_states))
     added, rows = 0, {}
     for i, more in zip(todo, extra):
         room = min(config.continue_to - (len(seqs.ids[i]) - seqs.prompt_lens[i]), config.max_length - len(seqs.ids[i]))

@@ -86,14 +86,16 @@ def target_traffic(model: Any, tokenizer: Any, workload: list[dict[str, str]], m
 
 def greedy_continuations(model: Any, tokenizer: Any, sequences: list[list[int]], max_new_tokens: int,
                          batch_size: int = 16, progress: bool = True,
-                         on_states: Callable[[int, tuple[torch.Tensor, ...]], None] | None = None) -> list[list[int]]:
+                         on_states: Callable[[int, tuple[torch.Tensor, ...]], None] | None = None,
+                         state_layers: list[int] | None = None) -> list[list[int]]:
     """The target's greedy continuation of each token sequence (up to and including an EOS), batched
     by length so little is padded. Used to lengthen logged completions that stopped at the request's
     max_new_tokens: more in-domain target output per logged prompt, at a batched forward's price.
 
-    With `on_states`, generation also keeps every layer's hidden states and calls `on_states(i, states)`
-    for sequence i: per layer (embeddings first), the [positions, H] states of every position the model
-    was fed -- the sequence, then each generated token but the last (past an EOS: padding, not data)."""
+    With `on_states`, generation also keeps the hidden states and calls `on_states(i, states)` for
+    sequence i: for each of `state_layers` (indices into HF's hidden_states, embeddings = 0; default all),
+    the [positions, H] states of every position the model was fed -- the sequence, then each generated
+    token but the last (past an EOS: padding, not data)."""
     from tqdm.auto import tqdm
 
     pad_id, eos_ids = _pad_and_eos(model, tokenizer)
@@ -107,17 +109,18 @@ def greedy_continuations(model: Any, tokenizer: Any, sequences: list[list[int]],
         for row, i in enumerate(batch):
             result[i] = _completion(out.sequences[row, width:].tolist(), eos_ids)
             if on_states is not None:
-                on_states(i, _fed_states(out.hidden_states, row, width - len(sequences[i])))
+                layers = state_layers if state_layers is not None else range(len(out.hidden_states[0]))
+                on_states(i, _fed_states(out.hidden_states, row, width - len(sequences[i]), layers))
         bar.update(len(batch))
     bar.close()
     return result
 
 
-def _fed_states(steps: tuple, row: int, pad: int) -> tuple[torch.Tensor, ...]:
+def _fed_states(steps: tuple, row: int, pad: int, layers: Any) -> tuple[torch.Tensor, ...]:
     """One row of generate's hidden states ([step][layer] -> [B, positions, H]: the prefill's, then one
-    position per decoding step) as per-layer [positions, H], without the row's left padding."""
+    position per decoding step) as [positions, H] per layer in `layers`, without the row's left padding."""
     return tuple(torch.cat([steps[0][layer][row, pad:]] + [step[layer][row] for step in steps[1:]])
-                 for layer in range(len(steps[0])))
+                 for layer in layers)
 
 
 def holdout_rows(rows: list[dict]) -> list[dict]:
