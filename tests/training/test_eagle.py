@@ -254,6 +254,30 @@ def test_lengthen_continues_cut_outputs_with_the_targets_greedy_tokens(toy_model
         EagleConfig(continue_to=-1)
 
 
+def test_lengthen_leaves_a_sequence_whose_last_token_was_never_fed_to_the_forward(toy_models, toy_data, tmp_path,
+                                                                                   monkeypatch):
+    """When generation stopped before feeding a kept token (every row ended with an EOS at the last
+    step), that sequence gets no features from generation; the feature forward computes it instead."""
+    import training.target_completions as completions
+    from serving.engine import eos_token_ids
+    from training.eagle_train import lengthen
+
+    generate = completions.greedy_continuations
+
+    def stopped_early(*args, on_states=None, **kwargs):
+        # lengthen generates one token past the budget; without the last two fed positions, the last kept
+        # token of every toy sequence was never fed
+        trim = None if on_states is None else lambda i, fed: on_states(i, tuple(layer[:-2] for layer in fed))
+        return generate(*args, on_states=trim, **kwargs)
+
+    monkeypatch.setattr(completions, "greedy_continuations", stopped_early)
+    target = load_model(toy_models["target"])
+    config = EagleConfig(continue_to=20, max_length=64, bf16=False)
+    seqs = load_sequences(toy_data["distill"], config.max_length)
+    info, rows = lengthen(seqs, target, eos_token_ids(target), config, tmp_path, [0, 1, 1])
+    assert info["continued_sequences"] > 0 and info["features_from_generation"] == 0 and rows == {}
+
+
 def test_canary_probe_is_the_targets_greedy_answers_cached(toy_models, tmp_path):
     """The forgetting probe's canary part: every canary prompt (all gated slices) with the target's greedy
     answer, generated once and read from the cache after."""
