@@ -221,10 +221,16 @@ def lengthen(seqs: Sequences, target: Any, eos: set[int], config: EagleConfig, c
     if not todo:
         return {"continued_sequences": 0, "continued_tokens": 0}, {}
     need = max(config.continue_to - (len(seqs.ids[i]) - seqs.prompt_lens[i]) for i in todo)
-    states: dict[int, tuple] = {}  # sequence index -> (aux layers' states..., final states)
+    room = {i: min(config.continue_to - (len(seqs.ids[i]) - seqs.prompt_lens[i]), config.max_length - len(seqs.ids[i]))
+            for i in todo}
+    rows: dict[int, tuple] = {}
 
-    def keep(j: int, fed: tuple) -> None:
-        states[todo[j]] = fed
+    def keep(j: int, more: list[int], fed: tuple) -> None:
+        """Sequence todo[j]'s feature row, made as soon as its batch is generated (half precision)."""
+        i = todo[j]
+        n = len(seqs.ids[i]) + len(more[:room[i]])
+        if fed[0].shape[0] >= n:  # else the last kept token was never fed: the feature forward does it
+            rows[i] = row_from_states(target.model, fed, n, list(range(len(aux_layer_ids))))
 
     keep_states = {"on_states": keep, "state_layers": [*aux_layer_ids, -1]} if aux_layer_ids is not None else {}
     # need + 1 tokens: the model is then also fed the last token kept, so its features exist too.
@@ -232,14 +238,10 @@ def lengthen(seqs: Sequences, target: Any, eos: set[int], config: EagleConfig, c
     extra, hit = cached_generation(cache_root / "continuations", key, lambda: greedy_continuations(
         generation_model(target, config.bf16), target.tokenizer, [seqs.ids[i] for i in todo], need + 1,
         batch_size=32, **keep_states))
-    added, rows = 0, {}
+    added = 0
     for i, more in zip(todo, extra):
-        room = min(config.continue_to - (len(seqs.ids[i]) - seqs.prompt_lens[i]), config.max_length - len(seqs.ids[i]))
-        seqs.ids[i] = seqs.ids[i] + more[:room]
-        added += len(more[:room])
-        fed = states.pop(i, None)
-        if fed is not None and fed[0].shape[0] >= len(seqs.ids[i]):  # else the last token was never fed
-            rows[i] = row_from_states(target.model, fed, len(seqs.ids[i]), list(range(len(aux_layer_ids))))
+        seqs.ids[i] = seqs.ids[i] + more[:room[i]]
+        added += len(more[:room[i]])
     return {"continued_sequences": len(todo), "continued_tokens": added, "continuations_cache_hit": hit,
             "features_from_generation": len(rows)}, rows
 

@@ -86,14 +86,14 @@ def target_traffic(model: Any, tokenizer: Any, workload: list[dict[str, str]], m
 
 def greedy_continuations(model: Any, tokenizer: Any, sequences: list[list[int]], max_new_tokens: int,
                          batch_size: int = 16, progress: bool = True,
-                         on_states: Callable[[int, tuple[torch.Tensor, ...]], None] | None = None,
+                         on_states: Callable[[int, list[int], tuple[torch.Tensor, ...]], None] | None = None,
                          state_layers: list[int] | None = None) -> list[list[int]]:
     """The target's greedy continuation of each token sequence (up to and including an EOS), batched
     by length so little is padded. Used to lengthen logged completions that stopped at the request's
     max_new_tokens: more in-domain target output per logged prompt, at a batched forward's price.
 
-    With `on_states`, generation also keeps the hidden states and calls `on_states(i, states)` for
-    sequence i: for each of `state_layers` (indices into HF's hidden_states, embeddings = 0; default all),
+    With `on_states`, generation also keeps the hidden states and calls `on_states(i, continuation,
+    states)` for sequence i: for each of `state_layers` (indices into HF's hidden_states, embeddings = 0; default all),
     the [positions, H] states of every position the model was fed -- the sequence, then each generated
     token but the last (past an EOS: padding, not data)."""
     from tqdm.auto import tqdm
@@ -110,7 +110,7 @@ def greedy_continuations(model: Any, tokenizer: Any, sequences: list[list[int]],
             result[i] = _completion(out.sequences[row, width:].tolist(), eos_ids)
             if on_states is not None:
                 layers = state_layers if state_layers is not None else range(len(out.hidden_states[0]))
-                on_states(i, _fed_states(out.hidden_states, row, width - len(sequences[i]), layers))
+                on_states(i, result[i], _fed_states(out.hidden_states, row, width - len(sequences[i]), layers))
         bar.update(len(batch))
     bar.close()
     return result

@@ -267,7 +267,7 @@ def test_lengthen_leaves_a_sequence_whose_last_token_was_never_fed_to_the_forwar
     def stopped_early(*args, on_states=None, **kwargs):
         # lengthen generates one token past the budget; without the last two fed positions, the last kept
         # token of every toy sequence was never fed
-        trim = None if on_states is None else lambda i, fed: on_states(i, tuple(layer[:-2] for layer in fed))
+        trim = None if on_states is None else lambda i, more, fed: on_states(i, more, tuple(s[:-2] for s in fed))
         return generate(*args, on_states=trim, **kwargs)
 
     monkeypatch.setattr(completions, "greedy_continuations", stopped_early)
