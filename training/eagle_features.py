@@ -44,8 +44,9 @@ def cache_key(sequences: list[list[int]], target_sha256: str, aux_layer_ids: lis
 
 def feature_row(states: tuple[torch.Tensor, ...], aux_layer_ids: list[int],
                 argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One sequence's (aux, hidden, argmax) from its per-layer [n, H] hidden states (embeddings first).
-    states[-1] is the final norm's output in HF Llama-family models: lm_head(it) == logits."""
+    """One sequence's (aux, hidden, argmax) from per-layer [n, H] hidden states: `aux_layer_ids` index
+    into `states`, and states[-1] is the final norm's output (in HF Llama-family models lm_head(it) ==
+    logits). `_forward` passes every layer, embeddings first; `row_from_states` only the kept ones."""
     aux = torch.cat([states[i] for i in aux_layer_ids], -1)
     return aux.half().cpu(), states[-1].half().cpu(), argmax.cpu()
 
