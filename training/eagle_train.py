@@ -46,7 +46,7 @@ from serving.precision import resolve_bf16
 from training import common
 from training.data import join_and_truncate, load_dataset_dir
 from training.eagle_features import Features, cached_features, row_from_states
-from training.eagle_ttt import chain_acceptance, implied_mal, teacher_log_probs, ttt_loss, unroll
+from training.eagle_ttt import chain_acceptance, chain_slots, implied_mal, teacher_log_probs, ttt_loss, unroll
 from training.evaluate import EpochSelectionCallback, slice_key
 
 METRIC = "implied_mal"  # what the per-epoch evaluation and the epoch selection compare
@@ -67,6 +67,7 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     aux_layer_ids: list[int] = field(default_factory=list)  # target layers fused; [] = EAGLE-3's (2, L/2, L-3)
     ttt_steps: int = 4           # training-time-test unroll depth
     ttt_decay: float = 0.8       # weight of unroll step s is ttt_decay**s
+    ttt_chain_share: float = 1.0  # share of slots (a fresh random sample each batch) unrolled past step 0
     prompt_loss: bool = True     # also learn positions inside the prompt (more signal; serving sees prompts too)
     feature_cache: str = ""      # "" = <state>/cache/eagle-features
     continue_to: int = 0         # lengthen outputs cut at their length limit with the target's greedy continuation to this many tokens (0 = off)
@@ -90,6 +91,8 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
                        f"must be in (0, 1], got {self.min_vocab_coverage}")
         common.require(self.ttt_steps >= 1, "ttt_steps", f"must be >= 1, got {self.ttt_steps}")
         common.require(0.0 < self.ttt_decay <= 1.0, "ttt_decay", f"must be in (0, 1], got {self.ttt_decay}")
+        common.require(0.0 < self.ttt_chain_share <= 1.0, "ttt_chain_share",
+                       f"must be in (0, 1], got {self.ttt_chain_share}")
         common.require(self.continue_to >= 0, "continue_to", f"must be >= 0, got {self.continue_to}")
         common.require(self.rehearsal_ratio >= 0.0, "rehearsal_ratio", f"must be >= 0, got {self.rehearsal_ratio}")
         common.require(self.mined_passes >= 1, "mined_passes", f"must be >= 1, got {self.mined_passes}")
@@ -350,19 +353,21 @@ class EagleTrainer(Trainer):
     """A Trainer whose loss is the unrolled (training-time test) distillation loss."""
 
     def __init__(self, *args: Any, lm_head_weight: torch.Tensor = None, ttt_steps: int = 4, ttt_decay: float = 0.8,
-                 **kwargs: Any):
+                 ttt_chain_share: float = 1.0, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.lm_head_weight, self.ttt_steps, self.ttt_decay = lm_head_weight, ttt_steps, ttt_decay
+        self.ttt_chain_share = ttt_chain_share
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         draft = self.accelerator.unwrap_model(model)
+        slots = chain_slots(inputs["input_ids"].shape[1] - 1, self.ttt_chain_share)
         # Accelerate's mixed precision wraps `model.forward`, which the unrolled loop never calls: enter
         # its autocast here, or `bf16` trains in float32 (4-5x slower matmuls on an AMX CPU, measured).
         with self.accelerator.autocast():
-            logits = unroll(draft, inputs["input_ids"], inputs["aux"], self.ttt_steps)
+            logits = unroll(draft, inputs["input_ids"], inputs["aux"], self.ttt_steps, slots)
             with torch.no_grad():
                 teacher = teacher_log_probs(inputs["hidden"], self.lm_head_weight.to(inputs["hidden"].device), draft)
-            loss, _ = ttt_loss(logits, teacher, inputs["mask"], self.ttt_decay)
+            loss, _ = ttt_loss(logits, teacher, inputs["mask"], self.ttt_decay, slots)
         return (loss, {"logits": logits[0]}) if return_outputs else loss
 
 
@@ -535,7 +540,8 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
                              train_sampling_strategy="group_by_length")
     trainer = EagleTrainer(model=draft, args=args, train_dataset=train_set, data_collator=collate,
                            callbacks=callbacks, lm_head_weight=target.model.get_output_embeddings().weight.detach(),
-                           ttt_steps=config.ttt_steps, ttt_decay=config.ttt_decay)
+                           ttt_steps=config.ttt_steps, ttt_decay=config.ttt_decay,
+                           ttt_chain_share=config.ttt_chain_share)
     with tracker.run("train-eagle", nested=True, tags={"stage": "eagle", "draft_kind": "eagle3"}):
         tracker.log_params({**to_dict(config), "params_trainable": sum(p.numel() for p in draft.parameters())})
         result = trainer.train()  # the ChainCallback puts back the epoch best for the gate at the end

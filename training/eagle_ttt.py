@@ -7,6 +7,10 @@ feeds it when it runs ahead. Attention at step s: slot j sees step-0 slots <= j 
 context) and its own chain's entries at steps 1..s (the diagonal), which is what the serving cache
 holds for that chain.
 
+Past step 0 every chain reads only block 0 and its own entries, so the chains are independent: the
+deeper steps may run on a sample of the slots (`chain_slots`) and give, for those slots, exactly what the
+full unroll gives. Steps past 0 are about two thirds of a 3-step unroll's compute.
+
 `unroll` returns the per-step draft logits; `ttt_loss` weighs a distillation loss per step with a
 decaying weight; `chain_acceptance` turns argmax matches into the greedy acceptance of each chain
 position (the implied mean accepted length the engine would measure). Pure tensor code: no data
@@ -14,6 +18,8 @@ loading, no Trainer.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -29,49 +35,65 @@ def ttt_mask(n: int, step: int, device: torch.device | None = None) -> torch.Ten
     return torch.cat(blocks, 1)
 
 
-def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                  slots: torch.Tensor | None = None) -> torch.Tensor:
     """Attention over the unrolled cache without materialising its mostly-empty mask.
 
-    q[B, nh, n, d]; keys/values[i]: [B, nkv, n, d] per unroll step i. Slot j attends causally to block 0
-    (slots <= j) and, in every later block, to its own entry only (its chain). The diagonal blocks are
-    per-slot dot products, so step s costs one n x n block plus s vectors instead of (s+1) n x n.
-    Returns [B, nh, n, d].
+    q[B, nh, m, d]: the chains anchored at `slots[m]` (default all n slots, in order); keys/values[0]:
+    [B, nkv, n, d], block 0 (every slot's step-0 entry); keys/values[i > 0]: [B, nkv, m, d], the chains'
+    own entries at step i. A chain anchored at slot j attends causally to block 0 (slots <= j) and, in
+    every later block, to its own entry only. The diagonal blocks are per-chain dot products, so step s
+    costs one m x n block plus s vectors instead of (s+1) n x n.
+    Returns [B, nh, m, d].
     """
-    b, nh, n, d = q.shape
-    nkv = keys[0].shape[1]
-    qg = q.reshape(b, nkv, nh // nkv, n, d)  # heads grouped by the kv head they share (GQA)
+    b, nh, m, d = q.shape
+    nkv, n = keys[0].shape[1], keys[0].shape[2]
+    if slots is None:
+        slots = torch.arange(n, device=q.device)
+    qg = q.reshape(b, nkv, nh // nkv, m, d)  # heads grouped by the kv head they share (GQA)
     scale = d ** -0.5
-    causal = (qg @ keys[0].unsqueeze(2).transpose(-1, -2)) * scale  # [B, nkv, g, n, n]
-    causal = causal.masked_fill(~torch.ones(n, n, dtype=torch.bool, device=q.device).tril(), float("-inf"))
-    own = [(qg * k.unsqueeze(2)).sum(-1, keepdim=True) * scale for k in keys[1:]]  # each [B, nkv, g, n, 1]
+    causal = (qg @ keys[0].unsqueeze(2).transpose(-1, -2)) * scale  # [B, nkv, g, m, n]
+    causal = causal.masked_fill(torch.arange(n, device=q.device) > slots[:, None], float("-inf"))
+    own = [(qg * k.unsqueeze(2)).sum(-1, keepdim=True) * scale for k in keys[1:]]  # each [B, nkv, g, m, 1]
     probs = torch.softmax(torch.cat([causal, *own], -1).float(), -1).to(q.dtype)
-    out = probs[..., :n] @ values[0].unsqueeze(2)  # [B, nkv, g, n, d]
+    out = probs[..., :n] @ values[0].unsqueeze(2)  # [B, nkv, g, m, d]
     for i, v in enumerate(values[1:]):
         out = out + probs[..., n + i: n + i + 1] * v.unsqueeze(2)
-    return out.reshape(b, nh, n, d)
+    return out.reshape(b, nh, m, d)
 
 
-def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, steps: int) -> list[torch.Tensor]:
-    """Run the draft `steps` times over every slot.
+def chain_slots(n: int, share: float, generator: torch.Generator | None = None) -> torch.Tensor | None:
+    """A random sorted sample of ceil(share * n) of n slots whose chains run past step 0; None = all."""
+    if share >= 1.0:
+        return None
+    return torch.randperm(n, generator=generator)[:max(1, math.ceil(share * n))].sort().values
 
-    input_ids[B, T] (target ids), aux[B, T, 3Ht] (target features at each position) ->
-    per step s, logits[B, T-1, Vd] whose slot j predicts the token at j+2+s.
+
+def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, steps: int,
+           slots: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Run the draft `steps` times over every slot (past step 0: over `slots` only, if given).
+
+    input_ids[B, T] (target ids), aux[B, T, 3Ht] (target features at each position) -> per step s,
+    logits[B, n, Vd] (n = T-1; past step 0 with `slots`: [B, m, Vd]) whose chain anchored at slot j
+    predicts the token at j+2+s.
     """
     layer = draft.layers[0]
     n = input_ids.shape[1] - 1
     tokens = input_ids[:, 1:]  # [B, n]: the token at j+1
     hidden = draft.fc(aux[:, :-1].to(draft.fc.weight.dtype))  # [B, n, H]: target features at j
     to_target = draft.draft_to_target
+    chains = torch.arange(n, device=input_ids.device)
     keys, values, out = [], [], []
     for step in range(steps):
-        positions = torch.arange(1 + step, n + 1 + step, device=input_ids.device)
-        q, k, v = layer.qkv(draft.embed(tokens), hidden, positions)
+        if step == 1 and slots is not None:  # block 0 is complete: from here on only the sampled chains
+            chains, tokens, hidden = slots, tokens[:, slots], hidden[:, slots]
+        q, k, v = layer.qkv(draft.embed(tokens), hidden, chains + 1 + step)
         keys.append(k)
         values.append(v)
-        hidden = layer.finish(layer.self_attn.project_out(ttt_attention(q, keys, values)), hidden)
-        logits = draft.logits(hidden)  # [B, n, Vd]
+        hidden = layer.finish(layer.self_attn.project_out(ttt_attention(q, keys, values, chains)), hidden)
+        logits = draft.logits(hidden)  # [B, n or m, Vd]
         out.append(logits)
-        tokens = to_target[logits.detach().argmax(-1)]  # [B, n]: what the draft feeds itself next
+        tokens = to_target[logits.detach().argmax(-1)]  # what the draft feeds itself next
     return out
 
 
@@ -121,12 +143,13 @@ class _SoftCrossEntropy(torch.autograd.Function):
 
 
 def ttt_loss(step_logits: list[torch.Tensor], teacher_logp: torch.Tensor, mask: torch.Tensor,
-             decay: float) -> tuple[torch.Tensor, list[float]]:
+             decay: float, slots: torch.Tensor | None = None) -> tuple[torch.Tensor, list[float]]:
     """Forward KL from the target to the draft per unroll step, weighted decay**s, averaged over tokens.
 
-    step_logits: per step [B, n, Vd]; teacher_logp[B, T, Vd] with T = n + 1 (position p predicts p+1);
-    mask[B, T] bool: positions whose prediction is learned. Slot j at step s is scored against the
-    teacher at position j+1+s. Returns (loss, per-step losses).
+    step_logits: `unroll`'s output (past step 0 over `slots`, if given); teacher_logp[B, T, Vd] with
+    T = n + 1 (position p predicts p+1); mask[B, T] bool: positions whose prediction is learned. The
+    chain anchored at slot j is scored at step s against the teacher at position j+1+s (chains that run
+    past the sequence are not). Returns (loss, per-step losses).
 
     KL(p || q) = cross-entropy(p, q) - entropy(p): the cross-entropy is one fused call with
     probability targets (`_SoftCrossEntropy`), and the entropy, which no parameter changes, is
@@ -139,12 +162,13 @@ def ttt_loss(step_logits: list[torch.Tensor], teacher_logp: torch.Tensor, mask: 
     total = teacher_logp.new_zeros((), dtype=torch.float32)
     per_step = []
     for s, (logits, weight) in enumerate(zip(step_logits, step_weights(len(step_logits), decay))):
-        width = n - s
-        if width <= 0:
+        chains = slots if s > 0 and slots is not None else torch.arange(n, device=teacher_logp.device)
+        scored = chains + 1 + s <= n
+        if not bool(scored.any()):
             break
-        ce = _SoftCrossEntropy.apply(logits[:, :width], teacher_p[:, 1 + s: 1 + s + width])  # [B, width]
-        kl = ce - entropy[:, 1 + s: 1 + s + width]
-        m = mask[:, 1 + s: 1 + s + width].float()
+        target = chains[scored] + 1 + s
+        ce = _SoftCrossEntropy.apply(logits[:, scored], teacher_p[:, target])  # [B, chains scored]
+        kl, m = ce - entropy[:, target], mask[:, target].float()
         step_loss = (kl * m).sum() / m.sum().clamp_min(1.0)
         total = total + weight * step_loss
         per_step.append(float(step_loss.detach()))

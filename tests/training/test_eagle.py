@@ -21,7 +21,8 @@ from serving.models import load_model
 from serving.params import SamplingParams
 from serving.toy import build_tokenizer, tiny_llama
 from training.eagle_train import EagleConfig, load_sequences, train_eagle
-from training.eagle_ttt import _SoftCrossEntropy, chain_acceptance, implied_mal, ttt_attention, ttt_loss, ttt_mask
+from training.eagle_ttt import (_SoftCrossEntropy, chain_acceptance, chain_slots, implied_mal, ttt_attention, ttt_loss,
+                                ttt_mask, unroll)
 
 
 def test_ttt_mask_is_causal_then_diagonal():
@@ -45,6 +46,46 @@ def test_ttt_attention_equals_attention_under_the_written_out_mask():
     # At step 0 it is plain causal attention.
     causal = F.scaled_dot_product_attention(q, keys[0], values[0], is_causal=True, enable_gqa=True)
     assert torch.allclose(ttt_attention(q, keys[:1], values[:1]), causal, atol=1e-5)
+
+
+def test_sampled_chains_unroll_to_exactly_what_the_full_unroll_gives_them():
+    """Past step 0 the chains are independent, so running only a sample of them changes nothing for
+    the sampled ones: logits, and the loss over those chains with its gradient."""
+    tokenizer = build_tokenizer()
+    target = tiny_llama(tokenizer, n_layers=2, seed=0)
+    torch.manual_seed(0)
+    draft = Eagle3Draft(Eagle3Config.for_target(target.config, draft_vocab_size=48)).attach_target(target)
+    ids = torch.randint(0, target.config.vocab_size, (2, 9))
+    aux = torch.randn(2, 9, 3 * target.config.hidden_size)
+    slots = torch.tensor([1, 4, 6, 7])
+    full = unroll(draft, ids, aux, 3)
+    sampled = unroll(draft, ids, aux, 3, slots)
+    assert torch.allclose(sampled[0], full[0])
+    for s in (1, 2):
+        assert sampled[s].shape == (2, 4, 48)
+        assert torch.allclose(sampled[s], full[s][:, slots], atol=1e-5)
+    # The loss only scores chains that stay inside the sequence: slot 7 at step 2 would predict past it.
+    teacher = torch.log_softmax(torch.randn(2, 9, 48), -1)
+    mask = torch.rand(2, 9) > 0.2
+    loss, per_step = ttt_loss(sampled, teacher, mask, decay=0.8, slots=slots)
+    expected = []
+    for s in (0, 1, 2):  # the definition over the sampled chains: slot j at step s vs teacher position j+1+s
+        chains = torch.arange(8) if s == 0 else slots
+        chains = chains[chains + 1 + s <= 8]
+        p_log = teacher[:, chains + 1 + s]
+        kl = (p_log.exp() * (p_log - torch.log_softmax(full[s][:, chains], -1))).sum(-1)
+        m = mask[:, chains + 1 + s].float()
+        expected.append(float((kl * m).sum() / m.sum()))
+    assert per_step == pytest.approx(expected, rel=1e-4)
+    loss.backward()
+    assert all(p.grad is not None for p in draft.parameters() if p.requires_grad)
+
+
+def test_chain_slots_samples_a_sorted_share_without_repeats():
+    assert chain_slots(10, 1.0) is None
+    slots = chain_slots(10, 0.45, torch.Generator().manual_seed(0))
+    assert len(slots) == 5 and slots.tolist() == sorted(set(slots.tolist())) and 0 <= int(slots.min()) <= int(slots.max()) < 10
+    assert len(chain_slots(3, 0.01)) == 1
 
 
 def test_soft_cross_entropy_matches_torch_in_value_and_gradient():
@@ -202,6 +243,8 @@ def test_warm_start_rehearses_the_data_it_learned_from(trained, toy_data, tmp_pa
         EagleConfig(rehearsal_ratio=-1.0)
     with pytest.raises(ValueError, match="mined_passes"):
         EagleConfig(mined_passes=0)
+    with pytest.raises(ValueError, match="ttt_chain_share"):
+        EagleConfig(ttt_chain_share=0.0)
 
 
 def test_lengthen_continues_cut_outputs_with_the_targets_greedy_tokens(toy_models, toy_data, tmp_path):
