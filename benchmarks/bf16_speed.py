@@ -21,7 +21,7 @@ from serving.eagle import Eagle3Config, Eagle3Draft
 from serving.models import load_model
 from serving.precision import cpu_has_amx_bf16
 from serving.reference import default_target_dir
-from training.eagle_ttt import teacher_log_probs, ttt_loss, unroll
+from training.eagle_ttt import unrolled_loss
 
 
 def seconds_per_call(fn: Callable[[], object], repeats: int = 3) -> float:
@@ -58,10 +58,8 @@ def main() -> None:
 
     def training_step(bf16: bool) -> None:  # as training.eagle_train.EagleTrainer.compute_loss, plus the update
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            logits = unroll(draft, batch_ids, batch_aux, 3)
-            with torch.no_grad():
-                teacher = teacher_log_probs(batch_hidden, lm_head, draft)
-            loss, _ = ttt_loss(logits, teacher, torch.ones(8, 300, dtype=torch.bool), 0.8)
+            loss, _ = unrolled_loss(draft, batch_ids, batch_aux, batch_hidden, torch.ones(8, 300, dtype=torch.bool),
+                                    lm_head, 3, 0.8)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()

@@ -46,7 +46,7 @@ from serving.precision import resolve_bf16
 from training import common
 from training.data import join_and_truncate, load_dataset_dir
 from training.eagle_features import Features, cached_features, row_from_states
-from training.eagle_ttt import chain_acceptance, chain_slots, implied_mal, teacher_log_probs, ttt_loss, unroll
+from training.eagle_ttt import chain_acceptance, implied_mal, unroll, unrolled_loss
 from training.evaluate import EpochSelectionCallback, slice_key
 
 METRIC = "implied_mal"  # what the per-epoch evaluation and the epoch selection compare
@@ -360,14 +360,11 @@ class EagleTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         draft = self.accelerator.unwrap_model(model)
-        slots = chain_slots(inputs["input_ids"].shape[1] - 1, self.ttt_chain_share)
         # Accelerate's mixed precision wraps `model.forward`, which the unrolled loop never calls: enter
         # its autocast here, or `bf16` trains in float32 (4-5x slower matmuls on an AMX CPU, measured).
         with self.accelerator.autocast():
-            logits = unroll(draft, inputs["input_ids"], inputs["aux"], self.ttt_steps, slots)
-            with torch.no_grad():
-                teacher = teacher_log_probs(inputs["hidden"], self.lm_head_weight.to(inputs["hidden"].device), draft)
-            loss, _ = ttt_loss(logits, teacher, inputs["mask"], self.ttt_decay, slots)
+            loss, logits = unrolled_loss(draft, inputs["input_ids"], inputs["aux"], inputs["hidden"], inputs["mask"],
+                                         self.lm_head_weight, self.ttt_steps, self.ttt_decay, self.ttt_chain_share)
         return (loss, {"logits": logits[0]}) if return_outputs else loss
 
 

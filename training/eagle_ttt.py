@@ -12,9 +12,9 @@ deeper steps may run on a sample of the slots (`chain_slots`) and give, for thos
 full unroll gives. Steps past 0 are about two thirds of a 3-step unroll's compute.
 
 `unroll` returns the per-step draft logits; `ttt_loss` weighs a distillation loss per step with a
-decaying weight; `chain_acceptance` turns argmax matches into the greedy acceptance of each chain
-position (the implied mean accepted length the engine would measure). Pure tensor code: no data
-loading, no Trainer.
+decaying weight; `unrolled_loss` does both for one training batch; `chain_acceptance` turns argmax
+matches into the greedy acceptance of each chain position (the implied mean accepted length the
+engine would measure). Pure tensor code: no data loading, no Trainer.
 """
 
 from __future__ import annotations
@@ -173,6 +173,20 @@ def ttt_loss(step_logits: list[torch.Tensor], teacher_logp: torch.Tensor, mask: 
         total = total + weight * step_loss
         per_step.append(float(step_loss.detach()))
     return total / sum(step_weights(len(per_step), decay)), per_step
+
+
+def unrolled_loss(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, hidden: torch.Tensor,
+                  mask: torch.Tensor, lm_head_weight: torch.Tensor, steps: int, decay: float,
+                  chain_share: float = 1.0) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One batch's training loss: the draft unrolled `steps` times (past step 0 on a fresh random
+    `chain_share` of the chains), scored against the target's distribution over the draft vocabulary
+    (from its final hidden states[B, T, H]). Returns (loss, per-step logits)."""
+    slots = chain_slots(input_ids.shape[1] - 1, chain_share)
+    logits = unroll(draft, input_ids, aux, steps, slots)
+    with torch.no_grad():
+        teacher = teacher_log_probs(hidden, lm_head_weight.to(hidden.device), draft)
+    loss, _ = ttt_loss(logits, teacher, mask, decay, slots)
+    return loss, logits
 
 
 def chain_acceptance(step_logits: list[torch.Tensor], reference: torch.Tensor, draft: Eagle3Draft,

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import training.eagle_train as eagle_train
+import training.eagle_ttt as eagle_ttt
 from serving.eagle import Eagle3Config, Eagle3Draft, vocab_from_counts
 from serving.engine import Engine
 from serving.models import load_model
@@ -198,8 +198,8 @@ def test_bf16_training_runs_the_unrolled_draft_under_autocast(trained, tmp_path,
             seen.append((torch.is_autocast_enabled("cpu"), logits[0].dtype))
         return logits
 
-    unroll = eagle_train.unroll
-    monkeypatch.setattr(eagle_train, "unroll", recording_unroll)
+    unroll = eagle_ttt.unroll
+    monkeypatch.setattr(eagle_ttt, "unroll", recording_unroll)
     for bf16, expected in ((True, (True, torch.bfloat16)), (False, (False, torch.float32))):
         seen.clear()
         train_eagle(EagleConfig(**{**vars(config), "output_dir": str(tmp_path / f"bf16-{bf16}"), "bf16": bf16,
