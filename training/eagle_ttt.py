@@ -62,11 +62,13 @@ def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.
     return out.reshape(b, nh, m, d)
 
 
-def chain_slots(n: int, share: float, generator: torch.Generator | None = None) -> torch.Tensor | None:
-    """A random sorted sample of ceil(share * n) of n slots whose chains run past step 0; None = all."""
+def chain_slots(n: int, share: float, device: torch.device | str | None = None,
+                generator: torch.Generator | None = None) -> torch.Tensor | None:
+    """A random sorted sample of ceil(share * n) of n slots whose chains run past step 0 (the same
+    slots for every row of a batch); None = all."""
     if share >= 1.0:
         return None
-    return torch.randperm(n, generator=generator)[:max(1, math.ceil(share * n))].sort().values
+    return torch.randperm(n, generator=generator)[:max(1, math.ceil(share * n))].sort().values.to(device)
 
 
 def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, steps: int,
@@ -181,7 +183,7 @@ def unrolled_loss(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor
     """One batch's training loss: the draft unrolled `steps` times (past step 0 on a fresh random
     `chain_share` of the chains), scored against the target's distribution over the draft vocabulary
     (from its final hidden states[B, T, H]). Returns (loss, per-step logits)."""
-    slots = chain_slots(input_ids.shape[1] - 1, chain_share)
+    slots = chain_slots(input_ids.shape[1] - 1, chain_share, input_ids.device)
     logits = unroll(draft, input_ids, aux, steps, slots)
     with torch.no_grad():
         teacher = teacher_log_probs(hidden, lm_head_weight.to(hidden.device), draft)

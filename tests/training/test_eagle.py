@@ -83,7 +83,7 @@ def test_sampled_chains_unroll_to_exactly_what_the_full_unroll_gives_them():
 
 def test_chain_slots_samples_a_sorted_share_without_repeats():
     assert chain_slots(10, 1.0) is None
-    slots = chain_slots(10, 0.45, torch.Generator().manual_seed(0))
+    slots = chain_slots(10, 0.45, generator=torch.Generator().manual_seed(0))
     assert len(slots) == 5 and slots.tolist() == sorted(set(slots.tolist())) and 0 <= int(slots.min()) <= int(slots.max()) < 10
     assert len(chain_slots(3, 0.01)) == 1
 
