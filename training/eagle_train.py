@@ -223,9 +223,9 @@ def lengthen(seqs: Sequences, target: Any, eos: set[int], config: EagleConfig, c
             if ids[-1] not in eos and len(ids) - p < config.continue_to and len(ids) < config.max_length]
     if not todo:
         return {"continued_sequences": 0, "continued_tokens": 0}, {}
-    need = max(config.continue_to - (len(seqs.ids[i]) - seqs.prompt_lens[i]) for i in todo)
-    room = {i: min(config.continue_to - (len(seqs.ids[i]) - seqs.prompt_lens[i]), config.max_length - len(seqs.ids[i]))
-            for i in todo}
+    budget = {i: config.continue_to - (len(seqs.ids[i]) - seqs.prompt_lens[i]) for i in todo}  # tokens short of continue_to
+    need = max(budget.values())
+    room = {i: min(budget[i], config.max_length - len(seqs.ids[i])) for i in todo}
     rows: dict[int, tuple] = {}
 
     def keep(j: int, more: list[int], fed: tuple) -> None:
