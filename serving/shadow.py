@@ -4,7 +4,9 @@
 with each draft. Every prompt runs with the same sampling settings and seed for both drafts, in mode
 draft, or with `suffix_tier` in mode hybrid as serving runs it (each draft with its own suffix index,
 learning from its replays); the order of the two drafts alternates from prompt to prompt so slow drift
-of the machine (thermal, other load) does not favour one side. It records per request the accepted
+of the machine (thermal, other load) does not favour one side. With `workers` > 1 the prompts are shared
+out to that many processes, each holding target and both drafts and replaying a prompt with both, so
+every request's figures are the ones one process would give. It records per request the accepted
 length, acceptance rate and tokens/s, checks losslessness (greedy output of each draft identical to
 target-only greedy decoding: one teacher-forced pass, serving.greedy_check, and a target-only decode
 only to report a difference), and hands the report to `serving.gate`. It writes report.json and the
@@ -16,11 +18,16 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+import torch
 
 from draftwheel.config import to_dict
 from draftwheel.tracking import NullTracker
@@ -154,6 +161,53 @@ def _describe(spec: Any, loaded: LoadedModel) -> dict[str, str]:
     return {"spec": str(loaded.path if isinstance(spec, LoadedModel) else spec), **asdict(loaded.model_id)}
 
 
+# Starting a replay process (imports, loading the models) costs ~8 s on a 2-core CPU, two or three
+# replays of a 64-token request: auto stays in this process for fewer requests than this.
+AUTO_WORKERS_MIN_REQUESTS = 16
+
+
+def replay_workers(config: ShadowConfig, n_requests: int) -> int:
+    """How many replay processes: config.workers, or for 0 (auto) one per CPU core, at most 4, once
+    there are AUTO_WORKERS_MIN_REQUESTS requests; 1 with the suffix tier, whose indexes learn from the
+    replays in order."""
+    if config.workers:
+        return min(config.workers, max(n_requests, 1))
+    if config.suffix_tier or n_requests < AUTO_WORKERS_MIN_REQUESTS:
+        return 1
+    return min(len(os.sched_getaffinity(0)), 4)
+
+
+def _replays(requests: list[ShadowRequest], models: dict[str, LoadedModel],
+             config: ShadowConfig) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """(row, mismatches) per request, in request order: in this process or in `replay_workers` processes."""
+    workers = replay_workers(config, len(requests))
+    jobs = list(enumerate(requests))
+    if workers == 1:
+        engines = _engines(models, config)
+        yield from (_replay_one(engines, request, index, config) for index, request in jobs)
+        return
+    # Each worker loads the models from their directories: a spawned process gets paths, not 500 MB pickles.
+    threads = max(1, len(os.sched_getaffinity(0)) // workers)
+    paths = {name: str(model.path) for name, model in models.items()}
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
+                             initargs=(paths, config, threads)) as pool:
+        yield from pool.map(_replay_job, jobs)
+
+
+_WORKER: dict[str, Any] = {}  # a replay process's engines and config (set by _start_worker)
+
+
+def _start_worker(paths: dict[str, str], config: ShadowConfig, threads: int) -> None:
+    torch.set_num_threads(threads)
+    _WORKER["engines"] = _engines({name: load_model(path) for name, path in paths.items()}, config)
+    _WORKER["config"] = config
+
+
+def _replay_job(job: tuple[int, ShadowRequest]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    index, request = job
+    return _replay_one(_WORKER["engines"], request, index, _WORKER["config"])
+
+
 def run_shadow(champion: str | Path | LoadedModel, challenger: str | Path | LoadedModel,
                target: str | Path | LoadedModel, holdout_dir: str | Path | None, config: ShadowConfig,
                tracker: Any = None, out: str | Path | None = None, own_run: bool = True) -> dict[str, Any]:
@@ -164,11 +218,9 @@ def run_shadow(champion: str | Path | LoadedModel, challenger: str | Path | Load
     tracker = tracker or NullTracker()
     requests = load_requests(holdout_dir, config)
     models = {"target": _as_loaded(target), "champion": _as_loaded(champion), "challenger": _as_loaded(challenger)}
-    engines = _engines(models, config)
     started = time.time()
     rows, mismatches = [], []
-    for index, request in enumerate(requests):
-        row, bad = _replay_one(engines, request, index, config)
+    for index, (request, (row, bad)) in enumerate(zip(requests, _replays(requests, models, config))):
         rows.append(row)
         mismatches += bad
         log.info("shadow %d/%d %s [%s]: accepted length %.2f (champion) vs %.2f (challenger)%s", index + 1,
@@ -178,7 +230,8 @@ def run_shadow(champion: str | Path | LoadedModel, challenger: str | Path | Load
               "config": to_dict(config), "holdout": str(holdout_dir) if holdout_dir else None,
               **{name: _describe(spec, models[name]) for name, spec in
                  (("target", target), ("champion", champion), ("challenger", challenger))},
-              "requests": rows, "lossless": {"checked": len(rows), "mismatches": mismatches}}
+              "requests": rows, "lossless": {"checked": len(rows), "mismatches": mismatches},
+              "workers": replay_workers(config, len(requests))}
     report.update(summarize(rows, config))
     decision = gate(report, config)
     report["decision"] = decision.as_dict()

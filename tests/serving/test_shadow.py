@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ from draftwheel.tracking import NullTracker
 from serving import toy
 from serving.gate import ShadowConfig
 from serving.models import load_model
-from serving.shadow import DEFAULT_CANARY, load_canary, run_shadow
+from serving.shadow import AUTO_WORKERS_MIN_REQUESTS, DEFAULT_CANARY, load_canary, replay_workers, run_shadow
 
 
 def test_default_config_file_loads():
@@ -33,7 +35,8 @@ def test_default_config_file_loads():
                                             ("min_requests=1", "min_requests"), ("k=0", "k"),
                                             ("min_path_prob=1.0", "min_path_prob"),
                                             ("min_slice_requests=2", "min_slice_requests"),
-                                            ("slice_tolerances={code: 1.5}", "slice_tolerances.code")])
+                                            ("slice_tolerances={code: 1.5}", "slice_tolerances.code"),
+                                            ("workers=-1", "workers")])
 def test_config_rejects_bad_values(override, field):
     with pytest.raises(ValueError, match=field):
         load_config(ShadowConfig, "configs/shadow.yaml", [override])
@@ -121,6 +124,38 @@ def test_shadow_replay_promotes_the_better_draft(toy_models, tmp_path):
     assert tracker.files == ["shadow_report.json", "shadow_slices.png"] and tracker.metrics["promote"] == 1.0
 
 
+def test_replay_processes_give_the_figures_one_process_gives(toy_models):
+    """Two worker processes share out the prompts: each request's accepted lengths, tokens and the gate's
+    decision are those of the in-process replay (only the timings differ)."""
+    models, holdout, canary = toy_models
+    config = ShadowConfig(bootstrap_resamples=500, canary_path=str(canary), min_requests=4, workers=1)
+    alone = run_shadow(models["bad"], models["good"], models["target"], holdout, config)
+    shared = run_shadow(models["bad"], models["good"], models["target"], holdout, replace(config, workers=2))
+    assert (alone["workers"], shared["workers"]) == (1, 2)
+
+    def figures(report):
+        return [(r["id"], {arm: {k: v for k, v in r[arm].items() if k != "tokens_per_s"}
+                           for arm in ("champion", "challenger")}) for r in report["requests"]]
+
+    assert figures(shared) == figures(alone) and len(figures(shared)) == 8
+    assert shared["lossless"] == alone["lossless"] == {"checked": 8, "mismatches": []}
+    assert shared["decision"] == alone["decision"] and shared["decision"]["promote"]
+
+
+def test_suffix_tier_replays_in_one_process():
+    with pytest.raises(ValueError, match="workers: suffix_tier"):
+        ShadowConfig(suffix_tier=True, workers=2)
+
+
+def test_auto_replays_in_process_until_starting_workers_pays():
+    assert replay_workers(ShadowConfig(), AUTO_WORKERS_MIN_REQUESTS - 1) == 1
+    cores = len(os.sched_getaffinity(0))
+    assert replay_workers(ShadowConfig(), AUTO_WORKERS_MIN_REQUESTS) == min(cores, 4)
+    assert replay_workers(ShadowConfig(suffix_tier=True), 100) == 1  # its indexes learn in request order
+    assert replay_workers(ShadowConfig(workers=3), 100) == 3
+    assert replay_workers(ShadowConfig(workers=3), 2) == 2  # never more processes than requests
+
+
 def test_sampled_shadow_replay_rejects_the_worse_draft(toy_models):
     models, holdout, _ = toy_models
     # Sampled replay: losslessness is then checked with extra greedy runs of each draft.
@@ -159,7 +194,7 @@ def test_a_lossy_challenger_is_caught_and_reported_against_target_only_decoding(
         return completion
 
     monkeypatch.setattr(shadow, "_run", lossy)
-    config = ShadowConfig(bootstrap_resamples=500, include_canary=False, min_requests=4)
+    config = ShadowConfig(bootstrap_resamples=500, include_canary=False, min_requests=4, workers=1)
     result = run_shadow(models["bad"], models["good"], models["target"], holdout, config)
     assert result["lossless"]["mismatches"] == [{"id": f"h{i}", "model": "challenger", "first_difference": 2}
                                                 for i in range(6)]
@@ -176,6 +211,6 @@ def test_identical_outputs_take_one_target_check_per_prompt(toy_models, monkeypa
     calls = []
     check = shadow._is_target_greedy
     monkeypatch.setattr(shadow, "_is_target_greedy", lambda *args: calls.append(1) or check(*args))
-    config = ShadowConfig(bootstrap_resamples=200, include_canary=False, min_requests=4)
+    config = ShadowConfig(bootstrap_resamples=200, include_canary=False, min_requests=4, workers=1)
     result = run_shadow(models["bad"], models["good"], models["target"], holdout, config)
     assert result["lossless"] == {"checked": 6, "mismatches": []} and len(calls) == 6
