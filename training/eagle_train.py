@@ -224,7 +224,6 @@ def lengthen(seqs: Sequences, target: Any, eos: set[int], config: EagleConfig, c
     if not todo:
         return {"continued_sequences": 0, "continued_tokens": 0}, {}
     budget = {i: config.continue_to - (len(seqs.ids[i]) - seqs.prompt_lens[i]) for i in todo}  # tokens short of continue_to
-    need = max(budget.values())
     room = {i: min(budget[i], config.max_length - len(seqs.ids[i])) for i in todo}
     rows: dict[int, tuple] = {}
 
@@ -236,10 +235,11 @@ def lengthen(seqs: Sequences, target: Any, eos: set[int], config: EagleConfig, c
             rows[i] = row_from_states(target.model, fed, n, list(range(len(aux_layer_ids))))
 
     keep_states = {"on_states": keep, "state_layers": [*aux_layer_ids, -1]} if aux_layer_ids is not None else {}
-    # need + 1 tokens: the model is then also fed the last token kept, so its features exist too.
-    key = [[seqs.ids[i] for i in todo], target.model_id.sha256, need, config.bf16]
+    # room + 1 tokens: the model is then also fed the last token kept, so its features exist too.
+    limits = [room[i] + 1 for i in todo]
+    key = [[seqs.ids[i] for i in todo], target.model_id.sha256, limits, config.bf16]
     extra, hit = cached_generation(cache_root / "continuations", key, lambda: greedy_continuations(
-        generation_model(target, config.bf16), target.tokenizer, [seqs.ids[i] for i in todo], need + 1,
+        generation_model(target, config.bf16), target.tokenizer, [seqs.ids[i] for i in todo], limits,
         batch_size=32, **keep_states))
     added = 0
     for i, more in zip(todo, extra):
