@@ -20,6 +20,7 @@ import json
 import logging
 import multiprocessing
 import os
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
@@ -189,15 +190,30 @@ def _replays(requests: list[ShadowRequest], models: dict[str, LoadedModel],
     # Each worker loads the models from their directories: a spawned process gets paths, not 500 MB pickles.
     threads = max(1, len(os.sched_getaffinity(0)) // workers)
     paths = {name: str(model.path) for name, model in models.items()}
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
-                             initargs=(paths, config, threads)) as pool:
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
+                               initargs=(paths, config, threads, os.getpid()))
+    try:
         yield from pool.map(_replay_job, jobs)
+    finally:  # after a failed replay, do not wait for the prompts not yet started
+        pool.shutdown(cancel_futures=True)
+
+
+def exit_with_parent(parent: int, poll_s: float = 1.0) -> None:
+    """End this process once `parent` is no longer its parent. A pool worker whose parent was killed
+    (a cancelled flow, `kill -9`) would otherwise wait on its task queue for ever, holding the models."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 _WORKER: dict[str, Any] = {}  # a replay process's engines and config (set by _start_worker)
 
 
-def _start_worker(paths: dict[str, str], config: ShadowConfig, threads: int) -> None:
+def _start_worker(paths: dict[str, str], config: ShadowConfig, threads: int, parent: int) -> None:
+    exit_with_parent(parent)
     torch.set_num_threads(threads)
     _WORKER["engines"] = _engines({name: load_model(path) for name, path in paths.items()}, config)
     _WORKER["config"] = config

@@ -10,20 +10,24 @@ from __future__ import annotations
 
 import copy
 import json
+import multiprocessing
 import os
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-from datasets import Dataset
+from datasets import Dataset, load_from_disk
 
 from draftwheel.config import ConfigError, load_config
 from draftwheel.tracking import NullTracker
 from serving import toy
+from serving.engine import PromptTooLongError
 from serving.gate import ShadowConfig
 from serving.models import load_model
-from serving.shadow import AUTO_WORKERS_MIN_REQUESTS, DEFAULT_CANARY, load_canary, replay_workers, run_shadow
+from serving.shadow import (AUTO_WORKERS_MIN_REQUESTS, DEFAULT_CANARY, exit_with_parent, load_canary,
+                            replay_workers, run_shadow)
 
 
 def test_default_config_file_loads():
@@ -140,6 +144,40 @@ def test_replay_processes_give_the_figures_one_process_gives(toy_models):
     assert figures(shared) == figures(alone) and len(figures(shared)) == 8
     assert shared["lossless"] == alone["lossless"] == {"checked": 8, "mismatches": []}
     assert shared["decision"] == alone["decision"] and shared["decision"]["promote"]
+
+
+def test_a_replay_that_fails_in_a_worker_fails_the_shadow_run(toy_models, tmp_path):
+    """A prompt the engine refuses (longer than the target's context) raises in the caller, as in one
+    process: the flywheel's shadow step then fails and the champion stays."""
+    models, holdout, _ = toy_models
+    rows = load_from_disk(str(holdout)).to_list()
+    rows[3]["prompt"] = "word " * 1100  # the toy target's context is 1024 positions
+    bad = tmp_path / "holdout"
+    Dataset.from_list(rows).save_to_disk(bad)
+    config = ShadowConfig(bootstrap_resamples=200, include_canary=False, min_requests=4, workers=2)
+    with pytest.raises(PromptTooLongError, match="exceeds the model context"):
+        run_shadow(models["bad"], models["good"], models["target"], bad, config)
+
+
+def _watched_sleep(parent: int) -> None:
+    exit_with_parent(parent, poll_s=0.05)
+    time.sleep(30)
+
+
+def test_a_replay_worker_ends_when_its_parent_is_gone():
+    """The watcher of a pool worker: once the pid it was started by is not its parent any more (here: a
+    pid that never was), the process exits instead of waiting for work that will never come."""
+    ctx = multiprocessing.get_context("spawn")
+    orphan = ctx.Process(target=_watched_sleep, args=(os.getpid() + 10**6,))
+    orphan.start()
+    orphan.join(timeout=20)
+    assert orphan.exitcode == 1
+    child = ctx.Process(target=_watched_sleep, args=(os.getpid(),))  # its parent is alive: it keeps running
+    child.start()
+    child.join(timeout=2)
+    assert child.is_alive()
+    child.kill()
+    child.join()
 
 
 def test_suffix_tier_replays_in_one_process():
