@@ -41,6 +41,8 @@ def _decode_batch(model: Any, prompt_ids: list[list[int]], pad_id: int, eos_ids:
     "states": per layer the [positions, H] states of every position the model was fed -- the prompt
     without its padding, then each new token but one that ended at the limit (an EOS is fed, so that
     the answer's last position has states too)."""
+    if min(limits) < 1:
+        raise ValueError(f"limits: every row needs at least 1 new token, got {min(limits)}")
     device = next(model.parameters()).device
     width = max(len(p) for p in prompt_ids)
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompt_ids], device=device)
