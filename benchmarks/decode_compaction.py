@@ -23,7 +23,7 @@ from serving.engine import eos_token_ids
 from serving.models import load_model
 from serving.reference import default_target_dir
 from training import eagle_train
-from training.target_completions import greedy_continuations
+from training.target_completions import _pad_and_eos, greedy_continuations
 
 
 def hf_generate(model, sequences: list[list[int]], pad_id: int, eos: set[int], max_new_tokens: int,
@@ -58,13 +58,9 @@ def main() -> None:
     target = load_model(args.target or str(default_target_dir()))
     eos = eos_token_ids(target)
     seqs = eagle_train.load_sequences(Path(args.dataset), config.max_length)
-    # lengthen's selection and limits: cut outputs, continued to continue_to output tokens within max_length
-    todo = [i for i, (ids, p) in enumerate(zip(seqs.ids, seqs.prompt_lens))
-            if ids[-1] not in eos and len(ids) - p < config.continue_to and len(ids) < config.max_length]
-    room = [min(config.continue_to - (len(seqs.ids[i]) - seqs.prompt_lens[i]), config.max_length - len(seqs.ids[i]))
-            for i in todo]
-    sequences = [seqs.ids[i] for i in todo]
-    pad_id = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else min(eos)
+    todo = eagle_train.continuation_room(seqs, eos, config)  # lengthen's selection and limits
+    sequences, room = [seqs.ids[i] for i in todo], list(todo.values())
+    pad_id, _ = _pad_and_eos(target.model, target.tokenizer)
     layers = [*default_aux_layer_ids(target.model.config.num_hidden_layers), -1]
 
     start = time.perf_counter()

@@ -14,13 +14,7 @@ import time
 from draftwheel.home import apply_offline_defaults
 from serving.gate import ShadowConfig
 from serving.reference import default_target_dir
-from serving.shadow import run_shadow
-
-
-def figures(report: dict) -> list:
-    """Per request and arm, everything but the timing."""
-    return [(r["id"], {arm: {k: v for k, v in r[arm].items() if k != "tokens_per_s"}
-                       for arm in ("champion", "challenger")}) for r in report["requests"]]
+from serving.shadow import replay_figures, run_shadow
 
 
 def main() -> None:
@@ -45,7 +39,7 @@ def main() -> None:
               f"{len(reports[workers]['requests'])} requests, promote {reports[workers]['decision']['promote']}",
               flush=True)
     alone, shared = reports[1], reports[args.workers]
-    same = figures(alone) == figures(shared) and alone["decision"] == shared["decision"]
+    same = replay_figures(alone) == replay_figures(shared) and alone["decision"] == shared["decision"]
     print(f"speed-up {alone['replay_seconds'] / shared['replay_seconds']:.2f}x (replay), "
           f"{seconds[1] / seconds[args.workers]:.2f}x (wall); figures and verdict identical: {same}")
 

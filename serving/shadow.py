@@ -178,10 +178,15 @@ def replay_workers(config: ShadowConfig, n_requests: int) -> int:
     return min(len(os.sched_getaffinity(0)), 4)
 
 
-def _replays(requests: list[ShadowRequest], models: dict[str, LoadedModel],
-             config: ShadowConfig) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
-    """(row, mismatches) per request, in request order: in this process or in `replay_workers` processes."""
-    workers = replay_workers(config, len(requests))
+def replay_figures(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Per request and draft, every figure but the timing (tokens/s): what the replay's `workers` must not change."""
+    return [(row["id"], {arm: {k: v for k, v in row[arm].items() if k != "tokens_per_s"}
+                         for arm in ("champion", "challenger")}) for row in report["requests"]]
+
+
+def _replays(requests: list[ShadowRequest], models: dict[str, LoadedModel], config: ShadowConfig,
+             workers: int) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """(row, mismatches) per request, in request order: in this process (workers 1) or in `workers` processes."""
     jobs = list(enumerate(requests))
     if workers == 1:
         engines = _engines(models, config)
@@ -234,9 +239,10 @@ def run_shadow(champion: str | Path | LoadedModel, challenger: str | Path | Load
     tracker = tracker or NullTracker()
     requests = load_requests(holdout_dir, config)
     models = {"target": _as_loaded(target), "champion": _as_loaded(champion), "challenger": _as_loaded(challenger)}
+    workers = replay_workers(config, len(requests))
     started = time.time()
     rows, mismatches = [], []
-    for index, (request, (row, bad)) in enumerate(zip(requests, _replays(requests, models, config))):
+    for index, (request, (row, bad)) in enumerate(zip(requests, _replays(requests, models, config, workers))):
         rows.append(row)
         mismatches += bad
         log.info("shadow %d/%d %s [%s]: accepted length %.2f (champion) vs %.2f (challenger)%s", index + 1,
@@ -247,7 +253,7 @@ def run_shadow(champion: str | Path | LoadedModel, challenger: str | Path | Load
               **{name: _describe(spec, models[name]) for name, spec in
                  (("target", target), ("champion", champion), ("challenger", challenger))},
               "requests": rows, "lossless": {"checked": len(rows), "mismatches": mismatches},
-              "workers": replay_workers(config, len(requests))}
+              "workers": workers}
     report.update(summarize(rows, config))
     decision = gate(report, config)
     report["decision"] = decision.as_dict()

@@ -205,13 +205,21 @@ def cached_generation(folder: Path, key: Any, generate: Any) -> tuple[Any, bool]
     return result, False
 
 
+def continuation_room(seqs: Sequences, eos: set[int], config: EagleConfig) -> dict[int, int]:
+    """{sequence index: tokens to add} for every output cut short of `continue_to` output tokens without
+    an EOS: up to `continue_to` output tokens, and `max_length` in all."""
+    return {i: min(config.continue_to - (len(ids) - p), config.max_length - len(ids))
+            for i, (ids, p) in enumerate(zip(seqs.ids, seqs.prompt_lens))
+            if ids[-1] not in eos and len(ids) - p < config.continue_to and len(ids) < config.max_length}
+
+
 def lengthen(seqs: Sequences, target: Any, eos: set[int], config: EagleConfig, cache_root: Path,
              aux_layer_ids: list[int] | None) -> tuple[dict[str, Any], dict[int, tuple]]:
     """Continue (in place) every output that stopped short of `continue_to` tokens without an EOS -- a
     logged request's max_new_tokens, not the answer, ended it -- with the target's own greedy tokens, up
     to `continue_to` output tokens and `max_length` in all. SpecForge's regeneration lever at a fraction of
     its cost: the prompts are the mined ones, the tokens the target's. Cached by (sequences, target,
-    continue_to), like the features.
+    each one's limit), like the features.
 
     Returns (info, feature rows): generation's forward passes already ran the target over every position
     of a continued sequence, so its hidden states become that sequence's features (training.eagle_features
@@ -219,12 +227,10 @@ def lengthen(seqs: Sequences, target: Any, eos: set[int], config: EagleConfig, c
     with `aux_layer_ids` None (continuations only)."""
     from training.target_completions import greedy_continuations
 
-    todo = [i for i, (ids, p) in enumerate(zip(seqs.ids, seqs.prompt_lens))
-            if ids[-1] not in eos and len(ids) - p < config.continue_to and len(ids) < config.max_length]
+    room = continuation_room(seqs, eos, config)
+    todo = list(room)
     if not todo:
         return {"continued_sequences": 0, "continued_tokens": 0}, {}
-    budget = {i: config.continue_to - (len(seqs.ids[i]) - seqs.prompt_lens[i]) for i in todo}  # tokens short of continue_to
-    room = {i: min(budget[i], config.max_length - len(seqs.ids[i])) for i in todo}
     rows: dict[int, tuple] = {}
 
     def keep(j: int, more: list[int], fed: tuple) -> None:
