@@ -1,12 +1,9 @@
-"""One EAGLE-3 training step with every chain unrolled vs a sample of them (`ttt_chain_share`), drawn
-from all slots or from the output slots only (`ttt_chains`), one run.
+"""One EAGLE-3 training step with every chain unrolled vs a sample of them (`ttt_chain_share`), one run.
 
 What a round pays per step at its shapes (8 sequences x 300 positions, 3 unroll steps, the draft
-vocabulary of configs/eagle.yaml, forward + backward + AdamW, float32 unless --bf16) for each variant.
-With `outputs`, each row's first `--prompt-share` of the positions is prompt (0.44: issue 13's round,
-mined code 50 % prompt, rehearsal 23 %). The variants take turns, round after round, so a VM whose
-speed drifts during the run slows them alike; the figure is each variant's median step time and its
-ratio to the first's.
+vocabulary of configs/eagle.yaml, forward + backward + AdamW, float32 unless --bf16) for each share.
+The shares take turns, round after round, so a VM whose speed drifts during the run slows them alike;
+the figure is each share's median step time and its ratio to every chain's.
 
     flock /tmp/draftwheel-heavy.lock .venv/bin/python benchmarks/chain_share.py
 
@@ -31,9 +28,7 @@ from training.eagle_ttt import unrolled_loss
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--variants", nargs="+", default=["1/all", "0.5/all", "0.5/outputs", "0.25/all"],
-                        help="share/chains pairs (chains: all | outputs)")
-    parser.add_argument("--prompt-share", type=float, default=0.44, help="prompt share of each row (outputs)")
+    parser.add_argument("--shares", type=float, nargs="+", default=[1.0, 0.5, 0.25])
     parser.add_argument("--rounds", type=int, default=5, help="timed steps per share (after one warm-up each)")
     parser.add_argument("--positions", type=int, default=300)
     parser.add_argument("--draft-vocab", type=int, default=4096)
@@ -50,34 +45,27 @@ def main(argv: list[str] | None = None) -> None:
     aux, hidden, mask = torch.randn(8, t, 3 * h), torch.randn(8, t, h), torch.ones(8, t, dtype=torch.bool)
     lm_head = target.get_output_embeddings().weight.detach()
 
-    lengths = torch.full((8,), t)
-    chains_from = {"all": torch.zeros(8, dtype=torch.long), "outputs": torch.full((8,), round(args.prompt_share * t))}
-
-    def step(variant: str) -> float:
-        share, chains = variant.split("/")
+    def step(share: float) -> float:
         start = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-            loss, _ = unrolled_loss(draft, ids, aux, hidden, mask, lm_head, 3, 0.8, float(share),
-                                    chains_from[chains], lengths)
+            loss, _ = unrolled_loss(draft, ids, aux, hidden, mask, lm_head, 3, 0.8, share)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
         return time.perf_counter() - start
 
-    for variant in args.variants:  # warm-up: oneDNN picks and caches its kernels on the first call of a shape
-        step(variant)
-    times: dict[str, list[float]] = {variant: [] for variant in args.variants}
+    for share in args.shares:  # warm-up: oneDNN picks and caches its kernels on the first call of a shape
+        step(share)
+    times: dict[float, list[float]] = {share: [] for share in args.shares}
     for _ in range(args.rounds):
-        for variant in args.variants:
-            times[variant].append(step(variant))
-    first = statistics.median(times[args.variants[0]])
-    print(f"eagle training step, 8 x {t} positions ({args.prompt_share:g} prompt), 3 unroll steps, draft vocabulary "
-          f"{args.draft_vocab}, {'bfloat16' if args.bf16 else 'float32'}, median of {args.rounds}:")
-    for variant in args.variants:
-        share, chains = variant.split("/")
-        median = statistics.median(times[variant])
-        print(f"  ttt_chain_share {share}, ttt_chains {chains}: {median:.3f} s  "
-              f"({median / first:.2f}x the time of {args.variants[0]})")
+        for share in args.shares:
+            times[share].append(step(share))
+    full = statistics.median(times[args.shares[0]])
+    print(f"eagle training step, 8 x {t} positions, 3 unroll steps, draft vocabulary {args.draft_vocab}, "
+          f"{'bfloat16' if args.bf16 else 'float32'}, median of {args.rounds}:")
+    for share in args.shares:
+        median = statistics.median(times[share])
+        print(f"  ttt_chain_share {share:g}: {median:.3f} s  ({median / full:.2f}x the time of share {args.shares[0]:g})")
 
 
 if __name__ == "__main__":

@@ -98,14 +98,11 @@ def _rotary_table(d: int, theta: float, length: int, device: str) -> tuple[torch
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary position embedding (Llama's rotate-half form): x[B, heads, T, d] with positions[T] (shared
-    by the rows) or [B, T] (per row) -> same shape."""
+    """Rotary position embedding (Llama's rotate-half form): x[..., T, d], positions[T] -> same shape."""
     d = x.shape[-1]
     length = 1 << int(positions.max()).bit_length()  # a power of two above every position: few distinct tables
     cos, sin = _rotary_table(d, float(theta), length, str(x.device))
-    cos, sin = cos[positions], sin[positions]  # [T, d] or [B, T, d]
-    if positions.dim() == 2:
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # over the heads
+    cos, sin = cos[positions], sin[positions]  # [T, d]
     half = d // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
     return (x * cos + rotated * sin).to(x.dtype)
@@ -124,7 +121,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(c.num_attention_heads * d, c.hidden_size, bias=False)
 
     def qkv(self, x: torch.Tensor, positions: torch.Tensor):
-        """x[B, T, 2H], positions[T] or [B, T] -> q[B, nh, T, d], k[B, nkv, T, d], v[B, nkv, T, d] (rotary applied)."""
+        """x[B, T, 2H], positions[T] -> q[B, nh, T, d], k[B, nkv, T, d], v[B, nkv, T, d] (rotary applied)."""
         b, t, _ = x.shape
         c = self.c
         q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim).transpose(1, 2)

@@ -68,7 +68,6 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     ttt_steps: int = 4           # training-time-test unroll depth
     ttt_decay: float = 0.8       # weight of unroll step s is ttt_decay**s
     ttt_chain_share: float = 1.0  # share of slots (a fresh random sample each batch) unrolled past step 0
-    ttt_chains: str = "all"      # slots the chains past step 0 are drawn from: all | outputs (where serving drafts)
     prompt_loss: bool = True     # also learn positions inside the prompt (more signal; serving sees prompts too)
     feature_cache: str = ""      # "" = <state>/cache/eagle-features
     continue_to: int = 0         # lengthen outputs cut at their length limit with the target's greedy continuation to this many tokens (0 = off)
@@ -94,18 +93,12 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
         common.require(0.0 < self.ttt_decay <= 1.0, "ttt_decay", f"must be in (0, 1], got {self.ttt_decay}")
         common.require(0.0 < self.ttt_chain_share <= 1.0, "ttt_chain_share",
                        f"must be in (0, 1], got {self.ttt_chain_share}")
-        common.require(self.ttt_chains in ("all", "outputs"), "ttt_chains",
-                       f"must be all or outputs, got {self.ttt_chains!r}")
         common.require(self.continue_to >= 0, "continue_to", f"must be >= 0, got {self.continue_to}")
         common.require(self.rehearsal_ratio >= 0.0, "rehearsal_ratio", f"must be >= 0, got {self.rehearsal_ratio}")
         common.require(self.mined_passes >= 1, "mined_passes", f"must be >= 1, got {self.mined_passes}")
         self.check_selection()
         common.require(len(self.aux_layer_ids) in (0, 3), "aux_layer_ids",
                        f"must list 3 layer ids or be empty, got {self.aux_layer_ids}")
-
-    @property
-    def output_chains(self) -> bool:
-        return self.ttt_chains == "outputs"
 
 
 @dataclass
@@ -326,38 +319,29 @@ def rehearsal_sample(config: EagleConfig, source: tuple[Path, int], seqs: Sequen
     n = min(len(seqs.ids), round(config.rehearsal_ratio * n_mined))
     picked = torch.randperm(len(seqs.ids), generator=torch.Generator().manual_seed(config.seed))[:n].tolist()
     tokens = sum(len(seqs.ids[i]) for i in picked)
-    subset = torch.utils.data.Subset(EagleDataset(seqs, features, config.prompt_loss, config.output_chains), picked)
+    subset = torch.utils.data.Subset(EagleDataset(seqs, features, config.prompt_loss), picked)
     return subset, {"rehearsal": str(path), "rehearsal_max_length": max_length, "rehearsal_sequences": n,
                     "rehearsal_tokens": tokens, "rehearsal_cache_hit": hit}
 
 
 class EagleDataset(torch.utils.data.Dataset):
-    """Sequences with their target features. `start`: the first position whose prediction is learned;
-    `chains_from`: the first slot whose chain may run past step 0 (with `output_chains`, the last prompt
-    position, from which serving drafts its first chain)."""
-
-    def __init__(self, seqs: Sequences, features: Features, prompt_loss: bool, output_chains: bool = False):
-        self.seqs, self.features, self.prompt_loss, self.output_chains = seqs, features, prompt_loss, output_chains
+    def __init__(self, seqs: Sequences, features: Features, prompt_loss: bool):
+        self.seqs, self.features, self.prompt_loss = seqs, features, prompt_loss
 
     def __len__(self) -> int:
         return len(self.seqs.ids)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         aux, hidden, argmax = self.features.sequence(i)
-        last_prompt = max(self.seqs.prompt_lens[i] - 1, 0)
-        start = 0 if self.prompt_loss else last_prompt
-        return {"input_ids": self.seqs.ids[i], "aux": aux, "hidden": hidden, "argmax": argmax, "start": start,
-                "chains_from": max(start, last_prompt) if self.output_chains else start}
+        start = 0 if self.prompt_loss else max(self.seqs.prompt_lens[i] - 1, 0)
+        return {"input_ids": self.seqs.ids[i], "aux": aux, "hidden": hidden, "argmax": argmax, "start": start}
 
 
 def collate(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-    """Right-padded batch; `mask[b, p]` marks positions whose next-token prediction is learned;
-    `lengths` and `chains_from` say which slots of each row the unroll may sample."""
+    """Right-padded batch; `mask[b, p]` marks positions whose next-token prediction is learned."""
     width = max(len(r["input_ids"]) for r in rows)
     b = len(rows)
     batch = {"input_ids": torch.zeros(b, width, dtype=torch.long), "argmax": torch.zeros(b, width, dtype=torch.long),
-             "lengths": torch.tensor([len(r["input_ids"]) for r in rows]),
-             "chains_from": torch.tensor([r["chains_from"] for r in rows]),
              "mask": torch.zeros(b, width, dtype=torch.bool),
              "aux": torch.zeros(b, width, rows[0]["aux"].shape[-1]),
              "hidden": torch.zeros(b, width, rows[0]["hidden"].shape[-1])}
@@ -386,8 +370,7 @@ class EagleTrainer(Trainer):
         # its autocast here, or `bf16` trains in float32 (4-5x slower matmuls on an AMX CPU, measured).
         with self.accelerator.autocast():
             loss, logits = unrolled_loss(draft, inputs["input_ids"], inputs["aux"], inputs["hidden"], inputs["mask"],
-                                         self.lm_head_weight, self.ttt_steps, self.ttt_decay, self.ttt_chain_share,
-                                         inputs["chains_from"], inputs["lengths"])
+                                         self.lm_head_weight, self.ttt_steps, self.ttt_decay, self.ttt_chain_share)
         return (loss, {"logits": logits[0]}) if return_outputs else loss
 
 
@@ -530,7 +513,7 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
     # A round's mined set is small next to its rehearsal sample: more passes over it per epoch give the
     # new traffic more steps without more epochs, so the rehearsal sample, the per-epoch probe and the
     # patience of epoch selection stay as they are (more epochs instead stopped the demo's round early).
-    mined = EagleDataset(train_seqs, features, config.prompt_loss, config.output_chains)
+    mined = EagleDataset(train_seqs, features, config.prompt_loss)
     train_set: torch.utils.data.Dataset = torch.utils.data.ConcatDataset([mined] * config.mined_passes)
     train_tokens = len(features.argmax) * config.mined_passes
     if rehearsing:

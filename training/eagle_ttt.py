@@ -8,9 +8,8 @@ context) and its own chain's entries at steps 1..s (the diagonal), which is what
 holds for that chain.
 
 Past step 0 every chain reads only block 0 and its own entries, so the chains are independent: the
-deeper steps may run on a sample of the slots (`chain_slots`, per row) and give, for those slots, exactly
-what the full unroll gives. Steps past 0 are about two thirds of a 3-step unroll's compute. Serving only
-drafts from the last prompt position on, so the sample may be drawn from each row's output slots alone.
+deeper steps may run on a sample of the slots (`chain_slots`) and give, for those slots, exactly what the
+full unroll gives. Steps past 0 are about two thirds of a 3-step unroll's compute.
 
 `unroll` returns the per-step draft logits; `ttt_loss` weighs a distillation loss per step with a
 decaying weight; `unrolled_loss` does both for one training batch; `chain_acceptance` turns argmax
@@ -20,7 +19,7 @@ engine would measure). Pure tensor code: no data loading, no Trainer.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import math
 
 import torch
 import torch.nn.functional as F
@@ -40,12 +39,11 @@ def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.
                   slots: torch.Tensor | None = None) -> torch.Tensor:
     """Attention over the unrolled cache without materialising its mostly-empty mask.
 
-    q[B, nh, m, d]: the chains anchored at `slots` ([m] shared by every row, or [B, m] per row; default
-    all n slots, in order); keys/values[0]: [B, nkv, n, d], block 0 (every slot's step-0 entry);
-    keys/values[i > 0]: [B, nkv, m, d], the chains' own entries at step i. A chain anchored at slot j
-    attends causally to block 0 (slots <= j) and, in every later block, to its own entry only. The
-    diagonal blocks are per-chain dot products, so step s costs one m x n block plus s vectors instead
-    of (s+1) n x n.
+    q[B, nh, m, d]: the chains anchored at `slots[m]` (default all n slots, in order); keys/values[0]:
+    [B, nkv, n, d], block 0 (every slot's step-0 entry); keys/values[i > 0]: [B, nkv, m, d], the chains'
+    own entries at step i. A chain anchored at slot j attends causally to block 0 (slots <= j) and, in
+    every later block, to its own entry only. The diagonal blocks are per-chain dot products, so step s
+    costs one m x n block plus s vectors instead of (s+1) n x n.
     Returns [B, nh, m, d].
     """
     b, nh, m, d = q.shape
@@ -55,8 +53,7 @@ def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.
     qg = q.reshape(b, nkv, nh // nkv, m, d)  # heads grouped by the kv head they share (GQA)
     scale = d ** -0.5
     causal = (qg @ keys[0].unsqueeze(2).transpose(-1, -2)) * scale  # [B, nkv, g, m, n]
-    future = torch.arange(n, device=q.device) > slots.unsqueeze(-1)  # [m, n] or [B, m, n]
-    causal = causal.masked_fill(future if future.dim() == 2 else future[:, None, None], float("-inf"))
+    causal = causal.masked_fill(torch.arange(n, device=q.device) > slots[:, None], float("-inf"))
     own = [(qg * k.unsqueeze(2)).sum(-1, keepdim=True) * scale for k in keys[1:]]  # each [B, nkv, g, m, 1]
     probs = torch.softmax(torch.cat([causal, *own], -1).float(), -1).to(q.dtype)
     out = probs[..., :n] @ values[0].unsqueeze(2)  # [B, nkv, g, m, d]
@@ -65,47 +62,21 @@ def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.
     return out.reshape(b, nh, m, d)
 
 
-class Chains(NamedTuple):
-    """The chains a batch unrolls past step 0: slots[B, m] (row b's chain anchors) and valid[B, m]
-    (False on the filler a row with a smaller sample carries: unrolled, never scored)."""
-
-    slots: torch.Tensor
-    valid: torch.Tensor
-
-
-def chain_slots(first: torch.Tensor, end: torch.Tensor, n: int, share: float,
-                generator: torch.Generator | None = None) -> Chains | None:
-    """Per row b, a random sample of ceil(share * count) of its slots first[b] <= j < end[b] (count of
-    them), whose chains run past step 0; None = every slot of every row (share 1 over [0, n)).
-
-    Rows get samples of their own because their prompts end at different slots; m is the largest
-    sample, and a row with a smaller one fills the rest with other slots, marked not valid.
-    """
-    first, end = first.clamp(0, n), end.clamp(0, n)
-    if share >= 1.0 and bool((first == 0).all()) and bool((end == n).all()):
+def chain_slots(n: int, share: float, device: torch.device | str | None = None,
+                generator: torch.Generator | None = None) -> torch.Tensor | None:
+    """A random sorted sample of ceil(share * n) of n slots whose chains run past step 0 (the same
+    slots for every row of a batch); None = all."""
+    if share >= 1.0:
         return None
-    j = torch.arange(n, device=first.device)
-    inside = (j >= first[:, None]) & (j < end[:, None])  # [B, n]
-    count = inside.sum(1)
-    take = (count * share).ceil().long().clamp_min(1).minimum(count)  # at least one chain where there is a slot
-    m = max(int(take.max()), 1)
-    keys = torch.rand(inside.shape, generator=generator).to(first.device).masked_fill(~inside, 2.0)
-    slots = keys.argsort(1)[:, :m]  # a row's slots inside its range come first, in random order
-    valid = torch.arange(m, device=first.device) < take[:, None]
-    return Chains(slots, valid)
-
-
-def _rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """x[B, n, ...] at index[B, m] along dim 1 -> [B, m, ...]."""
-    return x.gather(1, index.view(*index.shape, *[1] * (x.dim() - 2)).expand(*index.shape, *x.shape[2:]))
+    return torch.randperm(n, generator=generator)[:max(1, math.ceil(share * n))].sort().values.to(device)
 
 
 def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, steps: int,
-           chains: Chains | None = None) -> list[torch.Tensor]:
-    """Run the draft `steps` times over every slot (past step 0: over `chains` only, if given).
+           slots: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Run the draft `steps` times over every slot (past step 0: over `slots` only, if given).
 
     input_ids[B, T] (target ids), aux[B, T, 3Ht] (target features at each position) -> per step s,
-    logits[B, n, Vd] (n = T-1; past step 0 with `chains`: [B, m, Vd]) whose chain anchored at slot j
+    logits[B, n, Vd] (n = T-1; past step 0 with `slots`: [B, m, Vd]) whose chain anchored at slot j
     predicts the token at j+2+s.
     """
     layer = draft.layers[0]
@@ -113,15 +84,15 @@ def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, steps
     tokens = input_ids[:, 1:]  # [B, n]: the token at j+1
     hidden = draft.fc(aux[:, :-1].to(draft.fc.weight.dtype))  # [B, n, H]: target features at j
     to_target = draft.draft_to_target
-    anchors = torch.arange(n, device=input_ids.device)
+    chains = torch.arange(n, device=input_ids.device)
     keys, values, out = [], [], []
     for step in range(steps):
-        if step == 1 and chains is not None:  # block 0 is complete: from here on only the sampled chains
-            anchors, tokens, hidden = chains.slots, _rows(tokens, chains.slots), _rows(hidden, chains.slots)
-        q, k, v = layer.qkv(draft.embed(tokens), hidden, anchors + 1 + step)
+        if step == 1 and slots is not None:  # block 0 is complete: from here on only the sampled chains
+            chains, tokens, hidden = slots, tokens[:, slots], hidden[:, slots]
+        q, k, v = layer.qkv(draft.embed(tokens), hidden, chains + 1 + step)
         keys.append(k)
         values.append(v)
-        hidden = layer.finish(layer.self_attn.project_out(ttt_attention(q, keys, values, anchors)), hidden)
+        hidden = layer.finish(layer.self_attn.project_out(ttt_attention(q, keys, values, chains)), hidden)
         logits = draft.logits(hidden)  # [B, n or m, Vd]
         out.append(logits)
         tokens = to_target[logits.detach().argmax(-1)]  # what the draft feeds itself next
@@ -174,13 +145,13 @@ class _SoftCrossEntropy(torch.autograd.Function):
 
 
 def ttt_loss(step_logits: list[torch.Tensor], teacher_logp: torch.Tensor, mask: torch.Tensor,
-             decay: float, chains: Chains | None = None) -> tuple[torch.Tensor, list[float]]:
+             decay: float, slots: torch.Tensor | None = None) -> tuple[torch.Tensor, list[float]]:
     """Forward KL from the target to the draft per unroll step, weighted decay**s, averaged over tokens.
 
-    step_logits: `unroll`'s output (past step 0 over `chains`, if given); teacher_logp[B, T, Vd] with
+    step_logits: `unroll`'s output (past step 0 over `slots`, if given); teacher_logp[B, T, Vd] with
     T = n + 1 (position p predicts p+1); mask[B, T] bool: positions whose prediction is learned. The
     chain anchored at slot j is scored at step s against the teacher at position j+1+s (chains that run
-    past the sequence, and filler chains, are not). Returns (loss, per-step losses).
+    past the sequence are not). Returns (loss, per-step losses).
 
     KL(p || q) = cross-entropy(p, q) - entropy(p): the cross-entropy is one fused call with
     probability targets (`_SoftCrossEntropy`), and the entropy, which no parameter changes, is
@@ -190,21 +161,17 @@ def ttt_loss(step_logits: list[torch.Tensor], teacher_logp: torch.Tensor, mask: 
     with torch.no_grad():
         teacher_p = teacher_logp.float().exp()  # [B, T, Vd]
         entropy = -(teacher_p * teacher_logp.float()).sum(-1)  # [B, T]
-    every = torch.arange(n, device=teacher_logp.device).expand(teacher_logp.shape[0], n)
     total = teacher_logp.new_zeros((), dtype=torch.float32)
     per_step = []
     for s, (logits, weight) in enumerate(zip(step_logits, step_weights(len(step_logits), decay))):
-        anchors, valid = (chains.slots, chains.valid) if s > 0 and chains is not None else (every, None)
-        target = anchors + 1 + s  # [B, m]: the teacher position each chain is scored against
-        scored = mask.gather(1, target.clamp(max=n)) & (target <= n)
-        if valid is not None:
-            scored &= valid
+        chains = slots if s > 0 and slots is not None else torch.arange(n, device=teacher_logp.device)
+        scored = chains + 1 + s <= n
         if not bool(scored.any()):
             break
-        index = target.clamp(max=n)
-        ce = _SoftCrossEntropy.apply(logits, _rows(teacher_p, index))  # [B, m]
-        m = scored.float()
-        step_loss = ((ce - entropy.gather(1, index)) * m).sum() / m.sum()
+        target = chains[scored] + 1 + s
+        ce = _SoftCrossEntropy.apply(logits[:, scored], teacher_p[:, target])  # [B, chains scored]
+        kl, m = ce - entropy[:, target], mask[:, target].float()
+        step_loss = (kl * m).sum() / m.sum().clamp_min(1.0)
         total = total + weight * step_loss
         per_step.append(float(step_loss.detach()))
     return total / sum(step_weights(len(per_step), decay)), per_step
@@ -212,20 +179,15 @@ def ttt_loss(step_logits: list[torch.Tensor], teacher_logp: torch.Tensor, mask: 
 
 def unrolled_loss(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, hidden: torch.Tensor,
                   mask: torch.Tensor, lm_head_weight: torch.Tensor, steps: int, decay: float,
-                  chain_share: float = 1.0, chains_from: torch.Tensor | None = None,
-                  lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                  chain_share: float = 1.0) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """One batch's training loss: the draft unrolled `steps` times (past step 0 on a fresh random
-    `chain_share` of each row's slots from chains_from[b] (default 0) to its length), scored against the
-    target's distribution over the draft vocabulary (from its final hidden states[B, T, H]).
-    Returns (loss, per-step logits)."""
-    b, n = input_ids.shape[0], input_ids.shape[1] - 1
-    first = chains_from if chains_from is not None else torch.zeros(b, dtype=torch.long)
-    end = lengths - 1 if lengths is not None else torch.full((b,), n)  # slot j needs the token at j+1
-    chains = chain_slots(first.to(input_ids.device), end.to(input_ids.device), n, chain_share)
-    logits = unroll(draft, input_ids, aux, steps, chains)
+    `chain_share` of the chains), scored against the target's distribution over the draft vocabulary
+    (from its final hidden states[B, T, H]). Returns (loss, per-step logits)."""
+    slots = chain_slots(input_ids.shape[1] - 1, chain_share, input_ids.device)
+    logits = unroll(draft, input_ids, aux, steps, slots)
     with torch.no_grad():
         teacher = teacher_log_probs(hidden, lm_head_weight.to(hidden.device), draft)
-    loss, _ = ttt_loss(logits, teacher, mask, decay, chains)
+    loss, _ = ttt_loss(logits, teacher, mask, decay, slots)
     return loss, logits
 
 

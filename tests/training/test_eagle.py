@@ -20,9 +20,8 @@ from serving.engine import Engine
 from serving.models import load_model
 from serving.params import SamplingParams
 from serving.toy import build_tokenizer, tiny_llama
-from training.eagle_features import Features
-from training.eagle_train import EagleConfig, EagleDataset, Sequences, collate, load_sequences, train_eagle
-from training.eagle_ttt import (Chains, _SoftCrossEntropy, chain_acceptance, chain_slots, implied_mal, ttt_attention, ttt_loss,
+from training.eagle_train import EagleConfig, load_sequences, train_eagle
+from training.eagle_ttt import (_SoftCrossEntropy, chain_acceptance, chain_slots, implied_mal, ttt_attention, ttt_loss,
                                 ttt_mask, unroll)
 
 
@@ -50,72 +49,43 @@ def test_ttt_attention_equals_attention_under_the_written_out_mask():
 
 
 def test_sampled_chains_unroll_to_exactly_what_the_full_unroll_gives_them():
-    """Past step 0 the chains are independent, so running only a sample of them, a different one per
-    row, changes nothing for the sampled ones: logits, and the loss over those chains with its gradient."""
+    """Past step 0 the chains are independent, so running only a sample of them changes nothing for
+    the sampled ones: logits, and the loss over those chains with its gradient."""
     tokenizer = build_tokenizer()
     target = tiny_llama(tokenizer, n_layers=2, seed=0)
     torch.manual_seed(0)
     draft = Eagle3Draft(Eagle3Config.for_target(target.config, draft_vocab_size=48)).attach_target(target)
     ids = torch.randint(0, target.config.vocab_size, (2, 9))
     aux = torch.randn(2, 9, 3 * target.config.hidden_size)
-    # Row 1 has a smaller sample: its last anchor is filler, unrolled but never scored.
-    chains = Chains(torch.tensor([[1, 4, 6, 7], [5, 2, 3, 0]]), torch.tensor([[True] * 4, [True, True, True, False]]))
-    full = [logits.detach() for logits in unroll(draft, ids, aux, 3)]
-    sampled = unroll(draft, ids, aux, 3, chains)
+    slots = torch.tensor([1, 4, 6, 7])
+    full = unroll(draft, ids, aux, 3)
+    sampled = unroll(draft, ids, aux, 3, slots)
     assert torch.allclose(sampled[0], full[0])
     for s in (1, 2):
         assert sampled[s].shape == (2, 4, 48)
-        for b in (0, 1):
-            assert torch.allclose(sampled[s][b], full[s][b, chains.slots[b]], atol=1e-5)
-    # The loss only scores valid chains that stay inside the sequence: slot 7 at step 2 would predict past it.
+        assert torch.allclose(sampled[s], full[s][:, slots], atol=1e-5)
+    # The loss only scores chains that stay inside the sequence: slot 7 at step 2 would predict past it.
     teacher = torch.log_softmax(torch.randn(2, 9, 48), -1)
     mask = torch.rand(2, 9) > 0.2
-    loss, per_step = ttt_loss(sampled, teacher, mask, decay=0.8, chains=chains)
+    loss, per_step = ttt_loss(sampled, teacher, mask, decay=0.8, slots=slots)
     expected = []
     for s in (0, 1, 2):  # the definition over the sampled chains: slot j at step s vs teacher position j+1+s
-        kl_sum, count = 0.0, 0.0
-        for b in (0, 1):
-            anchors = torch.arange(8) if s == 0 else chains.slots[b][chains.valid[b]]
-            anchors = anchors[anchors + 1 + s <= 8]
-            p_log = teacher[b, anchors + 1 + s]
-            kl = (p_log.exp() * (p_log - torch.log_softmax(full[s][b, anchors], -1))).sum(-1)
-            m = mask[b, anchors + 1 + s].float()
-            kl_sum, count = kl_sum + float((kl * m).sum()), count + float(m.sum())
-        expected.append(kl_sum / count)
+        chains = torch.arange(8) if s == 0 else slots
+        chains = chains[chains + 1 + s <= 8]
+        p_log = teacher[:, chains + 1 + s]
+        kl = (p_log.exp() * (p_log - torch.log_softmax(full[s][:, chains], -1))).sum(-1)
+        m = mask[:, chains + 1 + s].float()
+        expected.append(float((kl * m).sum() / m.sum()))
     assert per_step == pytest.approx(expected, rel=1e-4)
     loss.backward()
     assert all(p.grad is not None for p in draft.parameters() if p.requires_grad)
 
 
-def test_chain_slots_samples_a_share_of_each_rows_own_slots():
-    n = 10
-    assert chain_slots(torch.tensor([0, 0]), torch.tensor([n, n]), n, 1.0) is None
-    first, end = torch.tensor([0, 3, 6]), torch.tensor([10, 8, 6])  # row 2 has no slot (a prompt-only row)
-    chains = chain_slots(first, end, n, 0.45, generator=torch.Generator().manual_seed(0))
-    assert chains.slots.shape == (3, 5)  # ceil(0.45 * 10): the largest row's sample
-    assert chains.valid.sum(1).tolist() == [5, 3, 0]  # ceil(0.45 * 5) = 3 for row 1
-    for b in range(3):
-        picked = chains.slots[b][chains.valid[b]].tolist()
-        assert len(set(picked)) == len(picked) and all(first[b] <= j < end[b] for j in picked)
-    # Share 1 over a part of the slots: exactly those slots.
-    every = chain_slots(torch.tensor([2, 0]), torch.tensor([6, 3]), 8, 1.0)
-    assert sorted(every.slots[0][every.valid[0]].tolist()) == [2, 3, 4, 5]
-    assert sorted(every.slots[1][every.valid[1]].tolist()) == [0, 1, 2]
-
-
-def test_output_chains_start_at_the_last_prompt_position():
-    """Serving drafts its first chain from the last prompt position: with ttt_chains=outputs a row's
-    chains are drawn from there on, while the step-0 loss still learns the prompt positions."""
-    seqs = Sequences(ids=[[1, 2, 3, 4, 5, 6], [7, 8, 9, 10]], prompt_lens=[4, 2], slices=["code", "chat"])
-    features = Features(aux=torch.zeros(10, 6), hidden=torch.zeros(10, 2), argmax=torch.zeros(10, dtype=torch.long),
-                        offsets=torch.tensor([0, 6, 10]))
-    for output_chains, expected in ((True, [3, 1]), (False, [0, 0])):
-        batch = collate([EagleDataset(seqs, features, prompt_loss=True, output_chains=output_chains)[i] for i in (0, 1)])
-        assert batch["chains_from"].tolist() == expected
-        assert batch["lengths"].tolist() == [6, 4]
-        assert batch["mask"][0].tolist() == [True] * 5 + [False]  # the prompt's predictions are still learned
-    with pytest.raises(ValueError, match="ttt_chains"):
-        EagleConfig(ttt_chains="prompt")
+def test_chain_slots_samples_a_sorted_share_without_repeats():
+    assert chain_slots(10, 1.0) is None
+    slots = chain_slots(10, 0.45, generator=torch.Generator().manual_seed(0))
+    assert len(slots) == 5 and slots.tolist() == sorted(set(slots.tolist())) and 0 <= int(slots.min()) <= int(slots.max()) < 10
+    assert len(chain_slots(3, 0.01)) == 1
 
 
 def test_soft_cross_entropy_matches_torch_in_value_and_gradient():
