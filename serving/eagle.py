@@ -197,11 +197,25 @@ class DraftKV:
 
 @dataclass
 class RequestVocab:
-    """Draft ids -> target ids for one request, [Vd + E]; extra_rows[E, H]: head rows of the E tokens past
-    the draft's own vocabulary (None: none)."""
+    """The draft's vocabulary widened by E tokens past its own (a request's prompt tokens): to_target
+    [Vd + E] (or [B, Vd + E], a row each in training) maps the widened draft ids to target ids;
+    extra_rows [E, H] (or [B, E, H]) are the E tokens' head rows, None when there are none; extra_bias
+    [B, 1, E], in training, is -1e4 on the padding of rows with fewer than E."""
 
     to_target: torch.Tensor
     extra_rows: torch.Tensor | None
+    extra_bias: torch.Tensor | None = None
+
+    def target_ids(self, index: torch.Tensor) -> torch.Tensor:
+        """Widened draft ids (argmaxes: [...] for one request, [B, n] in training) -> target ids."""
+        if self.to_target.dim() == 1:
+            return self.to_target[index]
+        return self.to_target.gather(1, index.reshape(index.shape[0], -1)).view(index.shape)
+
+    def extra_logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """normed[..., H] (the draft's or the target's final normed states) -> logits of the extra tokens."""
+        logits = normed @ self.extra_rows.to(normed.dtype).transpose(-1, -2)
+        return logits if self.extra_bias is None else logits + self.extra_bias.to(logits.dtype)
 
 
 class Eagle3Draft(nn.Module):
@@ -261,7 +275,7 @@ class Eagle3Draft(nn.Module):
         logits = self.lm_head(normed)
         if vocab is None or vocab.extra_rows is None:
             return logits
-        return torch.cat([logits, normed @ vocab.extra_rows.to(normed.dtype).T], -1)
+        return torch.cat([logits, vocab.extra_logits(normed)], -1)
 
     @torch.inference_mode()
     def request_vocab(self, prompt_ids: torch.Tensor, from_prompt: bool = True) -> "RequestVocab":
@@ -277,11 +291,15 @@ class Eagle3Draft(nn.Module):
         to_target = self.draft_to_target
         if not from_prompt or self.target_head is None:
             return RequestVocab(to_target, None)
-        ids = prompt_ids.unique()
-        extra = ids[~self.t2d[ids]]
+        extra = self.outside_vocab(prompt_ids)
         if extra.numel() == 0:
             return RequestVocab(to_target, None)
         return RequestVocab(torch.cat([to_target, extra]), self.target_head.weight[extra])
+
+    def outside_vocab(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """The distinct target ids among token_ids that the draft vocabulary lacks, ascending."""
+        ids = token_ids.unique()
+        return ids[~self.t2d[ids]]
 
     @torch.inference_mode()
     def extend(self, token_ids: torch.Tensor, features: torch.Tensor, kv: DraftKV) -> torch.Tensor:
