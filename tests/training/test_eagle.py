@@ -20,7 +20,7 @@ from serving.engine import Engine
 from serving.models import load_model
 from serving.params import SamplingParams
 from serving.toy import build_tokenizer, tiny_llama
-from training.eagle_train import EagleConfig, load_sequences, train_eagle
+from training.eagle_train import EagleConfig, Sequences, load_sequences, output_counts, train_eagle
 from training.eagle_ttt import (_SoftCrossEntropy, chain_acceptance, chain_slots, implied_mal, teacher_log_probs,
                                 ttt_attention, ttt_loss, ttt_mask, unroll, widened_vocab)
 
@@ -196,6 +196,13 @@ def test_chain_acceptance_counts_a_widened_tokens_target_id():
     step1[0, :, 49] = 1.0  # 70: wrong
     accepted, counted = chain_acceptance([step0, step1], ref, draft, torch.ones(1, 6, dtype=torch.bool), vocab)
     assert (accepted, counted) == ([4, 0], 4)
+
+
+def test_output_counts_beyond_the_prompt_skip_what_the_prompt_supplies():
+    seqs = Sequences(ids=[[5, 6, 7, 6, 8, 5], [1, 2, 2, 3]], prompt_lens=[3, 1], slices=["code", "chat"])
+    assert output_counts(seqs, 10).tolist() == [0, 0, 2, 1, 0, 1, 1, 0, 1, 0]
+    # Row 0's prompt holds 5, 6, 7: of its outputs only 8 is left; row 1's prompt holds 1.
+    assert output_counts(seqs, 10, beyond_prompt=True).tolist() == [0, 0, 2, 1, 0, 0, 0, 0, 1, 0]
 
 
 def test_vocab_from_counts_keeps_most_frequent_and_always():
