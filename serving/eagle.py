@@ -195,29 +195,6 @@ class DraftKV:
             self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
 
 
-@dataclass
-class RequestVocab:
-    """The draft's vocabulary widened by E tokens past its own (a request's prompt tokens): to_target
-    [Vd + E] (or [B, Vd + E], a row each in training) maps the widened draft ids to target ids;
-    extra_rows [E, H] (or [B, E, H]) are the E tokens' head rows, None when there are none; extra_bias
-    [B, 1, E], in training, is -1e4 on the padding of rows with fewer than E."""
-
-    to_target: torch.Tensor
-    extra_rows: torch.Tensor | None
-    extra_bias: torch.Tensor | None = None
-
-    def target_ids(self, index: torch.Tensor) -> torch.Tensor:
-        """Widened draft ids (argmaxes: [...] for one request, [B, n] in training) -> target ids."""
-        if self.to_target.dim() == 1:
-            return self.to_target[index]
-        return self.to_target.gather(1, index.reshape(index.shape[0], -1)).view(index.shape)
-
-    def extra_logits(self, normed: torch.Tensor) -> torch.Tensor:
-        """normed[..., H] (the draft's or the target's final normed states) -> logits of the extra tokens."""
-        logits = normed @ self.extra_rows.to(normed.dtype).transpose(-1, -2)
-        return logits if self.extra_bias is None else logits + self.extra_bias.to(logits.dtype)
-
-
 class Eagle3Draft(nn.Module):
     """fc + one decoder layer + norm + draft-vocabulary head; the embedding table is the target's."""
 
@@ -236,7 +213,6 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("d2t", d2t.long(), persistent=True)
         self.register_buffer("t2d", t2d.bool(), persistent=True)
         self.embed_tokens: nn.Module | None = None  # the target's, attached by `attach_target`
-        self.target_head: nn.Module | None = None  # the target's output head, attached by `attach_target`
         # What check_compatible and the engine read off any draft model.
         self.config = _PublicConfig(vocab_size=c.vocab_size, max_position_embeddings=c.max_position_embeddings)
 
@@ -254,9 +230,8 @@ class Eagle3Draft(nn.Module):
         if max(self.c.aux_layer_ids) >= tc.num_hidden_layers:
             raise ValueError(f"eagle3 aux layers {self.c.aux_layer_ids} exceed the target's "
                              f"{tc.num_hidden_layers} layers")
-        # Plain attributes (not registered submodules): the tables belong to the target and are never saved.
+        # Plain attribute (not a registered submodule): the table belongs to the target and is never saved.
         object.__setattr__(self, "embed_tokens", target_model.get_input_embeddings())
-        object.__setattr__(self, "target_head", target_model.get_output_embeddings())
         return self
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
@@ -268,38 +243,9 @@ class Eagle3Draft(nn.Module):
         """Fuse target features: aux[T, 3*Ht] -> [T, H]."""
         return self.fc(aux.to(self.fc.weight.dtype))
 
-    def logits(self, hidden: torch.Tensor, vocab: "RequestVocab | None" = None) -> torch.Tensor:
-        """hidden[..., H] -> draft-vocabulary logits[..., Vd] (with `vocab`, [..., Vd + E]: its extra
-        tokens scored by the target's own head rows)."""
-        normed = self.norm(hidden)
-        logits = self.lm_head(normed)
-        if vocab is None or vocab.extra_rows is None:
-            return logits
-        return torch.cat([logits, vocab.extra_logits(normed)], -1)
-
-    @torch.inference_mode()
-    def request_vocab(self, prompt_ids: torch.Tensor, from_prompt: bool = True) -> "RequestVocab":
-        """The vocabulary the draft proposes from for one request: its head's Vd tokens and, with
-        `from_prompt`, the prompt's tokens outside them.
-
-        The head covers the tokens frequent in the traffic it was trained on (FR-Spec). A request's own
-        rare tokens -- the identifiers of the code it quotes -- are missing from it, yet they are what
-        the answer repeats: on issue 13's live code, 17 % of the output tokens were outside v2's
-        4096-token vocabulary and 86 % of those were in the request's prompt. Those tokens are scored
-        with the target's head rows, which the draft's head started from (`identity_init`, revocab).
-        """
-        to_target = self.draft_to_target
-        if not from_prompt or self.target_head is None:
-            return RequestVocab(to_target, None)
-        extra = self.outside_vocab(prompt_ids)
-        if extra.numel() == 0:
-            return RequestVocab(to_target, None)
-        return RequestVocab(torch.cat([to_target, extra]), self.target_head.weight[extra])
-
-    def outside_vocab(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """The distinct target ids among token_ids that the draft vocabulary lacks, ascending."""
-        ids = token_ids.unique()
-        return ids[~self.t2d[ids]]
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden[..., H] -> draft-vocabulary logits[..., Vd]."""
+        return self.lm_head(self.norm(hidden))
 
     @torch.inference_mode()
     def extend(self, token_ids: torch.Tensor, features: torch.Tensor, kv: DraftKV) -> torch.Tensor:

@@ -28,7 +28,7 @@ import torch
 
 from serving.adaptive import AdaptiveK, ScoreCalibration, StepPace, suffix_drafts
 from serving.decoding import Request, choose
-from serving.eagle import DraftKV, Eagle3Draft, RequestVocab
+from serving.eagle import DraftKV, Eagle3Draft
 from serving.kv import CachedLM
 from serving.records import Step
 from serving.sampling import sample, warp
@@ -39,26 +39,25 @@ SOURCE = "eagle3"
 
 
 def _run_ahead(draft: Eagle3Draft, hidden: torch.Tensor, k: int, kv: DraftKV, req: Request,
-               min_path_prob: float = 0.0, vocab: RequestVocab | None = None):
+               min_path_prob: float = 0.0):
     """Draft up to k tokens from the last slot's hidden[H]; return target ids[n] and, when sampling, q[n, V].
 
     Drafting stops early once the draft's own probability of the whole chain so far falls below
     `min_path_prob` (EAGLE-2's observation: draft confidence predicts acceptance): a further token would
     most likely be rejected, yet costs a draft step and a verify row. The cut reads only the draft's side,
-    so verification stays exact (any chain length is verified losslessly). With `vocab`, the draft also
-    proposes the request's prompt tokens outside its own vocabulary (Eagle3Draft.request_vocab)."""
-    to_target = vocab.to_target if vocab is not None else draft.draft_to_target  # [Vd (+ E)]
+    so verification stays exact (any chain length is verified losslessly)."""
+    to_target = draft.draft_to_target  # [Vd]
     tokens, probs = [], []
     path_prob = 1.0
     for i in range(k):
         with torch.inference_mode():
-            logits = draft.logits(hidden, vocab).float()  # [Vd (+ E)]
+            logits = draft.logits(hidden).float()  # [Vd]
         if req.params.greedy:
             index = logits.argmax()
             if min_path_prob:
                 path_prob *= float(torch.softmax(logits, -1)[index])
         else:
-            q_draft = warp(logits, req.params)  # [Vd (+ E)]
+            q_draft = warp(logits, req.params)  # [Vd]
             index = sample(q_draft, req.generator)
             path_prob *= float(q_draft[index])
             q = torch.zeros(draft.c.vocab_size)  # [V]: zero outside the draft vocabulary
@@ -75,12 +74,10 @@ def _run_ahead(draft: Eagle3Draft, hidden: torch.Tensor, k: int, kv: DraftKV, re
 def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: AdaptiveK | None,
            min_path_prob: float = 0.0,
            propose: Callable[[list[int], int], Proposal] | None = None,
-           pace: StepPace | None = None, prompt_vocab: bool = True) -> Iterator[None]:
+           pace: StepPace | None = None) -> Iterator[None]:
     """Decode one request; with `propose` (context, max_k) -> Proposal, as the hybrid (module docstring),
-    timing its steps into `pace` (a fresh `StepPace` when None). With `prompt_vocab` the draft may also
-    propose the prompt's tokens outside its vocabulary."""
+    timing its steps into `pace` (a fresh `StepPace` when None)."""
     params = req.params
-    vocab = draft.request_vocab(req.prompt_ids, prompt_vocab)
     aux_ids = draft.c.aux_layer_ids
     kv = DraftKV()
     estimate = controller or AdaptiveK(params.k)  # the draft's acceptance estimate, for the hybrid choice
@@ -118,7 +115,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
             prefills_draft = kv.length == 0  # this extend takes in the whole prompt: not a step's usual cost
             committed = kv.length + slot_tokens.shape[0]
             hidden = draft.extend(slot_tokens, draft.project(features), kv)[-1]  # [H]
-            drafted, q = _run_ahead(draft, hidden, k, kv, req, min_path_prob, vocab)  # [n], [n, V] | None (n <= k)
+            drafted, q = _run_ahead(draft, hidden, k, kv, req, min_path_prob)  # [n], [n, V] | None (n <= k)
         k = drafted.shape[0]
         draft_s = time.perf_counter() - start
         logits, new_features = target.forward(torch.cat([torch.tensor([last]), drafted]), keep=k + 1, aux=aux_ids)

@@ -83,18 +83,16 @@ class Engine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, medusa: Any = None,
                  sink: Any = None, metrics: Any = None, medusa_id: ModelId | None = None, prepack: bool = True,
                  suffix_index: SuffixIndex | None = None, router: Any = None, dtype: torch.dtype | None = None,
-                 min_path_prob: float = 0.0, prompt_vocab: bool = True):
+                 min_path_prob: float = 0.0):
         """With `prepack` (the default), CPU models get oneDNN-packed linear layers, in place
         (serving.prepack): the engine owns the models it is given. With `dtype` the target is cast to it
         in place (serving.precision); by default it keeps the dtype it was loaded in. Drafts and heads
         always follow the target's dtype. With `router` (a `serving.routing.RequestRouter`), requests
         that name no mode get the mode and k it picks. `min_path_prob` cuts an eagle3 draft chain once the
-        draft's own probability of it falls below this (serving.eagle_decoding; 0 = always k tokens). With
-        `prompt_vocab` an eagle3 draft may also propose a request's prompt tokens outside its vocabulary
-        (serving.eagle.Eagle3Draft.request_vocab)."""
+        draft's own probability of it falls below this (serving.eagle_decoding; 0 = always k tokens)."""
         if not 0.0 <= min_path_prob < 1.0:
             raise ValueError(f"min_path_prob: must be in [0, 1), got {min_path_prob!r}")
-        self.min_path_prob, self.prompt_vocab = min_path_prob, prompt_vocab
+        self.min_path_prob = min_path_prob
         if dtype is not None:
             target.model.to(dtype)
         self.dtype = next(target.model.parameters()).dtype
@@ -122,8 +120,7 @@ class Engine:
     @classmethod
     def from_paths(cls, target: str | Path, draft: str | Path | None = None, medusa: str | Path | None = None,
                    device: str = "cpu", dtype: torch.dtype = torch.float32, sink: Any = None,
-                   metrics: Any = None, prepack: bool = True, min_path_prob: float = 0.0,
-                   prompt_vocab: bool = True) -> "Engine":
+                   metrics: Any = None, prepack: bool = True, min_path_prob: float = 0.0) -> "Engine":
         """Load and serve in `dtype` (`serving.precision.resolve_dtype` turns a setting into one)."""
         target_model = load_model(target, device, dtype)
         draft_model = load_model(draft, device, dtype) if draft is not None else None
@@ -134,7 +131,7 @@ class Engine:
             heads = MedusaHeads.load(medusa, target_model.model).to(device=device, dtype=dtype).eval()
             heads_id = ModelId(name=Path(medusa).resolve().name, sha256=file_sha256(Path(medusa) / WEIGHTS_FILE))
         return cls(target_model, draft_model, heads, sink=sink, metrics=metrics, medusa_id=heads_id, prepack=prepack,
-                   min_path_prob=min_path_prob, prompt_vocab=prompt_vocab)
+                   min_path_prob=min_path_prob)
 
     def _adopt(self, loaded: LoadedModel) -> None:
         """Cast a model to the engine's dtype (before packing: a packed weight is tied to its dtype), pack it."""
@@ -194,11 +191,11 @@ class Engine:
         target = CachedLM(self.target.model)
         if mode in ("suffix", "hybrid"):
             return suffix_loop(target, draft if mode == "hybrid" else None, self.suffix_index, req,
-                               self.min_path_prob, pace, self.prompt_vocab)
+                               self.min_path_prob, pace)
         if mode == "draft":
             controller = AdaptiveK(params.k) if params.adaptive_k else None
             if draft.kind == "eagle3":
-                return eagle3(target, draft.model, req, controller, self.min_path_prob, prompt_vocab=self.prompt_vocab)
+                return eagle3(target, draft.model, req, controller, self.min_path_prob)
             return speculative(target, CachedLM(draft.model), req, controller)
         if mode == "medusa":
             return medusa(target, self.medusa, req)

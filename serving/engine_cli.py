@@ -27,9 +27,6 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-path-prob", type=float, default=0.0,
                         help="eagle3: stop drafting once the draft's own probability of the chain falls below this "
                              "(0 = always k tokens; 0.15-0.25 with --k 4-5 measured best on the reference target)")
-    parser.add_argument("--no-prompt-vocab", dest="prompt_vocab", action="store_false",
-                        help="eagle3: draft only from the draft's own vocabulary, not also the prompt's tokens "
-                             "outside it")
     parser.add_argument("--dtype", choices=PRECISIONS, default="auto",
                         help="serving precision (default auto: bfloat16 on CPUs with AMX-BF16, where verifying "
                              "k+1 tokens costs about one decoding step; else float32)")
@@ -96,7 +93,7 @@ def _load_engine(args: argparse.Namespace, with_draft: bool, medusa: str | None 
     target = args.target or str(default_target_dir())
     draft = (args.draft or DEFAULT_DRAFT_URI) if with_draft else None
     return Engine.from_paths(target, draft, medusa=medusa, dtype=resolve_dtype(args.dtype),
-                             min_path_prob=args.min_path_prob, prompt_vocab=args.prompt_vocab)
+                             min_path_prob=args.min_path_prob)
 
 
 def _fail(command: str, exc: Exception) -> int:

@@ -74,9 +74,6 @@ class ShadowConfig:
     min_path_prob: float = 0.25
     """eagle3 drafts: stop a chain once the draft's own probability of it falls below this, as serving's
     `min_path_prob` (configs/serve.yaml) does: the gate measures the chains serving will draft."""
-    prompt_vocab: bool = True
-    """eagle3 drafts: also propose the prompt's tokens outside the draft vocabulary, as serving's
-    `prompt_vocab` does."""
     dtype: str = "auto"
     """Replay precision, as serving's `dtype` (serving.precision): auto = bfloat16 on AMX-BF16 CPUs."""
     suffix_tier: bool = False

@@ -43,9 +43,6 @@ class ServeConfig:
     """eagle3 drafts: stop a chain once the draft's own probability of it falls below this (0 = always k
     tokens). Lossless either way; on the reference target k=4 with 0.25 gave 1.49x plain vs 1.42x for a
     fixed k=3 (docs/results.md)."""
-    prompt_vocab: bool = True
-    """eagle3 drafts: also propose a request's prompt tokens outside the draft vocabulary, scored with the
-    target's head rows (serving.eagle.Eagle3Draft.request_vocab). Lossless either way."""
     adaptive_k: bool = False
     default_max_tokens: int = 256
     """max_tokens when the request gives none (clamped to the context left after the prompt)."""

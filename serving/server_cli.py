@@ -138,8 +138,7 @@ def _load_engine(config: Any, sink: Any, metrics: Any) -> Any:
     label = f"target {target}" + (f" / medusa {config.medusa}" if config.medusa else "")
     with _setting(label):
         engine = Engine.from_paths(target, None, config.medusa, device=config.device, sink=sink, metrics=metrics,
-                                   dtype=resolve_dtype(config.dtype, config.device), min_path_prob=config.min_path_prob,
-                                   prompt_vocab=config.prompt_vocab)
+                                   dtype=resolve_dtype(config.dtype, config.device), min_path_prob=config.min_path_prob)
     if config.draft:
         with _setting(f"draft {config.draft}"):
             engine.swap_draft(load_model(config.draft, config.device))  # what Engine(target, draft) checks

@@ -150,7 +150,7 @@ def _engines(models: dict[str, LoadedModel], config: ShadowConfig) -> dict[str, 
 
     reference = Engine(target, dtype=resolve_dtype(config.dtype))  # casts the shared target once
     return {"target": reference, **{arm: Engine(target, models[arm], suffix_index=index(),
-                                                min_path_prob=config.min_path_prob, prompt_vocab=config.prompt_vocab)
+                                                min_path_prob=config.min_path_prob)
                                          for arm in ("champion", "challenger")}}
 
 

@@ -46,7 +46,7 @@ from serving.precision import resolve_bf16
 from training import common
 from training.data import join_and_truncate, load_dataset_dir
 from training.eagle_features import Features, cached_features, row_from_states
-from training.eagle_ttt import chain_acceptance, implied_mal, unroll, unrolled_loss, widened_vocab
+from training.eagle_ttt import chain_acceptance, implied_mal, unroll, unrolled_loss
 from training.evaluate import EpochSelectionCallback, slice_key
 
 METRIC = "implied_mal"  # what the per-epoch evaluation and the epoch selection compare
@@ -69,7 +69,6 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     ttt_decay: float = 0.8       # weight of unroll step s is ttt_decay**s
     ttt_chain_share: float = 1.0  # share of slots (a fresh random sample each batch) unrolled past step 0
     prompt_loss: bool = True     # also learn positions inside the prompt (more signal; serving sees prompts too)
-    prompt_vocab: bool = True    # learn over the vocabulary widened by each sequence's prompt tokens, as serving's prompt_vocab drafts
     feature_cache: str = ""      # "" = <state>/cache/eagle-features
     continue_to: int = 0         # lengthen outputs cut at their length limit with the target's greedy continuation to this many tokens (0 = off)
     rehearsal: str = "auto"      # earlier data mixed in: a dataset dir | auto = the warm start's own (training info) | "" = none
@@ -135,14 +134,9 @@ def load_sequences(path: Path, max_length: int, output_column: str = "completion
     return seqs
 
 
-def output_counts(seqs: Sequences, vocab_size: int, beyond_prompt: bool = False) -> torch.Tensor:
-    """How often each target id appears in the outputs (what the draft must be able to propose); with
-    `beyond_prompt`, only where the sequence's own prompt lacks it, since serving's `prompt_vocab`
-    proposes the prompt's tokens anyway (what the head itself must cover)."""
-    outputs: list[int] = []
-    for ids, p in zip(seqs.ids, seqs.prompt_lens):
-        in_prompt = set(ids[:p]) if beyond_prompt else set()
-        outputs += [t for t in ids[p:] if t not in in_prompt]
+def output_counts(seqs: Sequences, vocab_size: int) -> torch.Tensor:
+    """How often each target id appears in the outputs (what the draft must be able to propose)."""
+    outputs = [t for ids, p in zip(seqs.ids, seqs.prompt_lens) for t in ids[p:]]
     return torch.bincount(torch.tensor(outputs, dtype=torch.long), minlength=vocab_size)[:vocab_size]
 
 
@@ -340,8 +334,7 @@ class EagleDataset(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict[str, Any]:
         aux, hidden, argmax = self.features.sequence(i)
         start = 0 if self.prompt_loss else max(self.seqs.prompt_lens[i] - 1, 0)
-        return {"input_ids": self.seqs.ids[i], "aux": aux, "hidden": hidden, "argmax": argmax, "start": start,
-                "prompt_len": self.seqs.prompt_lens[i]}
+        return {"input_ids": self.seqs.ids[i], "aux": aux, "hidden": hidden, "argmax": argmax, "start": start}
 
 
 def collate(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
@@ -349,7 +342,6 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     width = max(len(r["input_ids"]) for r in rows)
     b = len(rows)
     batch = {"input_ids": torch.zeros(b, width, dtype=torch.long), "argmax": torch.zeros(b, width, dtype=torch.long),
-             "prompt_lens": torch.tensor([r["prompt_len"] for r in rows]),
              "mask": torch.zeros(b, width, dtype=torch.bool),
              "aux": torch.zeros(b, width, rows[0]["aux"].shape[-1]),
              "hidden": torch.zeros(b, width, rows[0]["hidden"].shape[-1])}
@@ -367,10 +359,10 @@ class EagleTrainer(Trainer):
     """A Trainer whose loss is the unrolled (training-time test) distillation loss."""
 
     def __init__(self, *args: Any, lm_head_weight: torch.Tensor = None, ttt_steps: int = 4, ttt_decay: float = 0.8,
-                 ttt_chain_share: float = 1.0, prompt_vocab: bool = False, **kwargs: Any):
+                 ttt_chain_share: float = 1.0, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.lm_head_weight, self.ttt_steps, self.ttt_decay = lm_head_weight, ttt_steps, ttt_decay
-        self.ttt_chain_share, self.prompt_vocab = ttt_chain_share, prompt_vocab
+        self.ttt_chain_share = ttt_chain_share
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         draft = self.accelerator.unwrap_model(model)
@@ -378,31 +370,27 @@ class EagleTrainer(Trainer):
         # its autocast here, or `bf16` trains in float32 (4-5x slower matmuls on an AMX CPU, measured).
         with self.accelerator.autocast():
             loss, logits = unrolled_loss(draft, inputs["input_ids"], inputs["aux"], inputs["hidden"], inputs["mask"],
-                                         self.lm_head_weight, self.ttt_steps, self.ttt_decay, self.ttt_chain_share,
-                                         inputs["prompt_lens"] if self.prompt_vocab else None)
+                                         self.lm_head_weight, self.ttt_steps, self.ttt_decay, self.ttt_chain_share)
         return (loss, {"logits": logits[0]}) if return_outputs else loss
 
 
 def _chain_totals(draft: Eagle3Draft, dataset: EagleDataset, indices: list[int], k: int,
-                  batch_size: int, widen: bool) -> tuple[list[int], int]:
+                  batch_size: int) -> tuple[list[int], int]:
     totals, counted = [0] * k, 0
     for start in range(0, len(indices), batch_size):
         batch = collate([dataset[i] for i in indices[start:start + batch_size]])
-        vocab = widened_vocab(draft, batch["input_ids"], batch["prompt_lens"], draft.target_head.weight) \
-            if widen else None
-        logits = unroll(draft, batch["input_ids"], batch["aux"], k, vocab=vocab)
-        accepted, n = chain_acceptance(logits, batch["argmax"], draft, batch["mask"], vocab)
+        logits = unroll(draft, batch["input_ids"], batch["aux"], k)
+        accepted, n = chain_acceptance(logits, batch["argmax"], draft, batch["mask"])
         totals = [a + b for a, b in zip(totals, accepted)]
         counted += n
     return totals, counted
 
 
 def evaluate_chains(draft: Eagle3Draft, dataset: EagleDataset, k: int, batch_size: int = 8,
-                    bf16: bool = False, widen: bool = False) -> dict[str, float]:
+                    bf16: bool = False) -> dict[str, float]:
     """Teacher-forced greedy acceptance per chain position and the implied mean accepted length at k,
     overall and per slice (`slice.<name>.implied_mal`). With `bf16`, under bfloat16 autocast, the
-    precision the engine serves in on AMX CPUs (and ~4x faster matmuls there). With `widen`, the draft
-    also proposes each sequence's prompt tokens outside its vocabulary, as serving's `prompt_vocab`."""
+    precision the engine serves in on AMX CPUs (and ~4x faster matmuls there)."""
     by_slice: dict[str, list[int]] = {}
     for i, name in enumerate(dataset.seqs.slices):
         by_slice.setdefault(name, []).append(i)
@@ -412,7 +400,7 @@ def evaluate_chains(draft: Eagle3Draft, dataset: EagleDataset, k: int, batch_siz
     draft.eval()
     with torch.no_grad(), torch.autocast(draft.fc.weight.device.type, dtype=torch.bfloat16, enabled=bf16):
         for name, indices in sorted(by_slice.items()):
-            slice_totals, slice_counted = _chain_totals(draft, dataset, indices, k, batch_size, widen)
+            slice_totals, slice_counted = _chain_totals(draft, dataset, indices, k, batch_size)
             result[slice_key(name, METRIC)] = implied_mal(slice_totals, slice_counted)
             totals = [a + b for a, b in zip(totals, slice_totals)]
             counted += slice_counted
@@ -431,14 +419,13 @@ class ChainCallback(EpochSelectionCallback):
 
     metric = METRIC
 
-    def __init__(self, dataset: EagleDataset, k: int, tracker: Any, selection: Any, bf16: bool = False,
-                 widen: bool = False):
+    def __init__(self, dataset: EagleDataset, k: int, tracker: Any, selection: Any, bf16: bool = False):
         super().__init__(dataset.seqs.slices, tracker, selection)
-        self.dataset, self.k, self.bf16, self.widen = dataset, k, bf16, widen
+        self.dataset, self.k, self.bf16 = dataset, k, bf16
 
     def measure(self, model: Any) -> dict[str, float]:
         started = time.perf_counter()
-        result = evaluate_chains(model, self.dataset, self.k, bf16=self.bf16, widen=self.widen)
+        result = evaluate_chains(model, self.dataset, self.k, bf16=self.bf16)
         slices = " ".join(f"{name} {result[slice_key(name, METRIC)]:.3f}" for name in sorted(self.counts))
         print(f"[eagle] implied mean accepted length {result[METRIC]:.3f} (k={self.k}; {slices}), acceptance by "
               "position " + " ".join(f"{result[f'acceptance_pos{s + 1}']:.2f}" for s in range(self.k))
@@ -509,17 +496,14 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
         if config.continue_to else ({}, {})
     info.update(lengthened, lengthen_s=common.seconds_since(started))
     vocab = target.model.config.vocab_size
-    # With prompt_vocab the head ranks what no prompt supplies: a round's code repeats its files'
-    # identifiers, and a head that holds them never learns to take them from the prompt, which is where
-    # the identifiers of unseen files are (issue 13: 17 % of live code tokens outside v2's head).
-    counts = output_counts(train_seqs, vocab, config.prompt_vocab)
+    counts = output_counts(train_seqs, vocab)
     source = rehearsal_source(config, info.get("student_dir"))
     rehearsing = source is not None and source[0].resolve() != dataset_dir.resolve()
     rehearsal_seqs = load_sequences(*source) if rehearsing else None
     # A new vocabulary is ranked by the outputs of the mined data and of the data the warm start learned
     # from: ranked by the mined data alone, the old slices' tokens only filled the leftover rows in no
     # particular order, and issue 13's round dropped 8 % of the prose canary's tokens (0.891 -> 0.807).
-    rank_counts = counts + output_counts(rehearsal_seqs, vocab, config.prompt_vocab) if rehearsing else counts
+    rank_counts = counts + output_counts(rehearsal_seqs, vocab) if rehearsing else counts
     draft, vocab_info = prepare_draft(config, target, counts, sorted(eos), warm, rank_counts)
     info.update(vocab_info)
     started = time.perf_counter()
@@ -550,7 +534,7 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
         probe_features, _ = cached_features(target.model, probe.ids, draft.c.aux_layer_ids,
                                             target.model_id.sha256, cache_root, bf16=config.bf16)
         evaluation = ChainCallback(EagleDataset(probe, probe_features, prompt_loss=False), config.eval_k, tracker,
-                                   config.epoch_selection(), config.bf16, config.prompt_vocab)
+                                   config.epoch_selection(), config.bf16)
         callbacks.append(evaluation)
     draft.train()
     # Batches of similar lengths: mined outputs run from a few dozen to max_length tokens, and a random
@@ -560,7 +544,7 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
     trainer = EagleTrainer(model=draft, args=args, train_dataset=train_set, data_collator=collate,
                            callbacks=callbacks, lm_head_weight=target.model.get_output_embeddings().weight.detach(),
                            ttt_steps=config.ttt_steps, ttt_decay=config.ttt_decay,
-                           ttt_chain_share=config.ttt_chain_share, prompt_vocab=config.prompt_vocab)
+                           ttt_chain_share=config.ttt_chain_share)
     with tracker.run("train-eagle", nested=True, tags={"stage": "eagle", "draft_kind": "eagle3"}):
         tracker.log_params({**to_dict(config), "params_trainable": sum(p.numel() for p in draft.parameters())})
         result = trainer.train()  # the ChainCallback puts back the epoch best for the gate at the end

@@ -24,7 +24,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from serving.eagle import Eagle3Draft, RequestVocab
+from serving.eagle import Eagle3Draft
 
 
 def ttt_mask(n: int, step: int, device: torch.device | None = None) -> torch.Tensor:
@@ -71,30 +71,13 @@ def chain_slots(n: int, share: float, device: torch.device | str | None = None,
     return torch.randperm(n, generator=generator)[:max(1, math.ceil(share * n))].sort().values.to(device)
 
 
-def widened_vocab(draft: Eagle3Draft, input_ids: torch.Tensor, prompt_lens: torch.Tensor,
-                 lm_head_weight: torch.Tensor) -> RequestVocab | None:
-    """Each row's prompt tokens outside the draft vocabulary, as serving widens the vocabulary per request
-    (Eagle3Draft.request_vocab), scored by the target's head rows: E = the most any row has, the others
-    padded with a -1e4 bias. None when no row has any."""
-    extras = [draft.outside_vocab(input_ids[b, :int(prompt_lens[b])]) for b in range(input_ids.shape[0])]
-    e = max(len(extra) for extra in extras)
-    if e == 0:
-        return None
-    ids = torch.zeros(len(extras), e, dtype=torch.long, device=input_ids.device)
-    bias = torch.full((len(extras), 1, e), -1e4, device=input_ids.device)
-    for b, extra in enumerate(extras):
-        ids[b, :len(extra)], bias[b, 0, :len(extra)] = extra, 0.0
-    to_target = torch.cat([draft.draft_to_target.expand(len(extras), -1), ids], 1)
-    return RequestVocab(to_target, lm_head_weight.to(input_ids.device)[ids], bias)
-
-
 def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, steps: int,
-           slots: torch.Tensor | None = None, vocab: RequestVocab | None = None) -> list[torch.Tensor]:
+           slots: torch.Tensor | None = None) -> list[torch.Tensor]:
     """Run the draft `steps` times over every slot (past step 0: over `slots` only, if given).
 
     input_ids[B, T] (target ids), aux[B, T, 3Ht] (target features at each position) -> per step s,
-    logits[B, n, Vd] (n = T-1; past step 0 with `slots`: [B, m, Vd]; with `vocab`, Vd + E) whose chain
-    anchored at slot j predicts the token at j+2+s.
+    logits[B, n, Vd] (n = T-1; past step 0 with `slots`: [B, m, Vd]) whose chain anchored at slot j
+    predicts the token at j+2+s.
     """
     layer = draft.layers[0]
     n = input_ids.shape[1] - 1
@@ -110,24 +93,20 @@ def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, steps
         keys.append(k)
         values.append(v)
         hidden = layer.finish(layer.self_attn.project_out(ttt_attention(q, keys, values, chains)), hidden)
-        logits = draft.logits(hidden, vocab)  # [B, n or m, Vd (+ E)]
+        logits = draft.logits(hidden)  # [B, n or m, Vd]
         out.append(logits)
-        best = logits.detach().argmax(-1)
-        tokens = vocab.target_ids(best) if vocab is not None else to_target[best]  # what the draft feeds itself next
+        tokens = to_target[logits.detach().argmax(-1)]  # what the draft feeds itself next
     return out
 
 
 def teacher_log_probs(teacher_hidden: torch.Tensor, lm_head_weight: torch.Tensor, draft: Eagle3Draft,
-                      temperature: float = 1.0, vocab: RequestVocab | None = None) -> torch.Tensor:
-    """The target's distribution restricted (and renormalised) to the draft vocabulary (with `vocab`,
-    widened by each row's extra tokens).
+                      temperature: float = 1.0) -> torch.Tensor:
+    """The target's distribution restricted (and renormalised) to the draft vocabulary.
 
-    teacher_hidden[B, T, H] (the target's final normed hidden states) -> log-probs[B, T, Vd (+ E)].
+    teacher_hidden[B, T, H] (the target's final normed hidden states) -> log-probs[B, T, Vd].
     """
     weight = lm_head_weight[draft.draft_to_target]  # [Vd, H]
     logits = teacher_hidden.to(weight.dtype) @ weight.T
-    if vocab is not None:
-        logits = torch.cat([logits, vocab.extra_logits(teacher_hidden.to(weight.dtype))], -1)
     return F.log_softmax(logits / temperature, -1)
 
 
@@ -200,23 +179,20 @@ def ttt_loss(step_logits: list[torch.Tensor], teacher_logp: torch.Tensor, mask: 
 
 def unrolled_loss(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, hidden: torch.Tensor,
                   mask: torch.Tensor, lm_head_weight: torch.Tensor, steps: int, decay: float,
-                  chain_share: float = 1.0, prompt_lens: torch.Tensor | None = None
-                  ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                  chain_share: float = 1.0) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """One batch's training loss: the draft unrolled `steps` times (past step 0 on a fresh random
     `chain_share` of the chains), scored against the target's distribution over the draft vocabulary
-    (from its final hidden states[B, T, H]); with `prompt_lens`, over the vocabulary widened by each
-    row's prompt tokens, as serving widens it (`prompt_vocab`). Returns (loss, per-step logits)."""
+    (from its final hidden states[B, T, H]). Returns (loss, per-step logits)."""
     slots = chain_slots(input_ids.shape[1] - 1, chain_share, input_ids.device)
-    vocab = widened_vocab(draft, input_ids, prompt_lens, lm_head_weight) if prompt_lens is not None else None
-    logits = unroll(draft, input_ids, aux, steps, slots, vocab)
+    logits = unroll(draft, input_ids, aux, steps, slots)
     with torch.no_grad():
-        teacher = teacher_log_probs(hidden, lm_head_weight.to(hidden.device), draft, vocab=vocab)
+        teacher = teacher_log_probs(hidden, lm_head_weight.to(hidden.device), draft)
     loss, _ = ttt_loss(logits, teacher, mask, decay, slots)
     return loss, logits
 
 
 def chain_acceptance(step_logits: list[torch.Tensor], reference: torch.Tensor, draft: Eagle3Draft,
-                     mask: torch.Tensor, vocab: RequestVocab | None = None) -> tuple[list[int], int]:
+                     mask: torch.Tensor) -> tuple[list[int], int]:
     """Greedy acceptance by chain position, teacher-forced.
 
     reference[B, T]: the target's greedy token after each position (its argmax). A chain anchored at
@@ -234,8 +210,7 @@ def chain_acceptance(step_logits: list[torch.Tensor], reference: torch.Tensor, d
     counted = int(alive.sum())
     accepted = []
     for s, logits in enumerate(step_logits):
-        best = logits[:, :width].argmax(-1)
-        guess = vocab.target_ids(best) if vocab is not None else draft.draft_to_target[best]  # [B, width]
+        guess = draft.draft_to_target[logits[:, :width].argmax(-1)]  # [B, width]
         alive &= guess == reference[:, 1 + s: 1 + s + width]
         accepted.append(int(alive.sum()))
     return accepted, counted

@@ -10,7 +10,6 @@ suffix index (proposals from test_suffix_engine's corrupted continuations) must 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -23,7 +22,7 @@ from serving.models import IncompatibleModelsError, from_objects, load_model
 from serving.params import SamplingParams
 from serving.suffix import SuffixIndex, target_key
 from serving.toy import build_tokenizer, save_model, tiny_llama
-from tests.serving.test_engine import PROMPTS, TWO_TOKEN_PROMPT, check_two_token_law, hf_greedy, noisy_copy
+from tests.serving.test_engine import PROMPTS, check_two_token_law, hf_greedy, noisy_copy
 from tests.serving.test_suffix_engine import corrupted, two_token_sequences  # noqa: F401 - a fixture
 from training.eagle_ttt import teacher_log_probs, ttt_loss, unroll
 
@@ -102,84 +101,6 @@ def test_chain_cut_by_draft_confidence_stays_lossless(pair):
     check_two_token_law(cut, control, SamplingParams(max_new_tokens=3, temperature=1.0, top_k=3, k=3), n=600)
     with pytest.raises(ValueError, match="min_path_prob"):
         Engine(from_objects(target, tokenizer, "target"), min_path_prob=1.0)
-
-
-def without_tokens(draft: Eagle3Draft, target, tokens: torch.Tensor) -> Eagle3Draft:
-    """A copy of `draft` whose vocabulary lacks `tokens` (their head rows dropped), as a head trained
-    on other traffic lacks a request's own identifiers."""
-    kept = ~torch.isin(draft.draft_to_target, tokens)
-    ids = draft.draft_to_target[kept]
-    t2d = torch.zeros_like(draft.t2d)
-    t2d[ids] = True
-    narrow = Eagle3Draft(dataclasses.replace(draft.c, draft_vocab_size=len(ids)), d2t=ids - torch.arange(len(ids)),
-                         t2d=t2d)
-    state = {**draft.state_dict(), "lm_head.weight": draft.lm_head.weight[kept], "d2t": narrow.d2t, "t2d": t2d}
-    narrow.load_state_dict(state)
-    return narrow.attach_target(target).eval()
-
-
-def test_request_vocab_adds_the_prompts_tokens_outside_the_draft_vocabulary(pair):
-    tokenizer, target, draft = pair
-    prompt = torch.tensor(tokenizer(PROMPTS[0])["input_ids"])
-    narrow = without_tokens(draft, target, prompt[:3])
-    vocab = narrow.request_vocab(prompt)
-    extra = vocab.to_target[narrow.c.draft_vocab_size:]
-    assert sorted(extra.tolist()) == sorted(set(prompt[:3].tolist()))  # unique, and only those outside
-    hidden = torch.randn(2, target.config.hidden_size)
-    with torch.no_grad():
-        logits = narrow.logits(hidden, vocab)
-        assert torch.equal(logits[:, :narrow.c.draft_vocab_size], narrow.logits(hidden))
-        assert torch.allclose(logits[:, narrow.c.draft_vocab_size:], narrow.norm(hidden) @ target.lm_head.weight[extra].T)
-    assert narrow.request_vocab(prompt, from_prompt=False).extra_rows is None
-    assert draft.request_vocab(torch.tensor([int(draft.draft_to_target[0])])).extra_rows is None  # all inside
-
-
-def test_prompt_tokens_outside_the_vocabulary_are_drafted_losslessly(pair):
-    """A draft whose vocabulary lacks the prompts' tokens proposes them from the prompt (scored by the
-    target's head rows): greedy output stays the target's, the sampled law the target's law."""
-    tokenizer, target, draft = pair
-    in_prompts = torch.tensor(sorted({t for p in PROMPTS + [TWO_TOKEN_PROMPT] for t in tokenizer(p)["input_ids"]}))
-    narrow = without_tokens(draft, target, in_prompts)
-    drafted = {}
-    for prompt_vocab in (True, False):
-        engine = Engine(from_objects(target, tokenizer, "target"), from_objects(narrow, tokenizer, "eagle"),
-                        prompt_vocab=prompt_vocab)
-        completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=40, k=3))
-        for completion in completions:
-            assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 40), completion.prompt
-        drafted[prompt_vocab] = [t for c in completions for s in c.record.steps for t in s.draft_token_ids
-                                 if not narrow.t2d[t]]
-    assert drafted[False] == []  # without the prompt's tokens the draft can only propose its own
-    assert drafted[True], "no prompt token outside the vocabulary was ever drafted"
-    engine = Engine(from_objects(target, tokenizer, "target"), from_objects(narrow, tokenizer, "eagle"))
-    control = (tokenizer, target, noisy_copy(target, 1.0))
-    check_two_token_law(engine, control, SamplingParams(max_new_tokens=3, temperature=1.0, top_k=3, k=2))
-
-
-def test_prompt_tokens_given_back_draft_what_the_full_vocabulary_drafts(pair):
-    """The extension puts each extra token under its own target id: a draft stripped of a prompt's
-    tokens, given them back with the very head rows it lost, drafts and has accepted exactly what the
-    whole draft does on that prompt, prompt tokens included."""
-    tokenizer, target, draft = pair
-    prompt = "import os\n"
-    ids = torch.tensor(tokenizer(prompt)["input_ids"])
-    assert bool(draft.t2d[ids].all())
-    narrow = without_tokens(draft, target, ids)
-    own_rows = torch.nn.Linear(target.config.hidden_size, target.config.vocab_size, bias=False)
-    with torch.no_grad():
-        own_rows.weight.zero_()
-        own_rows.weight[draft.draft_to_target] = draft.lm_head.weight
-    runs = {}
-    for name, model, prompt_vocab in (("whole", draft, True), ("given back", narrow, True), ("stripped", narrow, False)):
-        engine = Engine(from_objects(target, tokenizer, "target"), from_objects(model, tokenizer, "eagle"),
-                        prompt_vocab=prompt_vocab)
-        if name == "given back":  # after the engine attached the target's head: the rows it lost instead
-            object.__setattr__(model, "target_head", own_rows)
-        completion, = engine.generate([prompt], SamplingParams(max_new_tokens=40, k=3))
-        runs[name] = [(s.draft_token_ids, s.accepted) for s in completion.record.steps]
-    assert runs["given back"] == runs["whole"]
-    assert any(t in ids.tolist() for drafts, _ in runs["whole"] for t in drafts)  # the prompt's tokens matter here
-    assert runs["stripped"] != runs["whole"]
 
 
 def test_sampled_tokens_follow_target_distribution(engine, pair):

@@ -20,9 +20,9 @@ from serving.engine import Engine
 from serving.models import load_model
 from serving.params import SamplingParams
 from serving.toy import build_tokenizer, tiny_llama
-from training.eagle_train import EagleConfig, Sequences, load_sequences, output_counts, train_eagle
-from training.eagle_ttt import (_SoftCrossEntropy, chain_acceptance, chain_slots, implied_mal, teacher_log_probs,
-                                ttt_attention, ttt_loss, ttt_mask, unroll, widened_vocab)
+from training.eagle_train import EagleConfig, load_sequences, train_eagle
+from training.eagle_ttt import (_SoftCrossEntropy, chain_acceptance, chain_slots, implied_mal, ttt_attention, ttt_loss,
+                                ttt_mask, unroll)
 
 
 def test_ttt_mask_is_causal_then_diagonal():
@@ -148,61 +148,6 @@ def test_chain_acceptance_counts_runs_of_matches():
     assert counted == 3  # chains whose 2 steps both have a reference
     assert accepted == [3, 2]
     assert implied_mal(accepted, counted) == pytest.approx(1 + 5 / 3)
-
-
-def small_vocab_draft(target, size=48):
-    counts = torch.zeros(target.config.vocab_size)
-    counts[torch.arange(size)] = 1.0  # the vocabulary: target ids 0..size-1
-    d2t, t2d = vocab_from_counts(counts, size)
-    torch.manual_seed(0)
-    return Eagle3Draft(Eagle3Config.for_target(target.config, draft_vocab_size=size), d2t=d2t, t2d=t2d).attach_target(target)
-
-
-def test_widened_vocab_adds_each_rows_prompt_tokens_outside_the_vocabulary():
-    tokenizer = build_tokenizer()
-    target = tiny_llama(tokenizer, n_layers=2, seed=0)
-    draft = small_vocab_draft(target)
-    ids = torch.tensor([[60, 3, 70, 60, 5, 80, 90], [2, 100, 4, 6, 110, 0, 0]])
-    vocab = widened_vocab(draft, ids, torch.tensor([4, 2]), target.lm_head.weight)
-    # Row 0's prompt (4 tokens) lacks 60 and 70; row 1's (2 tokens) lacks 100; 80, 90, 110 are outputs.
-    assert vocab.to_target[:, 48:].tolist() == [[60, 70], [100, 0]]
-    assert vocab.extra_bias[:, 0].tolist() == [[0.0, 0.0], [0.0, -1e4]]  # row 1 pads its second slot
-    assert torch.equal(vocab.extra_rows[0], target.lm_head.weight[[60, 70]])
-    assert vocab.target_ids(torch.tensor([[49, 3], [48, 5]])).tolist() == [[70, 3], [100, 5]]
-    assert widened_vocab(draft, ids, torch.tensor([0, 0]), target.lm_head.weight) is None
-    # The teacher over the widened vocabulary: the target's own logits on those tokens, renormalised.
-    hidden = torch.randn(2, 7, target.config.hidden_size)
-    teacher = teacher_log_probs(hidden, target.lm_head.weight, draft, vocab=vocab)
-    full = hidden @ target.lm_head.weight.T
-    assert torch.allclose(teacher[0], torch.log_softmax(full[0, :, list(range(48)) + [60, 70]], -1), atol=1e-5)
-    assert torch.allclose(teacher[1, :, :49], torch.log_softmax(full[1, :, list(range(48)) + [100]], -1), atol=1e-5)
-    assert float(teacher[1, :, 49].exp().max()) == 0.0  # the padding has no mass
-    # The draft scores the extra tokens with the same rows; its own head is unchanged.
-    aux = torch.randn(2, 7, 3 * target.config.hidden_size)
-    plain, widened = unroll(draft, ids, aux, 1), unroll(draft, ids, aux, 1, vocab=vocab)
-    assert torch.allclose(widened[0][..., :48], plain[0], atol=1e-6) and widened[0].shape[-1] == 50
-
-
-def test_chain_acceptance_counts_a_widened_tokens_target_id():
-    tokenizer = build_tokenizer()
-    target = tiny_llama(tokenizer, n_layers=2, seed=0)
-    draft = small_vocab_draft(target)
-    ids = torch.tensor([[60, 3, 70, 60, 60, 60]])
-    vocab = widened_vocab(draft, ids, torch.tensor([3]), target.lm_head.weight)  # extra: 60, 70
-    ref = torch.full((1, 6), 60)
-    step0 = torch.zeros(1, 5, 50)
-    step0[0, :, 48] = 1.0  # widened draft id 48 = target id 60: right
-    step1 = torch.zeros(1, 5, 50)
-    step1[0, :, 49] = 1.0  # 70: wrong
-    accepted, counted = chain_acceptance([step0, step1], ref, draft, torch.ones(1, 6, dtype=torch.bool), vocab)
-    assert (accepted, counted) == ([4, 0], 4)
-
-
-def test_output_counts_beyond_the_prompt_skip_what_the_prompt_supplies():
-    seqs = Sequences(ids=[[5, 6, 7, 6, 8, 5], [1, 2, 2, 3]], prompt_lens=[3, 1], slices=["code", "chat"])
-    assert output_counts(seqs, 10).tolist() == [0, 0, 2, 1, 0, 1, 1, 0, 1, 0]
-    # Row 0's prompt holds 5, 6, 7: of its outputs only 8 is left; row 1's prompt holds 1.
-    assert output_counts(seqs, 10, beyond_prompt=True).tolist() == [0, 0, 2, 1, 0, 0, 0, 0, 1, 0]
 
 
 def test_vocab_from_counts_keeps_most_frequent_and_always():
