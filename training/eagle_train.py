@@ -46,10 +46,11 @@ from serving.precision import resolve_bf16
 from training import common
 from training.data import join_and_truncate, load_dataset_dir
 from training.eagle_features import Features, cached_features, row_from_states
-from training.eagle_ttt import chain_acceptance, implied_mal, unroll, unrolled_loss
+from training.eagle_ttt import chain_acceptance, implied_mal, served_walk, unroll, unrolled_loss
 from training.evaluate import EpochSelectionCallback, slice_key
 
 METRIC = "implied_mal"  # what the per-epoch evaluation and the epoch selection compare
+SERVED = "served_mal"  # reported beside it: serving's walk over the same chains (what the gate measures)
 
 COLUMNS = ("prompt_token_ids", "completion_token_ids")
 
@@ -375,37 +376,47 @@ class EagleTrainer(Trainer):
 
 
 def _chain_totals(draft: Eagle3Draft, dataset: EagleDataset, indices: list[int], k: int,
-                  batch_size: int) -> tuple[list[int], int]:
-    totals, counted = [0] * k, 0
+                  batch_size: int) -> tuple[list[int], int, list[int]]:
+    """(chains accepted per position, chains counted, [tokens, steps] of serving's walk) over `indices`."""
+    totals, counted, walk = [0] * k, 0, [0, 0]
     for start in range(0, len(indices), batch_size):
         batch = collate([dataset[i] for i in indices[start:start + batch_size]])
         logits = unroll(draft, batch["input_ids"], batch["aux"], k)
         accepted, n = chain_acceptance(logits, batch["argmax"], draft, batch["mask"])
         totals = [a + b for a, b in zip(totals, accepted)]
         counted += n
-    return totals, counted
+        walk = [a + b for a, b in zip(walk, served_walk(logits, batch["argmax"], draft, batch["mask"]))]
+    return totals, counted, walk
+
+
+def _served_mal(walk: list[int]) -> float:
+    return walk[0] / walk[1] if walk[1] else 1.0
 
 
 def evaluate_chains(draft: Eagle3Draft, dataset: EagleDataset, k: int, batch_size: int = 8,
                     bf16: bool = False) -> dict[str, float]:
     """Teacher-forced greedy acceptance per chain position and the implied mean accepted length at k,
-    overall and per slice (`slice.<name>.implied_mal`). With `bf16`, under bfloat16 autocast, the
+    overall and per slice (`slice.<name>.implied_mal`), and beside it the mean accepted length serving's
+    own walk over the same chains gives (`served_mal`: what the shadow gate measures; eagle_ttt.served_walk).
+    With `bf16`, under bfloat16 autocast, the
     precision the engine serves in on AMX CPUs (and ~4x faster matmuls there)."""
     by_slice: dict[str, list[int]] = {}
     for i, name in enumerate(dataset.seqs.slices):
         by_slice.setdefault(name, []).append(i)
     result: dict[str, float] = {}
-    totals, counted = [0] * k, 0
+    totals, counted, walk = [0] * k, 0, [0, 0]
     was_training = draft.training
     draft.eval()
     with torch.no_grad(), torch.autocast(draft.fc.weight.device.type, dtype=torch.bfloat16, enabled=bf16):
         for name, indices in sorted(by_slice.items()):
-            slice_totals, slice_counted = _chain_totals(draft, dataset, indices, k, batch_size)
+            slice_totals, slice_counted, slice_walk = _chain_totals(draft, dataset, indices, k, batch_size)
             result[slice_key(name, METRIC)] = implied_mal(slice_totals, slice_counted)
+            result[slice_key(name, SERVED)] = _served_mal(slice_walk)
             totals = [a + b for a, b in zip(totals, slice_totals)]
             counted += slice_counted
+            walk = [a + b for a, b in zip(walk, slice_walk)]
     draft.train(was_training)
-    result.update({METRIC: implied_mal(totals, counted), "chains": float(counted)})
+    result.update({METRIC: implied_mal(totals, counted), SERVED: _served_mal(walk), "chains": float(counted)})
     previous = counted
     for s, value in enumerate(totals):  # conditional acceptance at chain position s+1
         result[f"acceptance_pos{s + 1}"] = value / previous if previous else 0.0
@@ -427,7 +438,9 @@ class ChainCallback(EpochSelectionCallback):
         started = time.perf_counter()
         result = evaluate_chains(model, self.dataset, self.k, bf16=self.bf16)
         slices = " ".join(f"{name} {result[slice_key(name, METRIC)]:.3f}" for name in sorted(self.counts))
-        print(f"[eagle] implied mean accepted length {result[METRIC]:.3f} (k={self.k}; {slices}), acceptance by "
+        served = " ".join(f"{name} {result[slice_key(name, SERVED)]:.3f}" for name in sorted(self.counts))
+        print(f"[eagle] implied mean accepted length {result[METRIC]:.3f} (k={self.k}; {slices}); as served "
+              f"{result[SERVED]:.3f} ({served}), acceptance by "
               "position " + " ".join(f"{result[f'acceptance_pos{s + 1}']:.2f}" for s in range(self.k))
               + f" [probe {common.seconds_since(started):.1f} s]", flush=True)
         return result

@@ -21,8 +21,8 @@ from serving.models import load_model
 from serving.params import SamplingParams
 from serving.toy import build_tokenizer, tiny_llama
 from training.eagle_train import EagleConfig, load_sequences, train_eagle
-from training.eagle_ttt import (_SoftCrossEntropy, chain_acceptance, chain_slots, implied_mal, ttt_attention, ttt_loss,
-                                ttt_mask, unroll)
+from training.eagle_ttt import (_SoftCrossEntropy, chain_acceptance, chain_slots, implied_mal, served_walk, ttt_attention,
+                                ttt_loss, ttt_mask, unroll)
 
 
 def test_ttt_mask_is_causal_then_diagonal():
@@ -150,6 +150,32 @@ def test_chain_acceptance_counts_runs_of_matches():
     assert implied_mal(accepted, counted) == pytest.approx(1 + 5 / 3)
 
 
+def test_served_walk_anchors_where_the_last_step_left_off():
+    """Serving's walk over hand-built chains: a chain starts a + 1 slots after the last one, k is cut to
+    the tokens left less one, and the last token is a plain step."""
+    tokenizer = build_tokenizer()
+    target = tiny_llama(tokenizer, n_layers=2, seed=0)
+    vocab = target.config.vocab_size
+    draft = Eagle3Draft(Eagle3Config.for_target(target.config, draft_vocab_size=vocab))
+    ids = torch.tensor([[10, 11, 12, 13, 14, 15, 16, 17]] * 2)  # prompt 10 11 12, answer 13..17 (P=3, T=8)
+    ref = torch.cat([ids[:, 1:], torch.zeros(2, 1, dtype=torch.long)], 1)  # ref[p]: the token at p+1
+    mask = torch.zeros(2, 8, dtype=torch.bool)
+    mask[:, 2:7] = True  # the answer's positions P-1 .. T-2, as collate marks them without prompt_loss
+    steps = [torch.zeros(2, 7, vocab) for _ in range(2)]
+    for logits in steps:
+        logits[..., 3] = 1.0  # wrong everywhere unless set below
+    # Row 0: the chain at slot 2 (the last prompt position's slot) is right twice -> 3 tokens; 1 token is
+    # left, so the next step is a plain one. 2 steps, 4 tokens.
+    steps[0][0, 2, 14], steps[1][0, 2, 15] = 2.0, 2.0
+    # Row 1: slot 2 misses (1 token); slot 3 is right once (2 tokens); one token left: a plain step.
+    steps[0][1, 3, 15] = 2.0
+    steps[1][1, 3, 16] = 0.0  # and its second guess stays wrong
+    # Slot 4, which serving never anchors in row 0 nor row 1, is right: it counts for the implied figure only.
+    steps[0][:, 4, 16] = 2.0
+    assert served_walk(steps, ref, draft, mask) == (4 + 4, 2 + 3)
+    assert served_walk(steps, ref[:1], draft, mask[:1]) == (4, 2)
+
+
 def test_vocab_from_counts_keeps_most_frequent_and_always():
     counts = torch.tensor([5, 0, 9, 1, 0, 7])
     d2t, t2d = vocab_from_counts(counts, 3, always=[4])
@@ -176,6 +202,8 @@ def test_train_eagle_improves_and_saves_speculators_dir(trained):
     best = max(h["implied_mal"] for h in history)
     assert best > history[0]["implied_mal"] + 0.2, history
     assert {"slice.code.implied_mal", "slice.chat.implied_mal"} <= set(history[0])  # judged per slice
+    assert {"served_mal", "slice.code.served_mal", "slice.chat.served_mal"} <= set(history[0])
+    assert all(1.0 <= h["served_mal"] <= 1.0 + 3 for h in history)  # eval_k = 3 drafts and a bonus per step
     selection = info["epoch_selection"]
     assert selection["selected_epoch"] > 0  # a trained epoch, and the saved weights (history[-1]) improved
     assert history[-1]["implied_mal"] > history[0]["implied_mal"] + 0.2
@@ -351,6 +379,35 @@ def test_trained_draft_serves_losslessly(trained, toy_models):
                                                                   mode="autoregressive", chat=True)
     assert [c.token_ids for c in completions] == [r.token_ids for r in reference]
     assert sum(c.record.accepted_tokens for c in completions) > 0
+
+
+def test_served_walk_gives_the_engines_own_figures(trained, toy_models):
+    """The probe's `served_mal` is what the engine measures: greedy serving with the trained draft (full
+    chains of k) emits, request by request, the tokens and verification steps that the walk over the
+    teacher-forced chains of the same answer gives."""
+    from training.eagle_features import compute_features
+
+    out, _ = trained
+    target = load_model(toy_models["target"])
+    loaded = load_model(out)
+    engine = Engine(target, loaded)
+    draft = loaded.model
+    prompts = ["def add(a, b):", "The quick brown fox", "Hello! How can I help", "Write a poem"]
+    completions = engine.generate(prompts, SamplingParams(max_new_tokens=24, k=3), chat=True)
+    walked = []
+    for c in completions:
+        ids = list(c.prompt_token_ids) + list(c.token_ids)
+        features = compute_features(target.model, [ids], list(draft.c.aux_layer_ids), progress=False)
+        aux, _, argmax = features.sequence(0)
+        mask = torch.zeros(1, len(ids), dtype=torch.bool)
+        mask[0, len(c.prompt_token_ids) - 1: len(ids) - 1] = True
+        with torch.no_grad():
+            logits = unroll(draft, torch.tensor([ids]), aux[None].float(), 3)
+        walked.append(served_walk(logits, argmax[None], draft, mask))
+    # Tokens after the prefill's first one, and steps, as the engine counted them.
+    served = [(c.record.accepted_tokens + c.record.verify_steps, c.record.verify_steps) for c in completions]
+    assert sum(accepted for accepted, _ in served) > sum(steps for _, steps in served)  # some drafts accepted
+    assert walked == served
 
 
 def test_revocab_keeps_shared_rows_and_starts_new_ones_from_the_target_head():
