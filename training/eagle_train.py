@@ -45,7 +45,7 @@ from serving.eagle import Eagle3Config, Eagle3Draft, default_aux_layer_ids, save
 from serving.precision import resolve_bf16
 from training import common
 from training.data import join_and_truncate, load_dataset_dir
-from training.eagle_features import Features, cached_features, row_from_states
+from training.eagle_features import Features, cached_features, compute_features, row_from_states
 from training.eagle_ttt import chain_acceptance, implied_mal, served_walk, unroll, unrolled_loss
 from training.evaluate import EpochSelectionCallback, slice_key
 
@@ -422,6 +422,19 @@ def evaluate_chains(draft: Eagle3Draft, dataset: EagleDataset, k: int, batch_siz
         result[f"acceptance_pos{s + 1}"] = value / previous if previous else 0.0
         previous = value
     return result
+
+
+def answer_chains(target: Any, draft: Eagle3Draft, prompt_ids: list[int], answer_ids: list[int],
+                  k: int) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """One served answer teacher-forced as the probe sees it: (the draft's k step logits, the target's
+    greedy reference[1, T], the answer's mask[1, T]), for chain_acceptance and served_walk."""
+    ids = list(prompt_ids) + list(answer_ids)
+    aux, _, reference = compute_features(target, [ids], list(draft.c.aux_layer_ids), progress=False).sequence(0)
+    mask = torch.zeros(1, len(ids), dtype=torch.bool)
+    mask[0, len(prompt_ids) - 1: len(ids) - 1] = True  # as collate marks the answer without prompt_loss
+    with torch.no_grad():
+        logits = unroll(draft, torch.tensor([ids]), aux[None].float(), k)
+    return logits, reference[None], mask
 
 
 class ChainCallback(EpochSelectionCallback):

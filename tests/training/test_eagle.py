@@ -385,28 +385,20 @@ def test_served_walk_gives_the_engines_own_figures(trained, toy_models):
     """The probe's `served_mal` is what the engine measures: greedy serving with the trained draft (full
     chains of k) emits, request by request, the tokens and verification steps that the walk over the
     teacher-forced chains of the same answer gives."""
-    from training.eagle_features import compute_features
+    from training.eagle_train import answer_chains
 
     out, _ = trained
     target = load_model(toy_models["target"])
     loaded = load_model(out)
-    engine = Engine(target, loaded)
-    draft = loaded.model
     prompts = ["def add(a, b):", "The quick brown fox", "Hello! How can I help", "Write a poem"]
-    completions = engine.generate(prompts, SamplingParams(max_new_tokens=24, k=3), chat=True)
+    completions = Engine(target, loaded).generate(prompts, SamplingParams(max_new_tokens=24, k=3), chat=True)
     walked = []
     for c in completions:
-        ids = list(c.prompt_token_ids) + list(c.token_ids)
-        features = compute_features(target.model, [ids], list(draft.c.aux_layer_ids), progress=False)
-        aux, _, argmax = features.sequence(0)
-        mask = torch.zeros(1, len(ids), dtype=torch.bool)
-        mask[0, len(c.prompt_token_ids) - 1: len(ids) - 1] = True
-        with torch.no_grad():
-            logits = unroll(draft, torch.tensor([ids]), aux[None].float(), 3)
-        walked.append(served_walk(logits, argmax[None], draft, mask))
+        logits, reference, mask = answer_chains(target.model, loaded.model, c.prompt_token_ids, c.token_ids, 3)
+        walked.append(served_walk(logits, reference, loaded.model, mask))
     # Tokens after the prefill's first one, and steps, as the engine counted them.
     served = [(c.record.accepted_tokens + c.record.verify_steps, c.record.verify_steps) for c in completions]
-    assert sum(accepted for accepted, _ in served) > sum(steps for _, steps in served)  # some drafts accepted
+    assert sum(tokens for tokens, _ in served) > sum(steps for _, steps in served)  # some drafts accepted
     assert walked == served
 
 
