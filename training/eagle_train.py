@@ -49,8 +49,8 @@ from training.eagle_features import Features, cached_features, compute_features,
 from training.eagle_ttt import chain_acceptance, implied_mal, served_walk, unroll, unrolled_loss
 from training.evaluate import EpochSelectionCallback, slice_key
 
-METRIC = "implied_mal"  # what the per-epoch evaluation and the epoch selection compare
-SERVED = "served_mal"  # reported beside it: serving's walk over the same chains (what the gate measures)
+METRIC = "implied_mal"  # the per-epoch probe's teacher-forced figure: every answer position's chain averaged
+SERVED = "served_mal"  # beside it, serving's walk over the same chains: what the gate measures
 
 COLUMNS = ("prompt_token_ids", "completion_token_ids")
 
@@ -76,6 +76,7 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     rehearsal_ratio: float = 1.0  # rehearsal sequences per mined sequence (a fixed seeded sample)
     mined_passes: int = 1        # times each mined sequence is seen per epoch (rehearsal and probe stay once)
     probe_canary: bool = True    # forgetting probe: also evaluate each epoch on the canary prompts (target's greedy answers)
+    select_on: str = "served_mal"  # the probe figure epoch selection compares: served_mal (what the gate measures) | implied_mal
     identity_init: bool = True   # a fresh draft starts as the target's top aux feature through its norm and head
     bf16: bool | str = "auto"    # bfloat16 autocast for the target features and training; auto = where it is fast (serving.precision.resolve_bf16)
     learning_rate: float = 2e-3
@@ -98,6 +99,8 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
         common.require(self.rehearsal_ratio >= 0.0, "rehearsal_ratio", f"must be >= 0, got {self.rehearsal_ratio}")
         common.require(self.mined_passes >= 1, "mined_passes", f"must be >= 1, got {self.mined_passes}")
         self.check_selection()
+        common.require(self.select_on in (SERVED, METRIC), "select_on",
+                       f"must be {SERVED!r} or {METRIC!r}, got {self.select_on!r}")
         common.require(len(self.aux_layer_ids) in (0, 3), "aux_layer_ids",
                        f"must list 3 layer ids or be empty, got {self.aux_layer_ids}")
 
@@ -439,13 +442,13 @@ def answer_chains(target: Any, draft: Eagle3Draft, prompt_ids: list[int], answer
 
 class ChainCallback(EpochSelectionCallback):
     """Per-epoch evaluation of the draft's chains on the probe (the round's hold-out and the slices it
-    must not forget), keeping the epoch best for the shadow gate (training.evaluate.EpochSelection)."""
+    must not forget), keeping the epoch best for the shadow gate (training.evaluate.EpochSelection) by
+    `metric`: SERVED (default) or METRIC."""
 
-    metric = METRIC
-
-    def __init__(self, dataset: EagleDataset, k: int, tracker: Any, selection: Any, bf16: bool = False):
+    def __init__(self, dataset: EagleDataset, k: int, tracker: Any, selection: Any, bf16: bool = False,
+                 metric: str = SERVED):
         super().__init__(dataset.seqs.slices, tracker, selection)
-        self.dataset, self.k, self.bf16 = dataset, k, bf16
+        self.dataset, self.k, self.bf16, self.metric = dataset, k, bf16, metric
 
     def measure(self, model: Any) -> dict[str, float]:
         started = time.perf_counter()
@@ -560,7 +563,7 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
         probe_features, _ = cached_features(target.model, probe.ids, draft.c.aux_layer_ids,
                                             target.model_id.sha256, cache_root, bf16=config.bf16)
         evaluation = ChainCallback(EagleDataset(probe, probe_features, prompt_loss=False), config.eval_k, tracker,
-                                   config.epoch_selection(), config.bf16)
+                                   config.epoch_selection(), config.bf16, config.select_on)
         callbacks.append(evaluation)
     draft.train()
     # Batches of similar lengths: mined outputs run from a few dozen to max_length tokens, and a random

@@ -289,7 +289,8 @@ class EpochSelectionCallback(TrainerCallback):
     def summary(self) -> dict[str, Any]:
         """What was kept and why, for the candidate's training info."""
         return {"selected_epoch": self.history[-1]["epoch"] if self.history else None,
-                "rule": asdict(self.selection) if self.selection else None, "scores": self.scores}
+                "rule": asdict(self.selection) if self.selection else None, "metric": self.metric,
+                "scores": self.scores}
 
 
 class AgreementCallback(EpochSelectionCallback):

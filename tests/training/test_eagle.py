@@ -205,6 +205,7 @@ def test_train_eagle_improves_and_saves_speculators_dir(trained):
     assert {"served_mal", "slice.code.served_mal", "slice.chat.served_mal"} <= set(history[0])
     assert all(1.0 <= h["served_mal"] <= 1.0 + 3 for h in history)  # eval_k = 3 drafts and a bonus per step
     selection = info["epoch_selection"]
+    assert selection["metric"] == "served_mal"  # chosen on what the gate measures
     assert selection["selected_epoch"] > 0  # a trained epoch, and the saved weights (history[-1]) improved
     assert history[-1]["implied_mal"] > history[0]["implied_mal"] + 0.2
     assert len(selection["scores"]) >= 2 and all("worst_group" in score for score in selection["scores"])
@@ -273,6 +274,8 @@ def test_warm_start_rehearses_the_data_it_learned_from(trained, toy_data, tmp_pa
         EagleConfig(mined_passes=0)
     with pytest.raises(ValueError, match="ttt_chain_share"):
         EagleConfig(ttt_chain_share=0.0)
+    with pytest.raises(ValueError, match="select_on"):
+        EagleConfig(select_on="loss")
 
 
 def test_lengthen_continues_cut_outputs_with_the_targets_greedy_tokens(toy_models, toy_data, tmp_path):
