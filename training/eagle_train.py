@@ -76,7 +76,7 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     rehearsal_ratio: float = 1.0  # rehearsal sequences per mined sequence (a fixed seeded sample)
     mined_passes: int = 1        # times each mined sequence is seen per epoch (rehearsal and probe stay once)
     probe_canary: bool = True    # forgetting probe: also evaluate each epoch on the canary prompts (target's greedy answers)
-    select_on: str = "served_mal"  # the probe figure epoch selection compares: served_mal (what the gate measures) | implied_mal
+    select_on: str = "implied_mal"  # the probe figure epoch selection compares: implied_mal | served_mal (what the gate measures)
     identity_init: bool = True   # a fresh draft starts as the target's top aux feature through its norm and head
     bf16: bool | str = "auto"    # bfloat16 autocast for the target features and training; auto = where it is fast (serving.precision.resolve_bf16)
     learning_rate: float = 2e-3
@@ -443,10 +443,10 @@ def answer_chains(target: Any, draft: Eagle3Draft, prompt_ids: list[int], answer
 class ChainCallback(EpochSelectionCallback):
     """Per-epoch evaluation of the draft's chains on the probe (the round's hold-out and the slices it
     must not forget), keeping the epoch best for the shadow gate (training.evaluate.EpochSelection) by
-    `metric`: SERVED (default) or METRIC."""
+    `metric`: METRIC (default) or SERVED."""
 
     def __init__(self, dataset: EagleDataset, k: int, tracker: Any, selection: Any, bf16: bool = False,
-                 metric: str = SERVED):
+                 metric: str = METRIC):
         super().__init__(dataset.seqs.slices, tracker, selection)
         self.dataset, self.k, self.bf16, self.metric = dataset, k, bf16, metric
 

@@ -205,7 +205,7 @@ def test_train_eagle_improves_and_saves_speculators_dir(trained):
     assert {"served_mal", "slice.code.served_mal", "slice.chat.served_mal"} <= set(history[0])
     assert all(1.0 <= h["served_mal"] <= 1.0 + 3 for h in history)  # eval_k = 3 drafts and a bonus per step
     selection = info["epoch_selection"]
-    assert selection["metric"] == "served_mal"  # chosen on what the gate measures
+    assert selection["metric"] == "implied_mal"  # the default (select_on)
     assert selection["selected_epoch"] > 0  # a trained epoch, and the saved weights (history[-1]) improved
     assert history[-1]["implied_mal"] > history[0]["implied_mal"] + 0.2
     assert len(selection["scores"]) >= 2 and all("worst_group" in score for score in selection["scores"])
@@ -213,6 +213,25 @@ def test_train_eagle_improves_and_saves_speculators_dir(trained):
     assert config["speculators_model_type"] == "eagle3"
     assert config["draft_vocab_size"] == 128
     assert info["metrics"]["feature_cache_hit"] == 0.0
+
+
+def test_epoch_selection_can_compare_the_served_walk(trained, tmp_path):
+    """`select_on: served_mal` judges each epoch by serving's walk: the kept epoch is the best of those
+    scores, and the scores are the served figures' changes, not the implied ones'."""
+    from dataclasses import replace
+
+    from training.evaluate import best_evaluation
+
+    _, config = trained
+    out = train_eagle(replace(config, epochs=6, select_on="served_mal", output_dir=str(tmp_path / "served")))
+    info = json.loads((out / "draftwheel_training.json").read_text())
+    selection, history = info["epoch_selection"], info["eval_history"]
+    assert selection["metric"] == "served_mal"
+    scores = selection["scores"]
+    assert scores[best_evaluation(scores)]["epoch"] == selection["selected_epoch"] == history[-1]["epoch"]
+    start, best = history[0], scores[best_evaluation(scores)]
+    kept = next(h for h in history if h["epoch"] == best["epoch"])
+    assert best["overall_change"] == pytest.approx(kept["served_mal"] / start["served_mal"] - 1, abs=1e-9)
 
 
 def test_bf16_training_runs_the_unrolled_draft_under_autocast(trained, tmp_path, monkeypatch):
