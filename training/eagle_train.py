@@ -431,13 +431,12 @@ def answer_chains(target: Any, draft: Eagle3Draft, prompt_ids: list[int], answer
                   k: int) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
     """One served answer teacher-forced as the probe sees it: (the draft's k step logits, the target's
     greedy reference[1, T], the answer's mask[1, T]), for chain_acceptance and served_walk."""
-    ids = list(prompt_ids) + list(answer_ids)
-    aux, _, reference = compute_features(target, [ids], list(draft.c.aux_layer_ids), progress=False).sequence(0)
-    mask = torch.zeros(1, len(ids), dtype=torch.bool)
-    mask[0, len(prompt_ids) - 1: len(ids) - 1] = True  # as collate marks the answer without prompt_loss
+    seqs = Sequences([list(prompt_ids) + list(answer_ids)], [len(prompt_ids)], ["answer"])
+    features = compute_features(target, seqs.ids, list(draft.c.aux_layer_ids), progress=False)
+    batch = collate([EagleDataset(seqs, features, prompt_loss=False)[0]])
     with torch.no_grad():
-        logits = unroll(draft, torch.tensor([ids]), aux[None].float(), k)
-    return logits, reference[None], mask
+        logits = unroll(draft, batch["input_ids"], batch["aux"], k)
+    return logits, batch["argmax"], batch["mask"]
 
 
 class ChainCallback(EpochSelectionCallback):
