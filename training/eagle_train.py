@@ -69,6 +69,7 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     ttt_steps: int = 4           # training-time-test unroll depth
     ttt_decay: float = 0.8       # weight of unroll step s is ttt_decay**s
     ttt_chain_share: float = 1.0  # share of slots (a fresh random sample each batch) unrolled past step 0
+    teacher_temperature: float = 1.0  # the target's distribution is learned at this temperature (< 1: sharpened)
     prompt_loss: bool = True     # also learn positions inside the prompt (more signal; serving sees prompts too)
     feature_cache: str = ""      # "" = <state>/cache/eagle-features
     continue_to: int = 0         # lengthen outputs cut at their length limit with the target's greedy continuation to this many tokens (0 = off)
@@ -95,6 +96,8 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
         common.require(0.0 < self.ttt_decay <= 1.0, "ttt_decay", f"must be in (0, 1], got {self.ttt_decay}")
         common.require(0.0 < self.ttt_chain_share <= 1.0, "ttt_chain_share",
                        f"must be in (0, 1], got {self.ttt_chain_share}")
+        common.require(self.teacher_temperature > 0.0, "teacher_temperature",
+                       f"must be > 0, got {self.teacher_temperature}")
         common.require(self.continue_to >= 0, "continue_to", f"must be >= 0, got {self.continue_to}")
         common.require(self.rehearsal_ratio >= 0.0, "rehearsal_ratio", f"must be >= 0, got {self.rehearsal_ratio}")
         common.require(self.mined_passes >= 1, "mined_passes", f"must be >= 1, got {self.mined_passes}")
@@ -363,10 +366,10 @@ class EagleTrainer(Trainer):
     """A Trainer whose loss is the unrolled (training-time test) distillation loss."""
 
     def __init__(self, *args: Any, lm_head_weight: torch.Tensor = None, ttt_steps: int = 4, ttt_decay: float = 0.8,
-                 ttt_chain_share: float = 1.0, **kwargs: Any):
+                 ttt_chain_share: float = 1.0, teacher_temperature: float = 1.0, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.lm_head_weight, self.ttt_steps, self.ttt_decay = lm_head_weight, ttt_steps, ttt_decay
-        self.ttt_chain_share = ttt_chain_share
+        self.ttt_chain_share, self.teacher_temperature = ttt_chain_share, teacher_temperature
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         draft = self.accelerator.unwrap_model(model)
@@ -374,7 +377,8 @@ class EagleTrainer(Trainer):
         # its autocast here, or `bf16` trains in float32 (4-5x slower matmuls on an AMX CPU, measured).
         with self.accelerator.autocast():
             loss, logits = unrolled_loss(draft, inputs["input_ids"], inputs["aux"], inputs["hidden"], inputs["mask"],
-                                         self.lm_head_weight, self.ttt_steps, self.ttt_decay, self.ttt_chain_share)
+                                         self.lm_head_weight, self.ttt_steps, self.ttt_decay, self.ttt_chain_share,
+                                         self.teacher_temperature)
         return (loss, {"logits": logits[0]}) if return_outputs else loss
 
 
@@ -572,7 +576,7 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
     trainer = EagleTrainer(model=draft, args=args, train_dataset=train_set, data_collator=collate,
                            callbacks=callbacks, lm_head_weight=target.model.get_output_embeddings().weight.detach(),
                            ttt_steps=config.ttt_steps, ttt_decay=config.ttt_decay,
-                           ttt_chain_share=config.ttt_chain_share)
+                           ttt_chain_share=config.ttt_chain_share, teacher_temperature=config.teacher_temperature)
     with tracker.run("train-eagle", nested=True, tags={"stage": "eagle", "draft_kind": "eagle3"}):
         tracker.log_params({**to_dict(config), "params_trainable": sum(p.numel() for p in draft.parameters())})
         result = trainer.train()  # the ChainCallback puts back the epoch best for the gate at the end

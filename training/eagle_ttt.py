@@ -179,14 +179,15 @@ def ttt_loss(step_logits: list[torch.Tensor], teacher_logp: torch.Tensor, mask: 
 
 def unrolled_loss(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, hidden: torch.Tensor,
                   mask: torch.Tensor, lm_head_weight: torch.Tensor, steps: int, decay: float,
-                  chain_share: float = 1.0) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                  chain_share: float = 1.0, temperature: float = 1.0) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """One batch's training loss: the draft unrolled `steps` times (past step 0 on a fresh random
     `chain_share` of the chains), scored against the target's distribution over the draft vocabulary
-    (from its final hidden states[B, T, H]). Returns (loss, per-step logits)."""
+    (from its final hidden states[B, T, H]) at `temperature` (below 1: sharpened toward its argmax,
+    which is all that greedy acceptance asks of the draft). Returns (loss, per-step logits)."""
     slots = chain_slots(input_ids.shape[1] - 1, chain_share, input_ids.device)
     logits = unroll(draft, input_ids, aux, steps, slots)
     with torch.no_grad():
-        teacher = teacher_log_probs(hidden, lm_head_weight.to(hidden.device), draft)
+        teacher = teacher_log_probs(hidden, lm_head_weight.to(hidden.device), draft, temperature)
     loss, _ = ttt_loss(logits, teacher, mask, decay, slots)
     return loss, logits
 

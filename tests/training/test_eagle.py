@@ -133,6 +133,32 @@ def test_ttt_loss_is_the_masked_weighted_forward_kl():
     assert float(loss) == pytest.approx(sum(w * e for w, e in zip(weights, expected)) / sum(weights), rel=1e-5)
 
 
+def test_teacher_temperature_sharpens_the_target_toward_its_argmax():
+    """Greedy acceptance asks only for the target's argmax: below temperature 1 the distribution the
+    draft learns keeps that argmax, puts more mass on it, and tends to the one-hot argmax, so the
+    unrolled loss tends to the cross-entropy against the target's greedy token."""
+    tokenizer = build_tokenizer()
+    target = tiny_llama(tokenizer, n_layers=2, seed=0)
+    torch.manual_seed(0)
+    draft = Eagle3Draft(Eagle3Config.for_target(target.config, draft_vocab_size=48)).attach_target(target)
+    head = target.get_output_embeddings().weight.detach()
+    hidden = 3.0 * torch.randn(2, 9, target.config.hidden_size)
+    plain = eagle_ttt.teacher_log_probs(hidden, head, draft)
+    sharp = eagle_ttt.teacher_log_probs(hidden, head, draft, temperature=0.3)
+    assert torch.equal(sharp.argmax(-1), plain.argmax(-1))
+    assert bool((sharp.max(-1).values > plain.max(-1).values).all())
+
+    ids = torch.randint(0, target.config.vocab_size, (2, 9))
+    aux = torch.randn(2, 9, 3 * target.config.hidden_size)
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    cold, logits = eagle_ttt.unrolled_loss(draft, ids, aux, hidden, mask, head, steps=1, decay=0.8, temperature=1e-5)
+    greedy = plain.argmax(-1)[:, 1:]  # slot j predicts position j+1
+    hard = F.cross_entropy(logits[0].reshape(-1, 48), greedy.reshape(-1))
+    assert float(cold.detach()) == pytest.approx(float(hard.detach()), rel=1e-4)
+    warm, _ = eagle_ttt.unrolled_loss(draft, ids, aux, hidden, mask, head, steps=1, decay=0.8)
+    assert float(warm.detach()) != pytest.approx(float(hard.detach()), rel=1e-2)
+
+
 def test_chain_acceptance_counts_runs_of_matches():
     tokenizer = build_tokenizer()
     target = tiny_llama(tokenizer, n_layers=2, seed=0)
@@ -295,6 +321,8 @@ def test_warm_start_rehearses_the_data_it_learned_from(trained, toy_data, tmp_pa
         EagleConfig(ttt_chain_share=0.0)
     with pytest.raises(ValueError, match="select_on"):
         EagleConfig(select_on="loss")
+    with pytest.raises(ValueError, match="teacher_temperature"):
+        EagleConfig(teacher_temperature=0.0)
 
 
 def test_lengthen_continues_cut_outputs_with_the_targets_greedy_tokens(toy_models, toy_data, tmp_path):
