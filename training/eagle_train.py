@@ -77,7 +77,7 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     rehearsal_ratio: float = 1.0  # rehearsal sequences per mined sequence (a fixed seeded sample)
     mined_passes: int = 1        # times each mined sequence is seen per epoch (rehearsal and probe stay once)
     probe_canary: bool = True    # forgetting probe: also evaluate each epoch on the canary prompts (target's greedy answers)
-    select_on: str = "implied_mal"  # the probe figure epoch selection compares: implied_mal | served_mal (what the gate measures)
+    select_on: str = METRIC      # the probe figure epoch selection compares: implied_mal | served_mal (what the gate measures)
     identity_init: bool = True   # a fresh draft starts as the target's top aux feature through its norm and head
     bf16: bool | str = "auto"    # bfloat16 autocast for the target features and training; auto = where it is fast (serving.precision.resolve_bf16)
     learning_rate: float = 2e-3
