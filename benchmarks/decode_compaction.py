@@ -89,5 +89,6 @@ def main() -> None:
     print(f"the same on lengthen's prepacked copy (oneDNN):     {t_packed:.1f} s")
     print(f"prepacked vs stock {t_now / t_packed:.2f}x; kept tokens identical for {agree(now, packed)}/{len(sequences)}")
 
+
 if __name__ == "__main__":
     main()

@@ -43,7 +43,7 @@ from draftwheel.config import to_dict
 from draftwheel.tracking import get_tracker
 from serving.eagle import Eagle3Config, Eagle3Draft, default_aux_layer_ids, save_eagle3, vocab_from_counts
 from serving.precision import resolve_bf16
-from serving.prepack import prepack_linears
+from serving.prepack import can_prepack, prepack_linears
 from training import common
 from training.data import join_and_truncate, load_dataset_dir
 from training.eagle_features import Features, cached_features, compute_features, row_from_states
@@ -199,8 +199,11 @@ def revocab(draft: Eagle3Draft, counts: torch.Tensor, size: int, target: Any, eo
 def generation_model(target: Any, bf16: bool) -> Any:
     """The target for batched generation: a copy with its linear layers prepacked for oneDNN, as serving
     runs it (serving.prepack: MKL re-packs every weight on each of decoding's small calls; issue 13's
-    round continuations took 78 s instead of 108 s, the same tokens for 82/82), in bfloat16 with `bf16`
-    (~1.9x faster on AMX CPUs, and the precision serving runs with dtype: auto)."""
+    round continuations took 74.1 s instead of 97.1 s, the same tokens for 82/82), in bfloat16 with `bf16`
+    (~1.9x faster on AMX CPUs, and the precision serving runs with dtype: auto). With neither to do (a
+    GPU target in float32) it is the model itself: no second copy in memory."""
+    if not (bf16 or can_prepack(target.model)):
+        return target.model
     model = copy.deepcopy(target.model)
     model = model.to(torch.bfloat16) if bf16 else model
     prepack_linears(model)

@@ -396,6 +396,19 @@ def test_generation_runs_a_prepacked_copy_that_decodes_the_same_greedy_tokens():
     assert all(stock)
 
 
+def test_generation_uses_the_target_itself_when_there_is_nothing_to_pack(monkeypatch):
+    """A target oneDNN cannot pack (a GPU model, say) in float32 is generated with as it is: no copy."""
+    from types import SimpleNamespace
+
+    import training.eagle_train as eagle_train
+
+    model = tiny_llama(build_tokenizer(), n_layers=1)
+    monkeypatch.setattr(eagle_train, "can_prepack", lambda m: False)
+    assert eagle_train.generation_model(SimpleNamespace(model=model), bf16=False) is model
+    copied = eagle_train.generation_model(SimpleNamespace(model=model), bf16=True)
+    assert copied is not model and next(copied.parameters()).dtype == torch.bfloat16
+
+
 def test_lengthen_leaves_a_sequence_whose_last_token_was_never_fed_to_the_forward(toy_models, toy_data, tmp_path,
                                                                                    monkeypatch):
     """When generation stopped before feeding a kept token (every row ended with an EOS at the last
