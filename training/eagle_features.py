@@ -37,6 +37,14 @@ class Features:
         return self.aux[a:b], self.hidden[a:b], self.argmax[a:b]
 
 
+def join_features(parts: list[Features]) -> Features:
+    """Features of several sequence lists, as one for the lists concatenated."""
+    starts = torch.tensor([0] + [int(p.offsets[-1]) for p in parts]).cumsum(0)
+    return Features(aux=torch.cat([p.aux for p in parts]), hidden=torch.cat([p.hidden for p in parts]),
+                    argmax=torch.cat([p.argmax for p in parts]),
+                    offsets=torch.cat([starts[:1]] + [p.offsets[1:] + s for p, s in zip(parts, starts)]))
+
+
 def cache_key(sequences: list[list[int]], target_sha256: str, aux_layer_ids: list[int], bf16: bool = False) -> str:
     digest = hashlib.sha256(json.dumps([sequences, target_sha256, aux_layer_ids, bf16]).encode())
     return digest.hexdigest()[:24]
@@ -51,14 +59,22 @@ def feature_row(states: tuple[torch.Tensor, ...], aux_layer_ids: list[int],
     return aux.half().cpu(), states[-1].half().cpu(), argmax.cpu()
 
 
-def row_from_states(target: Any, states: tuple[torch.Tensor, ...], n: int,
-                    aux_layer_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def row_from_states(target: Any, states: tuple[torch.Tensor, ...], n: int, aux_layer_ids: list[int],
+                    chosen: list[int] = (), chosen_from: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A feature row from hidden states a forward pass already produced (e.g. generation's), for the
-    first n positions; the argmax comes from the target's head over the final states."""
+    first n positions. The argmax comes from the target's head over the final states, except at the
+    positions from `chosen_from` on where greedy generation already took it: `chosen` are the tokens it
+    chose there, so the head over the whole vocabulary does not run twice for them."""
     states = tuple(layer[:n] for layer in states)
+    end = min(n, chosen_from + len(chosen))
     with torch.inference_mode():
         head = target.get_output_embeddings()
-        argmax = torch.cat([head(chunk.to(head.weight.dtype)).argmax(-1) for chunk in states[-1].split(512)])
+
+        def scored(part: torch.Tensor) -> list[torch.Tensor]:
+            return [head(chunk.to(head.weight.dtype)).argmax(-1) for chunk in part.split(512)]
+
+        known = torch.tensor(list(chosen[:end - chosen_from]), dtype=torch.long, device=states[-1].device)
+        argmax = torch.cat([*scored(states[-1][:chosen_from]), known, *scored(states[-1][end:])])
     return feature_row(states, aux_layer_ids, argmax)
 
 

@@ -46,7 +46,7 @@ from serving.precision import resolve_bf16
 from serving.prepack import can_prepack, prepack_linears
 from training import common
 from training.data import join_and_truncate, load_dataset_dir
-from training.eagle_features import Features, cached_features, compute_features, row_from_states
+from training.eagle_features import Features, cached_features, compute_features, join_features, row_from_states
 from training.eagle_ttt import chain_acceptance, implied_mal, served_walk, unroll, unrolled_loss
 from training.evaluate import EpochSelectionCallback, slice_key
 
@@ -254,7 +254,10 @@ def lengthen(seqs: Sequences, target: Any, eos: set[int], config: EagleConfig, c
         i = todo[j]
         n = len(seqs.ids[i]) + len(more[:room[i]])
         if fed[0].shape[0] >= n:  # else the last kept token was never fed: the feature forward does it
-            rows[i] = row_from_states(target.model, fed, n, list(range(len(aux_layer_ids))))
+            # From the logged sequence's last position on, each position's argmax is the token generation
+            # chose next (all but an EOS's: nothing is chosen after it).
+            rows[i] = row_from_states(target.model, fed, n, list(range(len(aux_layer_ids))),
+                                      chosen=more, chosen_from=len(seqs.ids[i]) - 1)
 
     keep_states = {"on_states": keep, "state_layers": [*aux_layer_ids, -1]} if aux_layer_ids is not None else {}
     # room + 1 tokens: the model is then also fed the last token kept, so its features exist too.
@@ -308,20 +311,30 @@ def canary_sequences(target: Any, config: EagleConfig, cache_root: Path) -> Sequ
     return seqs
 
 
-def probe_sequences(config: EagleConfig, holdout: Sequences | None, source: tuple[Path, int] | None, target: Any,
-                    cache_root: Path) -> Sequences:
-    """What each epoch is judged on, per slice: the round's hold-out (the gain), and against forgetting the
-    hold-out of the data the warm start learned from (the rehearsal source's sibling holdout/) and the
-    canary prompts."""
-    probe = Sequences([], [], [])
-    if holdout is not None:
-        probe.extend(holdout)
+def probe_parts(config: EagleConfig, holdout: Sequences | None, source: tuple[Path, int] | None, target: Any,
+                cache_root: Path) -> list[Sequences]:
+    """What each epoch is judged on, per slice, in two parts: the round's hold-out (the gain), and the
+    standing part against forgetting -- the hold-out of the data the warm start learned from (the rehearsal
+    source's sibling holdout/) and the canary prompts. Kept apart so each gets its own feature cache: the
+    standing part is the same every round, and its features are computed once, not each round."""
+    standing = Sequences([], [], [])
     if source is not None and (source[0].parent / "holdout").is_dir():
-        probe.extend(load_sequences(source[0].parent / "holdout", config.max_length, "output_token_ids",
-                                    config.eval_max_samples))
+        standing.extend(load_sequences(source[0].parent / "holdout", config.max_length, "output_token_ids",
+                                       config.eval_max_samples))
     if config.probe_canary:
-        probe.extend(canary_sequences(target, config, cache_root))
-    return probe
+        standing.extend(canary_sequences(target, config, cache_root))
+    return [part for part in (holdout, standing) if part is not None and part.ids]
+
+
+def probe_with_features(parts: list[Sequences], target: Any, aux_layer_ids: list[int], cache_root: Path,
+                        bf16: bool) -> tuple[Sequences, Features]:
+    """The probe parts joined, with their features (each part cached on its own)."""
+    probe = Sequences([], [], [])
+    for part in parts:
+        probe.extend(part)
+    features = [cached_features(target.model, part.ids, aux_layer_ids, target.model_id.sha256, cache_root,
+                                bf16=bf16)[0] for part in parts]
+    return probe, join_features(features)
 
 
 def rehearsal_sample(config: EagleConfig, source: tuple[Path, int], seqs: Sequences, target: Any,
@@ -569,11 +582,10 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
     if holdout_dir.is_dir():
         hold_seqs = load_sequences(holdout_dir, config.max_length, "output_token_ids", config.eval_max_samples)
         info["vocab_coverage_holdout"] = coverage(draft.t2d, output_counts(hold_seqs, vocab))
-    probe = probe_sequences(config, hold_seqs, source, target, cache_root)
+    parts = probe_parts(config, hold_seqs, source, target, cache_root)
     evaluation = None
-    if probe.ids:
-        probe_features, _ = cached_features(target.model, probe.ids, draft.c.aux_layer_ids,
-                                            target.model_id.sha256, cache_root, bf16=config.bf16)
+    if parts:
+        probe, probe_features = probe_with_features(parts, target, draft.c.aux_layer_ids, cache_root, config.bf16)
         evaluation = ChainCallback(EagleDataset(probe, probe_features, prompt_loss=False), config.eval_k, tracker,
                                    config.epoch_selection(), config.bf16, config.select_on)
         callbacks.append(evaluation)
