@@ -14,7 +14,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -60,7 +60,7 @@ def feature_row(states: tuple[torch.Tensor, ...], aux_layer_ids: list[int],
 
 
 def row_from_states(target: Any, states: tuple[torch.Tensor, ...], n: int, aux_layer_ids: list[int],
-                    chosen: list[int] = (), chosen_from: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    chosen: Sequence[int] = (), chosen_from: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A feature row from hidden states a forward pass already produced (e.g. generation's), for the
     first n positions. The argmax comes from the target's head over the final states, except at the
     positions from `chosen_from` on where greedy generation already took it: `chosen` are the tokens it
