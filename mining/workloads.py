@@ -7,14 +7,18 @@ Built-in workloads, each item `{"prompt": str, "slice": str}`:
   summarise / rewrite / continue instructions;
 - `chat`: instruction templates crossed with everyday topics;
 - `mixed`: the three interleaved.
-Same seed and same Python version -> same prompts. When a source runs out, prompts repeat (as real
-traffic does). A workload file is JSONL with `prompt` and `slice` per line (`read_workload` /
+Same seed and same Python version -> same prompts. Code and prose are drawn from every file of the
+library at once, so two seeds are two samples of one distribution: the traffic a round trains on and
+the traffic served after it are the same kind (drawing file by file, seed 1's 80 code prompts came
+from 7 files and seed 2's from 6 others, a second shift rather than more of the first). When a source
+runs out, prompts repeat (as real traffic does). A workload file is JSONL with `prompt` and `slice` per line (`read_workload` /
 `write_workload`), so users bring their own. Running the prompts is `mining.replay_workload`'s job.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import itertools
 import json
 import random
@@ -52,10 +56,8 @@ MAX_CODE_CHARS = 1200
 MAX_PROSE_CHARS = 900
 
 
-def _stdlib_files(rng: random.Random) -> list[Path]:
-    files = sorted(p for p in Path(sysconfig.get_paths()["stdlib"]).glob("*.py") if not p.name.startswith("_"))
-    rng.shuffle(files)
-    return files
+def _stdlib_files() -> list[Path]:
+    return sorted(p for p in Path(sysconfig.get_paths()["stdlib"]).glob("*.py") if not p.name.startswith("_"))
 
 
 def _parse(path: Path) -> tuple[ast.Module, list[str]] | None:
@@ -100,14 +102,19 @@ def _paragraphs(path: Path) -> Iterator[str]:
                 yield text[:MAX_PROSE_CHARS]
 
 
+@functools.cache
+def library_texts(extract) -> tuple[tuple[str, str], ...]:
+    """(file name, text) for each distinct text `extract` finds in the library, in file order (~1.6 s, once)."""
+    seen: dict[str, str] = {}
+    for path in _stdlib_files():
+        for text in extract(path):
+            seen.setdefault(text, path.name)
+    return tuple((name, text) for text, name in seen.items())
+
+
 def _from_stdlib(n: int, seed: int, extract, templates: list[str], name: str) -> list[dict[str, str]]:
     rng = random.Random(f"{name}:{seed}")
-    bodies: list[str] = []
-    for path in _stdlib_files(rng):
-        bodies.extend(extract(path))
-        if len(set(bodies)) >= n:
-            break
-    bodies = list(dict.fromkeys(bodies))  # unique, in discovery order
+    bodies = [text for _, text in library_texts(extract)]
     if not bodies:
         raise RuntimeError(f"workload {name!r}: no usable text found under {sysconfig.get_paths()['stdlib']}")
     rng.shuffle(bodies)

@@ -11,7 +11,8 @@ from draftwheel.cli import main
 from mining.pipeline import mine
 from mining.log_reader import list_log_files
 from mining.replay_workload import run_traffic
-from mining.workloads import BUILTIN, build_workload, load_workload, read_workload, write_workload
+from mining.workloads import (BUILTIN, _function_prefixes, build_workload, library_texts, load_workload,
+                              read_workload, write_workload)
 from serving.params import SamplingParams
 from serving.records import parse_record
 from tests.mining.conftest import fast_config
@@ -32,6 +33,22 @@ def test_code_and_prose_come_from_the_standard_library():
     assert all(i["prompt"].count("def ") >= 1 and '"""' in i["prompt"] for i in code)
     prose = build_workload("prose", 5, seed=0)
     assert all(len(i["prompt"]) > 200 for i in prose)
+
+
+def test_two_seeds_of_code_are_two_samples_of_one_distribution():
+    """Drawn file by file, seed 1's 80 prompts came from 7 files and seed 2's from 6 others: the traffic
+    served after a round was a second shift, not more of the first. Drawn from the whole library at once,
+    each seed spreads over many files and the two seeds share most of them."""
+    file_of = {text: name for name, text in library_texts(_function_prefixes)}
+
+    def files(seed, n):
+        return [next(f for body, f in file_of.items() if body in item["prompt"])
+                for item in build_workload("code", n, seed)]
+
+    round_files, later_files = files(1, 80), files(2, 40)
+    assert len(set(round_files)) >= 30 and len(set(later_files)) >= 20
+    shared = sum(f in set(round_files) for f in later_files)
+    assert shared >= len(later_files) // 2
 
 
 def test_jsonl_round_trip_and_errors(tmp_path):
