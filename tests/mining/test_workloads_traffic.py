@@ -38,7 +38,7 @@ def test_code_and_prose_come_from_the_standard_library():
 def test_two_seeds_of_code_are_two_samples_of_one_distribution():
     """Drawn file by file, seed 1's 80 prompts came from 7 files and seed 2's from 6 others: the traffic
     served after a round was a second shift, not more of the first. Drawn from the whole library at once,
-    each seed spreads over many files and the two seeds share most of them."""
+    each seed spreads over many files, and half the later one's come from files the first one drew."""
     file_of = {text: name for name, text in library_texts(_function_prefixes)}
 
     def files(seed, n):
