@@ -9,6 +9,8 @@
 - `status_rows` lists every version of every registered model, including aliases that point at a
   version the registry no longer has, and versions whose files are gone, and the delivered gain the
   monitor recorded for a version (`record_delivered`).
+- `last_rejection` finds the newest candidate the gate rejected against a given champion: the monitor
+  waits for new traffic after it instead of training the same challenger again.
 
 MLflow itself is only touched through `draftwheel.tracking`; models are never loaded here.
 """
@@ -23,9 +25,9 @@ from urllib.parse import urlparse
 
 from draftwheel import tracking
 from draftwheel.locks import state_lock
-from draftwheel.registry_names import (CHALLENGER, CHAMPION, DELIVERED_TAG, DRAFT_MODEL, FILES_TAG, MANIFEST_TAG, PREVIOUS,
-                                       REGISTERED_MODELS, SHADOW_REPORT_TAG, STAGE_TAG, TARGET_SHA_TAG,
-                                       TRAINING_CONFIG_TAG, WEIGHTS_TAG, version_uri)
+from draftwheel.registry_names import (CHALLENGER, CHAMPION, DELIVERED_TAG, DRAFT_MODEL, FILES_TAG, MANIFEST_TAG,
+                                       PARENT_TAG, PREVIOUS, REGISTERED_MODELS, SHADOW_REPORT_TAG, STAGE_TAG,
+                                       TARGET_SHA_TAG, TRAINING_CONFIG_TAG, WEIGHTS_TAG, version_uri)
 
 LOCK_WAIT_S = 60.0
 
@@ -93,6 +95,32 @@ def previous_version(name: str = DRAFT_MODEL) -> str | None:
     return tracking.get_alias_version(PREVIOUS, name)
 
 
+def last_rejection(champion: str, name: str = DRAFT_MODEL) -> dict[str, Any] | None:
+    """The newest shadow summary that rejected a candidate gated against version `champion` (with the
+    rejected `version` added), or None: the monitor's sign that the logs it sees already trained a
+    challenger that lost."""
+    latest = None
+    for v in tracking.list_versions(name):
+        summary = _summary(v["tags"].get(SHADOW_REPORT_TAG, ""))
+        if not summary or not _rejected(summary):
+            continue
+        # The flywheel tags the champion it trained from; a shadow run on a registry URI names it itself.
+        gated_against = v["tags"].get(PARENT_TAG) or summary.get("champion")
+        newer = latest is None or summary.get("created", 0) > latest.get("created", 0)
+        if str(gated_against) == str(champion) and newer:
+            latest = {**summary, "version": v["version"]}
+    return latest
+
+
+def _summary(raw: str) -> dict[str, Any] | None:
+    """A `shadow_report` tag as a summary dict; None when absent or written by an older draftwheel."""
+    try:
+        summary = json.loads(raw) if raw else None
+    except json.JSONDecodeError:
+        return None
+    return summary if isinstance(summary, dict) and "promote" in summary else None
+
+
 def check_servable(version: str, name: str = DRAFT_MODEL, target_sha: str | None = None) -> dict[str, str]:
     """Raise unless serving would load `version`: its files present and intact (downloaded and verified,
     which also warms serving's cache) and its `target_sha256` equal to the target's. The target is
@@ -154,11 +182,8 @@ def rollback(name: str = DRAFT_MODEL) -> dict[str, str]:
 def _shadow_cell(raw: str) -> str:
     if not raw:
         return "-"
-    try:
-        shadow = json.loads(raw)
-    except json.JSONDecodeError:
-        shadow = None
-    if not isinstance(shadow, dict) or "promote" not in shadow:  # written by an older draftwheel
+    shadow = _summary(raw)
+    if shadow is None:  # written by an older draftwheel
         return f"report {raw}"
     if "skipped" in shadow:
         return "not gated"

@@ -32,6 +32,8 @@ DELIVERED_TAG = "delivered_gain"
 """The monitor's live figures per slice of this version as champion against the previous champion's."""
 SHADOW_REPORT_TAG = "shadow_report"
 """JSON summary of the shadow run (`draftwheel.registry.report_summary`), incl. the report's path."""
+PARENT_TAG = "parent_version"
+"""The champion version a flywheel candidate was trained from and gated against."""
 STAGE_TAG = "stage"
 """What produced the version: "bootstrap", or the trainer's name."""
 

@@ -27,7 +27,7 @@ from prefect import flow
 from draftwheel import home
 from draftwheel.config import ConfigError, load_config, to_dict
 from draftwheel.locks import state_lock
-from draftwheel.registry_names import CHAMPION_URI, DRAFT_MODEL, MEDUSA_MODEL
+from draftwheel.registry_names import CHAMPION_URI, DRAFT_MODEL, MEDUSA_MODEL, PARENT_TAG
 from flows import replay, tasks
 from training.trainers import TRAINERS
 
@@ -204,7 +204,7 @@ def _register(config: FlywheelConfig, trained: dict, shadow: dict, mined: dict, 
                           manifest_sha256=mined["sha256"],
                           stage=config.trainer if config.trainer in TRAINERS else None, trainer=config.trainer,
                           training_config=trained["config"], shadow_decision=shadow["decision"],
-                          parent_version=champion["version"])
+                          **{PARENT_TAG: champion["version"]})
     return tasks.register_candidate(trained["dir"], tags, shadow["summary"],
                                     name=MEDUSA_MODEL if config.trainer == "medusa" else DRAFT_MODEL)
 

@@ -3,6 +3,10 @@
 It reads the most recent acceptance records from the serving logs and triggers `flywheel` when
 (a) the acceptance rate over a window of recent requests, overall or on one slice, is below its
 threshold, or (b) the target's weights sha256 no longer matches the one the champion was trained for.
+After a round whose challenger the gate rejected against the current champion, it holds the trigger
+until `retrigger_after_requests` drafted requests were served since that verdict: on the same logs the
+flywheel would train the same challenger again (measured on issue 13's shift: a second round on 40 more
+requests gained +1.9 % [-3.6 %, +6.7 %] and was rejected, 9.7 minutes of CPU for nothing).
 It also reports the delivered gain: the champion's live acceptance rate and mean accepted length per
 slice against the previous champion's (records carry `draft_id.version`), logged to an MLflow run
 `monitor` and stored on the champion's registry version, where `draftwheel status` shows it.
@@ -56,6 +60,10 @@ class MonitorConfig:
     target: str = ""
     """Target model dir whose weights are checked ("" = the reference target in the state dir)."""
     champion_uri: str = CHAMPION_URI
+    retrigger_after_requests: int = 32
+    """After a rejected round against this champion, trigger again only once this many drafted requests
+    were served since the verdict (at most `window_requests`, all the monitor reads): new evidence, not
+    the same logs again (0 = no hold)."""
     run_flywheel: bool = True
     """Start the flywheel when triggered (False = only report)."""
     flywheel_config: str = ""
@@ -73,6 +81,8 @@ class MonitorConfig:
             raise ValueError(f"window_seconds must be >= 0, got {self.window_seconds}")
         if not 1 <= self.min_requests <= self.window_requests:
             raise ValueError(f"min_requests must be in 1..window_requests, got {self.min_requests}")
+        if self.retrigger_after_requests < 0:
+            raise ValueError(f"retrigger_after_requests must be >= 0, got {self.retrigger_after_requests}")
         for name, value in [("min_acceptance", self.min_acceptance), *self.slice_min_acceptance.items()]:
             if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
                 label = name if name == "min_acceptance" else f"slice_min_acceptance.{name}"
@@ -94,10 +104,12 @@ class MonitorDecision:
     reasons: list[str]
     stats: dict[str, SliceStats]
     """Keyed by slice, plus "overall"."""
+    held: str = ""
+    """Why reasons that would trigger did not (a rejected round on the same evidence); "" = not held."""
 
     def summary(self) -> dict:
         return {
-            "trigger": self.trigger, "reasons": self.reasons,
+            "trigger": self.trigger, "reasons": self.reasons, "held": self.held,
             "acceptance": {k: round(s.acceptance_rate, 4) for k, s in self.stats.items()},
             "requests": {k: s.requests for k, s in self.stats.items()},
         }
@@ -121,8 +133,11 @@ def window(records: Iterable[AcceptanceRecord], config: MonitorConfig, now: floa
 
 
 def decide(records: list[AcceptanceRecord], config: MonitorConfig,
-           target_sha: str | None = None, champion_target_sha: str | None = None) -> MonitorDecision:
-    """Trigger on low acceptance (overall / per slice, with enough evidence) or a changed target."""
+           target_sha: str | None = None, champion_target_sha: str | None = None,
+           rejection: dict[str, Any] | None = None) -> MonitorDecision:
+    """Trigger on low acceptance (overall / per slice, with enough evidence) or a changed target, unless
+    `rejection` (`draftwheel.registry.last_rejection` for this champion) came after all but a few of
+    the window's requests. A changed target always triggers: the rejected round trained for the old one."""
     stats = acceptance_by_slice(records)
     reasons = []
     if config.check_target_sha and target_sha and champion_target_sha and target_sha != champion_target_sha:
@@ -134,7 +149,15 @@ def decide(records: list[AcceptanceRecord], config: MonitorConfig,
         if entry.requests >= config.min_requests and entry.acceptance_rate < threshold:
             reasons.append(f"acceptance {entry.acceptance_rate:.3f} < {threshold} on {name} "
                            f"over the last {entry.requests} requests")
-    return MonitorDecision(trigger=bool(reasons), reasons=reasons, stats=stats)
+    held = ""
+    if reasons and rejection and not any(r.startswith("target weights changed") for r in reasons):
+        since = sum(r.ts > rejection["created"] for r in records)
+        needed = min(config.retrigger_after_requests, config.window_requests)
+        if since < needed:
+            held = (f"v{rejection['version']} was rejected against this champion "
+                    f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(rejection['created']))} UTC; "
+                    f"{since} of {needed} new requests served since")
+    return MonitorDecision(trigger=bool(reasons) and not held, reasons=reasons, stats=stats, held=held)
 
 
 def read_records(logs_dir: str | Path) -> Iterator[AcceptanceRecord]:
@@ -164,10 +187,14 @@ def run_monitor(config: MonitorConfig) -> dict[str, Any]:
     previous = registry.previous_version(name) if config.delivered_gain else None
     tally = VersionTally(name, [champion["version"], *([previous] if previous else [])])
     records = window(tally.watch(read_records(logs_dir)), config, champion_sha=champion["sha256"])
-    decision = decide(records, config, target_sha, champion["tags"].get(TARGET_SHA_TAG))
+    rejection = registry.last_rejection(champion["version"], name) if config.retrigger_after_requests else None
+    decision = decide(records, config, target_sha, champion["tags"].get(TARGET_SHA_TAG), rejection)
     rates = ", ".join(f"{k} {s.acceptance_rate:.3f} (n={s.requests})" for k, s in decision.stats.items())
     print(f"monitor: champion v{champion['version']}, acceptance {rates}", flush=True)
-    print(f"monitor: {'TRIGGER: ' + '; '.join(decision.reasons) if decision.trigger else 'no trigger'}", flush=True)
+    if decision.held:
+        print(f"monitor: HELD ({'; '.join(decision.reasons)}): {decision.held}", flush=True)
+    else:
+        print(f"monitor: {'TRIGGER: ' + '; '.join(decision.reasons) if decision.trigger else 'no trigger'}", flush=True)
     result: dict[str, Any] = {"decision": decision.summary(), "champion_version": champion["version"], "flywheel": None,
                               "delivered": _delivered(config, tally, champion["version"], previous, name)}
     if decision.trigger and config.run_flywheel:

@@ -283,3 +283,31 @@ def test_monitor_reports_the_delivered_gain_after_a_promotion(world, tmp_path, c
     assert main(["status"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.split()[1] == world["versions"]["good"])
     assert re.search(r"chat \d\.\d\d \+\d+% n=3; code \d\.\d\d \+\d+% n=3", row), row
+
+
+def test_monitor_holds_its_trigger_after_a_rejected_round_until_new_traffic(world, tmp_path):
+    """A rejected round leaves the same low acceptance in the logs: re-triggering on them would train the
+    same challenger again. The monitor waits for `retrigger_after_requests` requests served since."""
+    from flows.monitor import monitor
+
+    tracking.promote(world["versions"]["bad"])
+    logs = tmp_path / "logs"
+
+    def serve(n, seed):
+        with JsonlSink(logs) as sink:
+            engine = Engine.from_paths(world["dirs"]["target"], CHAMPION_URI, sink=sink)
+            for row in word_salads(n, seed=seed):
+                engine.generate([row["prompt"]], SamplingParams(max_new_tokens=12, k=4), slice=row["slice"], chat=True)
+
+    common = [f"logs_dir={logs}", f"target={world['dirs']['target']}", "run_flywheel=false", "window_requests=16",
+              "min_requests=4", "min_acceptance=0.5", "retrigger_after_requests=6"]
+    serve(8, seed=5)
+    assert monitor(None, common)["decision"]["trigger"]
+    rejected = run_flywheel(world, source="bad")  # the champion's own weights: no gain, rejected
+    assert not rejected["promoted"]
+    held = monitor(None, common)["decision"]
+    assert not held["trigger"] and held["reasons"]  # still low, but no new evidence
+    assert held["held"].startswith(f"v{rejected['challenger_version']} was rejected") and "0 of 6" in held["held"]
+    assert monitor(None, common + ["retrigger_after_requests=0"])["decision"]["trigger"]
+    serve(6, seed=6)
+    assert monitor(None, common)["decision"]["trigger"]

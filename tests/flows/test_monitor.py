@@ -111,6 +111,7 @@ def test_read_records_skips_bad_lines(tmp_path):
 @pytest.mark.parametrize("override, field", [
     ("window_requests=0", "window_requests"), ("min_requests=100", "min_requests"),
     ("min_acceptance=1.5", "min_acceptance"), ("window_seconds=-1", "window_seconds"),
+    ("retrigger_after_requests=-1", "retrigger_after_requests"),
 ])
 def test_config_rejects_bad_values(override, field):
     with pytest.raises(ValueError, match=field):
@@ -172,3 +173,27 @@ def test_hybrid_requests_count_only_the_steps_the_draft_drafted():
     stats = acceptance_by_slice(kept)["code"]
     assert (stats.drafted, stats.accepted, stats.steps) == (40, 0, 10)
     assert decide(kept, config()).trigger  # served acceptance 8/12 would have hidden it
+
+
+def test_a_rejected_round_holds_the_trigger_until_enough_new_requests():
+    records = [record(i, "code", accepted=1) for i in range(20)]
+    cfg = config(retrigger_after_requests=8)
+    recent = {"version": "3", "created": 15.5, "promote": False}  # 4 requests served since
+    held = decide(window(records, cfg, now=100), cfg, rejection=recent)
+    assert not held.trigger and held.reasons and "4 of 8 new requests" in held.held
+    assert held.summary()["held"] == held.held
+    older = {**recent, "created": 9.5}  # 10 since: new evidence
+    assert decide(window(records, cfg, now=100), cfg, rejection=older).trigger
+    capped = config(retrigger_after_requests=64)  # more than the window (20) can show: the window's size
+    assert "4 of 20 new requests" in decide(window(records, capped, now=100), capped, rejection=recent).held
+    no_hold = config(retrigger_after_requests=0)
+    assert decide(window(records, no_hold, now=100), no_hold, rejection=recent).trigger
+
+
+def test_a_changed_target_triggers_even_after_a_rejected_round():
+    records = [record(i, "code", accepted=1) for i in range(20)]
+    cfg = config(retrigger_after_requests=8)
+    decision = decide(window(records, cfg, now=100), cfg, target_sha="new", champion_target_sha="old",
+                      rejection={"version": "3", "created": 19.5, "promote": False})
+    assert decision.trigger and not decision.held
+

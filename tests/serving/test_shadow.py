@@ -24,7 +24,7 @@ from draftwheel.config import ConfigError, load_config
 from draftwheel.tracking import NullTracker
 from serving import toy
 from serving.engine import PromptTooLongError
-from serving.gate import ShadowConfig
+from serving.gate import POOLED, ShadowConfig, slice_groups
 from serving.models import load_model
 from serving.shadow import (AUTO_WORKERS_MIN_REQUESTS, DEFAULT_CANARY, exit_with_parent, load_canary,
                             replay_figures, replay_workers, run_shadow)
@@ -52,6 +52,17 @@ def test_canary_set_covers_slices():
     canary = load_canary(DEFAULT_CANARY)
     assert len(canary) >= 12 and {c.slice for c in canary} >= {"code", "prose", "chat"}
     assert len({c.id for c in canary}) == len(canary)
+
+
+def test_canary_slices_a_round_does_not_train_on_pool_into_a_real_veto():
+    """The canary's chat and prose are each below min_slice_requests, so they are judged together: the
+    pool must be big enough for non-inferiority (a lower bound), not only the clear-regression rule."""
+    canary = load_canary(DEFAULT_CANARY)
+    counts = {name: sum(c.slice == name for c in canary) for name in ("chat", "prose")}
+    config = ShadowConfig()
+    groups = slice_groups(counts, config.min_slice_requests)
+    assert groups[POOLED] == ["chat", "prose"]
+    assert sum(counts.values()) >= config.min_slice_requests
 
 
 class RecordingTracker(NullTracker):
