@@ -135,9 +135,10 @@ def window(records: Iterable[AcceptanceRecord], config: MonitorConfig, now: floa
 def decide(records: list[AcceptanceRecord], config: MonitorConfig,
            target_sha: str | None = None, champion_target_sha: str | None = None,
            rejection: dict[str, Any] | None = None) -> MonitorDecision:
-    """Trigger on low acceptance (overall / per slice, with enough evidence) or a changed target, unless
-    `rejection` (`draftwheel.registry.last_rejection` for this champion) came after all but a few of
-    the window's requests. A changed target always triggers: the rejected round trained for the old one."""
+    """Trigger on low acceptance (overall / per slice, with enough evidence) or a changed target. Low
+    acceptance is held when `rejection` (`draftwheel.registry.last_rejection` for this champion) is newer
+    than all but fewer than `retrigger_after_requests` of the window's records. A changed target always
+    triggers: the rejected round trained for the old one."""
     stats = acceptance_by_slice(records)
     reasons = []
     if config.check_target_sha and target_sha and champion_target_sha and target_sha != champion_target_sha:
