@@ -141,7 +141,9 @@ def decide(records: list[AcceptanceRecord], config: MonitorConfig,
     triggers: the rejected round trained for the old one."""
     stats = acceptance_by_slice(records)
     reasons = []
-    if config.check_target_sha and target_sha and champion_target_sha and target_sha != champion_target_sha:
+    target_changed = bool(config.check_target_sha and target_sha and champion_target_sha
+                          and target_sha != champion_target_sha)
+    if target_changed:
         reasons.append(f"target weights changed: sha256 {target_sha[:12]} != champion's {champion_target_sha[:12]}")
     for name, entry in stats.items():
         if name != "overall" and not config.per_slice:
@@ -151,8 +153,8 @@ def decide(records: list[AcceptanceRecord], config: MonitorConfig,
             reasons.append(f"acceptance {entry.acceptance_rate:.3f} < {threshold} on {name} "
                            f"over the last {entry.requests} requests")
     held = ""
-    if reasons and rejection and not any(r.startswith("target weights changed") for r in reasons):
-        since = sum(r.ts > rejection["created"] for r in records)
+    if reasons and rejection and not target_changed:
+        since = sum(record.ts > rejection["created"] for record in records)
         needed = min(config.retrigger_after_requests, config.window_requests)
         if since < needed:
             held = (f"v{rejection['version']} was rejected against this champion "

@@ -196,4 +196,3 @@ def test_a_changed_target_triggers_even_after_a_rejected_round():
     decision = decide(window(records, cfg, now=100), cfg, target_sha="new", champion_target_sha="old",
                       rejection={"version": "3", "created": 19.5, "promote": False})
     assert decision.trigger and not decision.held
-
