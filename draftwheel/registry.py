@@ -193,7 +193,8 @@ def _shadow_cell(raw: str) -> str:
 
 
 def _delivered_cell(raw: str) -> str:
-    """Per slice: live mean accepted length as champion and its change against the previous champion."""
+    """Per slice: live mean accepted length as champion, its change against the previous champion and the
+    change's confidence interval (absent in tags written before it was measured)."""
     try:
         gain = json.loads(raw) if raw else None
     except json.JSONDecodeError:
@@ -205,6 +206,8 @@ def _delivered_cell(raw: str) -> str:
         if name == "overall":
             continue
         change = "" if entry.get("mal_change") is None else f" {entry['mal_change']:+.0%}"
+        if entry.get("mal_change_ci"):
+            change += " [{:+.0%},{:+.0%}]".format(*entry["mal_change_ci"])
         cells.append(f"{name} {entry['champion']['mean_accepted_length']:.2f}{change} n={entry['champion']['requests']}")
     return "; ".join(cells) or "-"
 

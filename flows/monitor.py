@@ -71,6 +71,8 @@ class MonitorConfig:
     flywheel_overrides: list[str] = field(default_factory=list)
     delivered_gain: bool = True
     """Report the champion's live figures per slice against the previous champion's and tag its version."""
+    delivered_confidence: float = 0.95
+    """Two-sided level of the delivered change's bootstrap interval (flows.served.mal_change_interval)."""
     tracking: bool = True
     """Log the delivered gain to an MLflow run `monitor`."""
 
@@ -81,6 +83,8 @@ class MonitorConfig:
             raise ValueError(f"window_seconds must be >= 0, got {self.window_seconds}")
         if not 1 <= self.min_requests <= self.window_requests:
             raise ValueError(f"min_requests must be in 1..window_requests, got {self.min_requests}")
+        if not 0.0 < self.delivered_confidence < 1.0:
+            raise ValueError(f"delivered_confidence must be in (0, 1), got {self.delivered_confidence!r}")
         if self.retrigger_after_requests < 0:
             raise ValueError(f"retrigger_after_requests must be >= 0, got {self.retrigger_after_requests}")
         for name, value in [("min_acceptance", self.min_acceptance), *self.slice_min_acceptance.items()]:
@@ -205,6 +209,10 @@ def run_monitor(config: MonitorConfig) -> dict[str, Any]:
     return result
 
 
+def _interval(entry: dict[str, Any]) -> str:
+    return " [{:+.1%}, {:+.1%}]".format(*entry["mal_change_ci"]) if entry.get("mal_change_ci") else ""
+
+
 def _delivered(config: MonitorConfig, tally: VersionTally, champion: str, previous: str | None,
                name: str) -> dict[str, Any] | None:
     """The delivered gain: printed, logged to an MLflow run `monitor`, stored on the champion's version."""
@@ -213,9 +221,9 @@ def _delivered(config: MonitorConfig, tally: VersionTally, champion: str, previo
 
     if not config.delivered_gain:
         return None
-    gain = delivered_gain(tally, champion, previous)
+    gain = delivered_gain(tally, champion, previous, config.delivered_confidence)
     for slice_name, entry in gain["slices"].items():
-        change = "" if entry["mal_change"] is None else f" ({entry['mal_change']:+.1%} vs v{previous})"
+        change = "" if entry["mal_change"] is None else f" ({entry['mal_change']:+.1%}{_interval(entry)} vs v{previous})"
         print(f"monitor: delivered v{champion} {slice_name}: mean accepted length "
               f"{entry['champion']['mean_accepted_length']:.3f}{change}, acceptance "
               f"{entry['champion']['acceptance_rate']:.3f}, n={entry['champion']['requests']}", flush=True)

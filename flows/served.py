@@ -6,7 +6,10 @@ and the delivered gain of a promotion.
 - `VersionTally.watch(records)`: passes records through unchanged while counting, per draft version,
   the drafted records each version served, so the monitor reads the logs once.
 - `delivered_gain(tally, champion, previous)`: the champion's live acceptance rate and mean accepted
-  length per slice against the previous champion's, with the relative change where both served the slice.
+  length per slice against the previous champion's, with the relative change where both served the slice
+  and its bootstrap confidence interval (`mal_change_interval`: the two champions served different
+  requests, so each arm is resampled on its own; two samples of 40 code requests on one draft read 1.522
+  and 1.452, and a point estimate alone hides that).
 - `delivered_metrics(gain)`: the same as flat MLflow metric names.
 
 Plain functions: no MLflow, no registry, no Prefect; `flows.monitor` logs and records the results.
@@ -16,8 +19,11 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
+from array import array
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
+
+import numpy as np
 
 from serving.acceptance import acceptance_rate, mean_accepted_length
 from serving.records import AcceptanceRecord, draft_counts
@@ -37,6 +43,9 @@ class SliceStats:
     drafted: int = 0
     accepted: int = 0
     steps: int = 0
+    request_accepted: array = field(default_factory=lambda: array("q"), repr=False)
+    request_steps: array = field(default_factory=lambda: array("q"), repr=False)
+    """Per request, what a confidence interval resamples (8 bytes each: a million requests is 16 MB)."""
 
     def add(self, record: AcceptanceRecord) -> None:
         drafted, accepted, steps = draft_counts(record)
@@ -44,6 +53,8 @@ class SliceStats:
         self.drafted += drafted
         self.accepted += accepted
         self.steps += steps
+        self.request_accepted.append(accepted)
+        self.request_steps.append(steps)
 
     @property
     def acceptance_rate(self) -> float:
@@ -88,9 +99,48 @@ def _change(new: float, old: float) -> float | None:
     return new / old - 1.0 if old else None
 
 
-def delivered_gain(tally: VersionTally, champion: str, previous: str | None) -> dict[str, Any]:
-    """{"champion", "previous", "slices": {slice|"overall": {"champion": figures, "previous": figures|None,
-    "mal_change", "acceptance_change"}}}; a change is None where the previous champion did not serve the slice."""
+RESAMPLES = 2000
+MAX_RESAMPLED_REQUESTS = 10_000  # per arm: a seeded subsample beyond this bounds the work (a wider interval)
+_CHUNK = 100  # resamples drawn at once: [100, 10k] int64 indices are 8 MB
+
+
+def _resampled_mals(stats: SliceStats, rng: np.random.Generator, resamples: int) -> np.ndarray:
+    """Mean accepted length (token-weighted, serving.acceptance) of `resamples` bootstrap resamples of
+    the requests in `stats`."""
+    accepted = np.asarray(stats.request_accepted, dtype=np.int64)
+    steps = np.asarray(stats.request_steps, dtype=np.int64)
+    if len(steps) > MAX_RESAMPLED_REQUESTS:
+        keep = rng.choice(len(steps), MAX_RESAMPLED_REQUESTS, replace=False)
+        accepted, steps = accepted[keep], steps[keep]
+    mals = []
+    for start in range(0, resamples, _CHUNK):
+        rows = rng.integers(0, len(steps), size=(min(_CHUNK, resamples - start), len(steps)))
+        total_accepted, total_steps = accepted[rows].sum(1), steps[rows].sum(1)
+        mals.append((total_accepted + total_steps) / np.maximum(total_steps, 1))
+    return np.concatenate(mals)
+
+
+def mal_change_interval(ours: SliceStats, theirs: SliceStats, confidence: float = 0.95,
+                        resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of the relative change in mean accepted length from `theirs` to
+    `ours`: unpaired (two champions served different requests), each arm's requests resampled on its
+    own, seeded. None when either arm has fewer than 2 requests (nothing to resample)."""
+    if min(len(ours.request_steps), len(theirs.request_steps)) < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    before = _resampled_mals(theirs, rng, resamples)
+    after = _resampled_mals(ours, rng, resamples)
+    changes = after / np.where(before > 0, before, np.nan) - 1.0
+    tail = (1.0 - confidence) / 2 * 100
+    low, high = np.nanpercentile(changes, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def delivered_gain(tally: VersionTally, champion: str, previous: str | None,
+                   confidence: float = 0.95) -> dict[str, Any]:
+    """{"champion", "previous", "confidence", "slices": {slice|"overall": {"champion": figures, "previous":
+    figures|None, "mal_change", "mal_change_ci": [low, high]|None, "acceptance_change"}}}; a change is None
+    where the previous champion did not serve the slice."""
     ours = tally.by_version.get(str(champion), {})
     theirs = tally.by_version.get(str(previous), {}) if previous else {}
     slices = {}
@@ -99,10 +149,13 @@ def delivered_gain(tally: VersionTally, champion: str, previous: str | None) -> 
             continue
         before = theirs.get(name)
         before = before if before is not None and before.requests else None
+        interval = mal_change_interval(stats, before, confidence) if before else None
         slices[name] = {"champion": stats.figures(), "previous": before.figures() if before else None,
                         "mal_change": _change(stats.mean_accepted_length, before.mean_accepted_length) if before else None,
+                        "mal_change_ci": list(interval) if interval else None,
                         "acceptance_change": _change(stats.acceptance_rate, before.acceptance_rate) if before else None}
-    return {"champion": str(champion), "previous": previous, "slices": slices, "created": time.time()}
+    return {"champion": str(champion), "previous": previous, "confidence": confidence, "slices": slices,
+            "created": time.time()}
 
 
 def delivered_metrics(gain: dict[str, Any]) -> dict[str, float]:
@@ -116,4 +169,6 @@ def delivered_metrics(gain: dict[str, Any]) -> dict[str, float]:
         for key in ("mal_change", "acceptance_change"):
             if entry[key] is not None:
                 metrics[f"delivered.{name}.{key}"] = entry[key]
+        if entry.get("mal_change_ci"):
+            metrics[f"delivered.{name}.mal_change_low"], metrics[f"delivered.{name}.mal_change_high"] = entry["mal_change_ci"]
     return metrics

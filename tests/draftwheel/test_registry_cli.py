@@ -51,7 +51,10 @@ def test_promote_rollback_status(home, tmp_path, capsys):
         "overall": {"champion": {"requests": 12, "acceptance_rate": 0.5, "mean_accepted_length": 1.4},
                     "mal_change": 0.4},
         "code": {"champion": {"requests": 10, "acceptance_rate": 0.5, "mean_accepted_length": 1.5},
-                 "previous": {"requests": 9, "acceptance_rate": 0.25, "mean_accepted_length": 1.0}, "mal_change": 0.5},
+                 "previous": {"requests": 9, "acceptance_rate": 0.25, "mean_accepted_length": 1.0}, "mal_change": 0.5,
+                 "mal_change_ci": [0.2, 0.81]},
+        "chat": {"champion": {"requests": 4, "acceptance_rate": 0.5, "mean_accepted_length": 1.2},  # no interval:
+                 "previous": {"requests": 4, "acceptance_rate": 0.5, "mean_accepted_length": 1.2}, "mal_change": 0.0},  # older tag
         "prose": {"champion": {"requests": 2, "acceptance_rate": 0.2, "mean_accepted_length": 1.1},
                   "previous": None, "mal_change": None}}})
     assert run("status") == 0
@@ -61,7 +64,7 @@ def test_promote_rollback_status(home, tmp_path, capsys):
     rows = {line.split()[1]: line.split()[2] for line in table[1:]}
     assert rows[v1] == "champion" and rows[v2] == "previous"
     delivered = {row["version"]: row["delivered"] for row in registry.status_rows()}
-    assert delivered == {v1: "code 1.50 +50% n=10; prose 1.10 n=2", v2: "-"}
+    assert delivered == {v1: "chat 1.20 +0% n=4; code 1.50 +50% [+20%,+81%] n=10; prose 1.10 n=2", v2: "-"}
     assert run("promote", "999") == 1
     assert "999" in capsys.readouterr().err
     assert tracking.aliases() == {"champion": v1, "previous": v2}

@@ -275,6 +275,8 @@ def test_monitor_reports_the_delivered_gain_after_a_promotion(world, tmp_path, c
         entry = delivered["slices"][name]
         assert entry["champion"]["requests"] == entry["previous"]["requests"] == 3
         assert entry["champion"]["acceptance_rate"] == 1.0 and entry["mal_change"] > 0  # the target's own function
+        low, high = entry["mal_change_ci"]
+        assert low <= entry["mal_change"] <= high
     tags = tracking.get_version_tags(world["versions"]["good"])
     assert json.loads(tags["delivered_gain"])["slices"]["code"]["mal_change"] == delivered["slices"]["code"]["mal_change"]
     _, run_tags, _ = last_run(world, "monitor")
@@ -282,7 +284,8 @@ def test_monitor_reports_the_delivered_gain_after_a_promotion(world, tmp_path, c
     capsys.readouterr()
     assert main(["status"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.split()[1] == world["versions"]["good"])
-    assert re.search(r"chat \d\.\d\d \+\d+% n=3; code \d\.\d\d \+\d+% n=3", row), row
+    assert re.search(r"chat \d\.\d\d \+\d+% \[[+-]\d+%,[+-]\d+%\] n=3; code \d\.\d\d \+\d+% \[[+-]\d+%,[+-]\d+%\] n=3",
+                     row), row
 
 
 def test_monitor_holds_its_trigger_after_a_rejected_round_until_new_traffic(world, tmp_path):

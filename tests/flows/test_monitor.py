@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -149,9 +150,56 @@ def test_delivered_gain_compares_the_champion_with_the_previous_champion_per_sli
     assert code["previous"]["mean_accepted_length"] == 3.0 and code["mal_change"] == pytest.approx(7 / 3 - 1)
     assert gain["slices"]["chat"]["previous"] is None and gain["slices"]["chat"]["mal_change"] is None
     assert gain["slices"]["overall"]["champion"]["requests"] == 6  # version 3 and plain decoding not counted
+    # every request of each arm is alike, so every resample is too: the interval is the point
+    assert code["mal_change_ci"] == pytest.approx([7 / 3 - 1, 7 / 3 - 1]) and gain["slices"]["chat"]["mal_change_ci"] is None
     metrics = delivered_metrics(gain)
     assert metrics["delivered.code.mal_change"] == pytest.approx(7 / 3 - 1) and "delivered.chat.mal_change" not in metrics
+    assert metrics["delivered.code.mal_change_low"] == pytest.approx(7 / 3 - 1)
     assert delivered_gain(VersionTally("draftwheel-draft", ["5"]), "5", None)["slices"] == {}
+
+
+def _served(accepted: list[int]):
+    from flows.served import SliceStats
+
+    stats = SliceStats()
+    for i, a in enumerate(accepted):
+        stats.add(record(i, "code", a))
+    return stats
+
+
+def test_delivered_change_interval_separates_a_real_gain_from_sampling_noise():
+    from flows.served import mal_change_interval
+
+    rng = random.Random(0)
+    before = _served([rng.choice([0, 0, 1, 2]) for _ in range(40)])  # MAL ~1.75
+    same = _served([rng.choice([0, 0, 1, 2]) for _ in range(40)])  # another sample of the same draft
+    better = _served([rng.choice([1, 2, 2, 3]) for _ in range(40)])  # MAL ~3
+    low, high = mal_change_interval(same, before)
+    point = same.mean_accepted_length / before.mean_accepted_length - 1
+    assert low < 0 < high and low <= point <= high  # noise: the interval covers no change
+    low, high = mal_change_interval(better, before)
+    assert low > 0.2  # a real gain (~+70 %): the whole interval is well above zero
+    # fewer requests, wider interval; a narrower confidence, narrower interval
+    few_low, few_high = mal_change_interval(_served(list(better.request_accepted)[:8]), _served(list(before.request_accepted)[:8]))
+    assert few_high - few_low > high - low
+    low80, high80 = mal_change_interval(better, before, confidence=0.8)
+    assert low80 > low and high80 < high
+    assert mal_change_interval(better, before) == (low, high)  # seeded: a report is reproducible
+    assert mal_change_interval(_served([2]), before) is None  # one request: nothing to resample
+
+
+def test_delivered_interval_subsamples_a_huge_arm_and_stays_bounded(monkeypatch):
+    import flows.served as served
+
+    monkeypatch.setattr(served, "MAX_RESAMPLED_REQUESTS", 50)
+    big = _served([i % 3 for i in range(500)])
+    low, high = served.mal_change_interval(big, _served([i % 3 for i in range(7, 507)]))
+    assert low < 0 < high  # the same law: the subsampled interval still covers no change
+
+
+def test_delivered_confidence_must_be_a_proper_level():
+    with pytest.raises(ValueError, match="delivered_confidence"):
+        config(delivered_confidence=1.0)
 
 
 def test_hybrid_requests_count_only_the_steps_the_draft_drafted():
