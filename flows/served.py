@@ -9,7 +9,8 @@ and the delivered gain of a promotion.
   length per slice against the previous champion's, with the relative change where both served the slice
   and its bootstrap confidence interval (`mal_change_interval`: the two champions served different
   requests, so each arm is resampled on its own; two samples of 40 code requests on one draft read 1.522
-  and 1.452, and a point estimate alone hides that).
+  and 1.452, and a point estimate alone hides that). "overall" compares the two at the champion's
+  slice mix (`same_mix_change`), so a shift of traffic between slices is not reported as a gain.
 - `delivered_metrics(gain)`: the same as flat MLflow metric names.
 
 Plain functions: no MLflow, no registry, no Prefect; `flows.monitor` logs and records the results.
@@ -100,60 +101,100 @@ def _change(new: float, old: float) -> float | None:
 
 
 RESAMPLES = 2000
-MAX_RESAMPLED_REQUESTS = 10_000  # per arm: a seeded subsample beyond this bounds the work (a wider interval)
+MAX_RESAMPLED_REQUESTS = 10_000  # per arm and slice: a seeded subsample beyond this bounds the work (a wider interval)
 _CHUNK = 100  # resamples drawn at once: [100, 10k] int64 indices are 8 MB
 
 
-def _resampled_mals(stats: SliceStats, rng: np.random.Generator, resamples: int) -> np.ndarray:
-    """Mean accepted length (token-weighted, serving.acceptance) of `resamples` bootstrap resamples of
-    the requests in `stats`."""
+def _resampled_sums(stats: SliceStats, rng: np.random.Generator, resamples: int) -> tuple[np.ndarray, np.ndarray]:
+    """(accepted tokens, verification steps) summed over each of `resamples` bootstrap resamples of the
+    requests in `stats`."""
     accepted = np.asarray(stats.request_accepted, dtype=np.int64)
     steps = np.asarray(stats.request_steps, dtype=np.int64)
     if len(steps) > MAX_RESAMPLED_REQUESTS:
         keep = rng.choice(len(steps), MAX_RESAMPLED_REQUESTS, replace=False)
         accepted, steps = accepted[keep], steps[keep]
-    mals = []
-    for start in range(0, resamples, _CHUNK):
-        rows = rng.integers(0, len(steps), size=(min(_CHUNK, resamples - start), len(steps)))
-        total_accepted, total_steps = accepted[rows].sum(1), steps[rows].sum(1)
-        mals.append((total_accepted + total_steps) / np.maximum(total_steps, 1))
-    return np.concatenate(mals)
+    sums = [(accepted[rows].sum(1), steps[rows].sum(1))
+            for rows in (rng.integers(0, len(steps), size=(min(_CHUNK, resamples - start), len(steps)))
+                         for start in range(0, resamples, _CHUNK))]
+    return np.concatenate([a for a, _ in sums]), np.concatenate([n for _, n in sums])
 
 
-def mal_change_interval(ours: SliceStats, theirs: SliceStats, confidence: float = 0.95,
+def _mal(accepted: Any, steps: Any) -> Any:
+    """serving.acceptance.mean_accepted_length, elementwise over arrays too."""
+    return (accepted + steps) / np.maximum(steps, 1)
+
+
+def same_mix_change(pairs: list[tuple[SliceStats, SliceStats]]) -> float | None:
+    """Relative change in mean accepted length from the previous champion to the champion over the slices
+    both served, `pairs` = [(champion's, previous') per slice]: the previous champion's per-slice figures
+    weighted by the champion's own verification steps per slice. For one slice, the plain ratio; for
+    several, traffic that shifted between slices does not pass for a gain (issue 13: v1 served chat at
+    2.83 and code at 1.11, v2 served only code, and the raw overall ratio read +27 % where code gained +37 %)."""
+    steps = sum(ours.steps for ours, _ in pairs)
+    if not steps:
+        return None
+    ours = sum(o.accepted + o.steps for o, _ in pairs) / steps
+    theirs = sum(o.steps * t.mean_accepted_length for o, t in pairs) / steps
+    return _change(ours, theirs)
+
+
+def mal_change_interval(pairs: list[tuple[SliceStats, SliceStats]], confidence: float = 0.95,
                         resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float] | None:
-    """Percentile bootstrap interval of the relative change in mean accepted length from `theirs` to
-    `ours`: unpaired (two champions served different requests), each arm's requests resampled on its
-    own, seeded. None when either arm has fewer than 2 requests (nothing to resample)."""
-    if min(len(ours.request_steps), len(theirs.request_steps)) < 2:
+    """Percentile bootstrap interval of `same_mix_change(pairs)`: unpaired (two champions served different
+    requests), each arm's requests resampled on their own within each slice (stratified), seeded. None when
+    an arm of a slice has fewer than 2 requests (nothing to resample)."""
+    if not pairs or min(min(len(o.request_steps), len(t.request_steps)) for o, t in pairs) < 2:
         return None
     rng = np.random.default_rng(seed)
-    before = _resampled_mals(theirs, rng, resamples)
-    after = _resampled_mals(ours, rng, resamples)
-    changes = after / np.where(before > 0, before, np.nan) - 1.0
+    ours_tokens = ours_steps = theirs_weighted = 0
+    for ours, theirs in pairs:
+        accepted, steps = _resampled_sums(ours, rng, resamples)
+        before = _mal(*_resampled_sums(theirs, rng, resamples))
+        ours_tokens, ours_steps = ours_tokens + accepted + steps, ours_steps + steps
+        theirs_weighted = theirs_weighted + steps * before
+    changes = ours_tokens / np.where(theirs_weighted > 0, theirs_weighted, np.nan) - 1.0
     tail = (1.0 - confidence) / 2 * 100
     low, high = np.nanpercentile(changes, [tail, 100 - tail])
     return float(low), float(high)
+
+
+def _same_mix_acceptance_change(pairs: list[tuple[SliceStats, SliceStats]]) -> float | None:
+    """As `same_mix_change`, for the acceptance rate (weights: the champion's drafted tokens per slice)."""
+    drafted = sum(o.drafted for o, _ in pairs)
+    if not drafted:
+        return None
+    return _change(sum(o.accepted for o, _ in pairs) / drafted,
+                   sum(o.drafted * t.acceptance_rate for o, t in pairs) / drafted)
 
 
 def delivered_gain(tally: VersionTally, champion: str, previous: str | None,
                    confidence: float = 0.95) -> dict[str, Any]:
     """{"champion", "previous", "confidence", "slices": {slice|"overall": {"champion": figures, "previous":
     figures|None, "mal_change", "mal_change_ci": [low, high]|None, "acceptance_change"}}}; a change is None
-    where the previous champion did not serve the slice."""
+    where the previous champion did not serve the slice. "overall"'s changes are over the slices both
+    served, at the champion's mix (`same_mix_change`; its entry lists them as "compared_slices"); its
+    figures are the raw ones."""
     ours = tally.by_version.get(str(champion), {})
     theirs = tally.by_version.get(str(previous), {}) if previous else {}
+
+    def served(stats: SliceStats | None) -> bool:
+        return stats is not None and stats.requests > 0
+
+    both = sorted(name for name in ours if name != "overall" and served(ours[name]) and served(theirs.get(name)))
     slices = {}
     for name, stats in sorted(ours.items()):
         if not stats.requests:
             continue
-        before = theirs.get(name)
-        before = before if before is not None and before.requests else None
-        interval = mal_change_interval(stats, before, confidence) if before else None
+        before = theirs.get(name) if served(theirs.get(name)) else None
+        compared = both if name == "overall" else [name] if before else []
+        pairs = [(ours[s], theirs[s]) for s in compared]
+        interval = mal_change_interval(pairs, confidence) if pairs else None
         slices[name] = {"champion": stats.figures(), "previous": before.figures() if before else None,
-                        "mal_change": _change(stats.mean_accepted_length, before.mean_accepted_length) if before else None,
+                        "mal_change": same_mix_change(pairs) if pairs else None,
                         "mal_change_ci": list(interval) if interval else None,
-                        "acceptance_change": _change(stats.acceptance_rate, before.acceptance_rate) if before else None}
+                        "acceptance_change": _same_mix_acceptance_change(pairs) if pairs else None}
+        if name == "overall":
+            slices[name]["compared_slices"] = compared
     return {"champion": str(champion), "previous": previous, "confidence": confidence, "slices": slices,
             "created": time.time()}
 

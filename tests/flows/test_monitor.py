@@ -158,12 +158,12 @@ def test_delivered_gain_compares_the_champion_with_the_previous_champion_per_sli
     assert delivered_gain(VersionTally("draftwheel-draft", ["5"]), "5", None)["slices"] == {}
 
 
-def _served(accepted: list[int]):
+def _served(accepted: list[int], slice: str = "code"):
     from flows.served import SliceStats
 
     stats = SliceStats()
     for i, a in enumerate(accepted):
-        stats.add(record(i, "code", a))
+        stats.add(record(i, slice, a))
     return stats
 
 
@@ -174,18 +174,19 @@ def test_delivered_change_interval_separates_a_real_gain_from_sampling_noise():
     before = _served([rng.choice([0, 0, 1, 2]) for _ in range(40)])  # MAL ~1.75
     same = _served([rng.choice([0, 0, 1, 2]) for _ in range(40)])  # another sample of the same draft
     better = _served([rng.choice([1, 2, 2, 3]) for _ in range(40)])  # MAL ~3
-    low, high = mal_change_interval(same, before)
+    low, high = mal_change_interval([(same, before)])
     point = same.mean_accepted_length / before.mean_accepted_length - 1
     assert low < 0 < high and low <= point <= high  # noise: the interval covers no change
-    low, high = mal_change_interval(better, before)
+    low, high = mal_change_interval([(better, before)])
     assert low > 0.2  # a real gain (~+70 %): the whole interval is well above zero
     # fewer requests, wider interval; a narrower confidence, narrower interval
-    few_low, few_high = mal_change_interval(_served(list(better.request_accepted)[:8]), _served(list(before.request_accepted)[:8]))
+    few_low, few_high = mal_change_interval([(_served(list(better.request_accepted)[:8]),
+                                                   _served(list(before.request_accepted)[:8]))])
     assert few_high - few_low > high - low
-    low80, high80 = mal_change_interval(better, before, confidence=0.8)
+    low80, high80 = mal_change_interval([(better, before)], confidence=0.8)
     assert low80 > low and high80 < high
-    assert mal_change_interval(better, before) == (low, high)  # seeded: a report is reproducible
-    assert mal_change_interval(_served([2]), before) is None  # one request: nothing to resample
+    assert mal_change_interval([(better, before)]) == (low, high)  # seeded: a report is reproducible
+    assert mal_change_interval([(_served([2]), before)]) is None  # one request: nothing to resample
 
 
 def test_delivered_interval_subsamples_a_huge_arm_and_stays_bounded(monkeypatch):
@@ -193,8 +194,43 @@ def test_delivered_interval_subsamples_a_huge_arm_and_stays_bounded(monkeypatch)
 
     monkeypatch.setattr(served, "MAX_RESAMPLED_REQUESTS", 50)
     big = _served([i % 3 for i in range(500)])
-    low, high = served.mal_change_interval(big, _served([i % 3 for i in range(7, 507)]))
+    low, high = served.mal_change_interval([(big, _served([i % 3 for i in range(7, 507)]))])
     assert low < 0 < high  # the same law: the subsampled interval still covers no change
+
+
+def test_overall_delivered_change_compares_at_the_champions_mix_not_the_traffic_shift():
+    # The previous champion served mostly chat (MAL 4) and some code (MAL 2); the champion serves only
+    # code, at 2.5. Per slice: code +25 %. The raw overall ratio would read 2.5 / (a chat-heavy 3.7) - 1 < 0.
+    from flows.served import VersionTally, delivered_gain
+
+    def served(version, slice, accepted, n):
+        rows = [record(i, slice, accepted=accepted) for i in range(n)]
+        for row in rows:
+            row.draft_id = ModelId("draftwheel-draft", version, "d" * 64)
+        return rows
+
+    tally = VersionTally("draftwheel-draft", ["2", "1"])
+    list(tally.watch(served("1", "chat", 3, 30) + served("1", "code", 1, 4) + served("2", "code", 1, 2)
+                     + served("2", "code", 2, 2) + served("2", "prose", 0, 3)))
+    gain = delivered_gain(tally, "2", "1")
+    overall, code = gain["slices"]["overall"], gain["slices"]["code"]
+    assert code["mal_change"] == pytest.approx(2.5 / 2 - 1)
+    assert overall["previous"]["mean_accepted_length"] > overall["champion"]["mean_accepted_length"]  # raw figures
+    assert overall["compared_slices"] == ["code"]  # prose: the previous champion never served it
+    assert overall["mal_change"] == pytest.approx(code["mal_change"])
+    assert overall["mal_change_ci"] == pytest.approx(code["mal_change_ci"])  # one compared slice: the same interval
+    assert overall["acceptance_change"] == pytest.approx(code["acceptance_change"])
+
+
+def test_same_mix_change_weights_the_previous_figures_by_the_champions_steps():
+    from flows.served import mal_change_interval, same_mix_change
+
+    pairs = [(_served([2] * 6, "chat"), _served([1] * 5, "chat")),  # chat 3.0 vs 2.0
+             (_served([1] * 2, "code"), _served([1] * 9, "code"))]  # code 2.0 vs 2.0
+    # champion: 8 steps, (18 + 4) tokens = 2.75; previous at the champion's mix: (6 * 2 + 2 * 2) / 8 = 2.0
+    assert same_mix_change(pairs) == pytest.approx(2.75 / 2.0 - 1)
+    assert mal_change_interval(pairs) == pytest.approx((2.75 / 2.0 - 1,) * 2)  # constant requests: a point
+    assert same_mix_change([(_served([], "chat"), _served([1], "chat"))]) is None
 
 
 def test_delivered_confidence_must_be_a_proper_level():
