@@ -133,6 +133,8 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         data = loaded or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
+    if overrides and path is not None:
+        source = f"{path} with overrides"
     data.update(parse_overrides(overrides))
     return from_dict(cls, data, source)
 

@@ -22,8 +22,8 @@ def register(subparsers: Any) -> None:
     methods = train.add_subparsers(dest="method", metavar="METHOD", required=True)
     for trainer in TRAINERS.values():
         method = methods.add_parser(trainer.name, help=trainer.help, description=trainer.help)
-        method.add_argument("--config", help=f"YAML config (e.g. configs/{trainer.default_config.name}); "
-                                             "defaults if omitted")
+        method.add_argument("--config", help=f"YAML config (default: the shipped configs/{trainer.default_config.name}, "
+                                             "as the flywheel trains)")
         method.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
         add_override_arguments(method, "loss=tvd")
         method.set_defaults(func=_train_command)
@@ -41,8 +41,19 @@ def _train_command(args: argparse.Namespace) -> int:
 
     config_cls, train = TRAINERS[args.method].load()
     overrides = list(args.overrides) + (["tracking=false"] if args.no_tracking else [])
-    print(train(load_config(config_cls, args.config, overrides)))
+    print(train(load_config(config_cls, config_path(args.method, args.config), overrides)))
     return 0
+
+
+def config_path(method: str, given: str | None) -> str | None:
+    """`given`, else the shipped configs/<method>.yaml when this checkout has it (what the flywheel trains
+    with, flows.tasks.stage_config_path), else None (the dataclass defaults). The eagle trainer's tuned
+    round settings (continuation, rehearsal, passes) live in its YAML: with the bare defaults,
+    `draftwheel train eagle` trained another recipe than the flywheel's."""
+    if given:
+        return given
+    shipped = TRAINERS[method].default_config
+    return str(shipped) if shipped.is_file() else None
 
 
 def _bootstrap_command(args: argparse.Namespace) -> int:

@@ -30,7 +30,8 @@ class Trainer:
 
     @property
     def default_config(self) -> Path:
-        """The shipped configs/NAME.yaml (its values equal the config class's defaults, by test)."""
+        """The shipped configs/NAME.yaml: what the flywheel and `draftwheel train NAME` load by default (the
+        eagle trainer's differs from its config class's defaults: the tuned round settings live there)."""
         return SHIPPED_CONFIGS / f"{self.name}.yaml"
 
     def load(self) -> tuple[type, Callable[..., Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from draftwheel.cli import build_parser, main
+from training.cli import config_path
 
 
 def test_train_subcommands_are_registered():
@@ -24,7 +25,8 @@ def test_a_value_the_config_refuses_is_one_line_exit_2(capsys):
     """Probe 9: `train distill beta=5` printed a ValueError traceback (exit 1)."""
     assert main(["train", "distill", "beta=5"]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == "draftwheel train: config error: overrides: beta: must be in [0, 1], got 5.0"
+    assert err.strip() == ("draftwheel train: config error: "
+                           f"{config_path('distill', None)} with overrides: beta: must be in [0, 1], got 5.0")
 
 
 def test_unknown_config_field_is_a_config_error_naming_it(capsys):
@@ -50,3 +52,16 @@ def test_shipped_yaml_files_equal_the_dataclass_defaults():
     for cls, name in [(DistillConfig, "distill"), (DpoConfig, "dpo"), (MedusaConfig, "medusa"),
                       (BootstrapConfig, "bootstrap")]:
         assert load_config(cls, f"configs/{name}.yaml") == cls(), name
+
+
+def test_train_without_config_loads_the_shipped_yaml_the_flywheel_uses():
+    """`draftwheel train eagle` with no --config trained with the dataclass defaults (no continuation,
+    one pass, plain KL), another recipe than the flywheel's configs/eagle.yaml."""
+    from draftwheel.config import load_config
+    from training.eagle_train import EagleConfig
+
+    assert config_path("eagle", None).endswith("configs/eagle.yaml")
+    assert config_path("eagle", "mine.yaml") == "mine.yaml"
+    shipped = load_config(EagleConfig, config_path("eagle", None))
+    assert shipped.continue_to == 192 and shipped.mined_passes == 4 and shipped != EagleConfig()
+
