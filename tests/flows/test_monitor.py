@@ -130,17 +130,19 @@ def test_shipped_monitor_config_loads():
         load_config(MonitorConfig, CONFIGS / "monitor.yaml", ["windw=3"])
 
 
+def served_by(version: str, slice: str, accepted: int, n: int) -> list[AcceptanceRecord]:
+    """`n` one-step records of `slice` drafted by version `version` of draftwheel-draft."""
+    rows = [record(i, slice, accepted=accepted) for i in range(n)]
+    for row in rows:
+        row.draft_id = ModelId("draftwheel-draft", version, "d" * 64)
+    return rows
+
+
 def test_delivered_gain_compares_the_champion_with_the_previous_champion_per_slice():
     from flows.served import VersionTally, delivered_gain, delivered_metrics
 
-    def served(version, slice, accepted, n):
-        rows = [record(i, slice, accepted=accepted) for i in range(n)]
-        for row in rows:
-            row.draft_id = ModelId("draftwheel-draft", version, "d" * 64)
-        return rows
-
-    records = (served("1", "code", 2, 4) + served("2", "code", 6, 4) + served("2", "chat", 5, 2)
-               + served("3", "code", 9, 3) + [record(9, "code", 0, mode="autoregressive")])
+    records = (served_by("1", "code", 2, 4) + served_by("2", "code", 6, 4) + served_by("2", "chat", 5, 2)
+               + served_by("3", "code", 9, 3) + [record(9, "code", 0, mode="autoregressive")])
     tally = VersionTally("draftwheel-draft", ["2", "1"])
     assert list(tally.watch(records)) == records  # passes everything through
     gain = delivered_gain(tally, "2", "1")
@@ -158,7 +160,8 @@ def test_delivered_gain_compares_the_champion_with_the_previous_champion_per_sli
     assert delivered_gain(VersionTally("draftwheel-draft", ["5"]), "5", None)["slices"] == {}
 
 
-def _served(accepted: list[int], slice: str = "code"):
+def stats_of(accepted: list[int], slice: str = "code"):
+    """A slice's stats over one-step requests that accepted these many tokens each."""
     from flows.served import SliceStats
 
     stats = SliceStats()
@@ -171,30 +174,30 @@ def test_delivered_change_interval_separates_a_real_gain_from_sampling_noise():
     from flows.served import mal_change_interval
 
     rng = random.Random(0)
-    before = _served([rng.choice([0, 0, 1, 2]) for _ in range(40)])  # MAL ~1.75
-    same = _served([rng.choice([0, 0, 1, 2]) for _ in range(40)])  # another sample of the same draft
-    better = _served([rng.choice([1, 2, 2, 3]) for _ in range(40)])  # MAL ~3
+    before = stats_of([rng.choice([0, 0, 1, 2]) for _ in range(40)])  # MAL ~1.75
+    same = stats_of([rng.choice([0, 0, 1, 2]) for _ in range(40)])  # another sample of the same draft
+    better = stats_of([rng.choice([1, 2, 2, 3]) for _ in range(40)])  # MAL ~3
     low, high = mal_change_interval([(same, before)])
     point = same.mean_accepted_length / before.mean_accepted_length - 1
     assert low < 0 < high and low <= point <= high  # noise: the interval covers no change
     low, high = mal_change_interval([(better, before)])
     assert low > 0.2  # a real gain (~+70 %): the whole interval is well above zero
     # fewer requests, wider interval; a narrower confidence, narrower interval
-    few_low, few_high = mal_change_interval([(_served(list(better.request_accepted)[:8]),
-                                                   _served(list(before.request_accepted)[:8]))])
+    few_low, few_high = mal_change_interval([(stats_of(list(better.request_accepted)[:8]),
+                                                   stats_of(list(before.request_accepted)[:8]))])
     assert few_high - few_low > high - low
     low80, high80 = mal_change_interval([(better, before)], confidence=0.8)
     assert low80 > low and high80 < high
     assert mal_change_interval([(better, before)]) == (low, high)  # seeded: a report is reproducible
-    assert mal_change_interval([(_served([2]), before)]) is None  # one request: nothing to resample
+    assert mal_change_interval([(stats_of([2]), before)]) is None  # one request: nothing to resample
 
 
 def test_delivered_interval_subsamples_a_huge_arm_and_stays_bounded(monkeypatch):
     import flows.served as served
 
     monkeypatch.setattr(served, "MAX_RESAMPLED_REQUESTS", 50)
-    big = _served([i % 3 for i in range(500)])
-    low, high = served.mal_change_interval([(big, _served([i % 3 for i in range(7, 507)]))])
+    big = stats_of([i % 3 for i in range(500)])
+    low, high = served.mal_change_interval([(big, stats_of([i % 3 for i in range(7, 507)]))])
     assert low < 0 < high  # the same law: the subsampled interval still covers no change
 
 
@@ -203,15 +206,9 @@ def test_overall_delivered_change_compares_at_the_champions_mix_not_the_traffic_
     # code, at 2.5. Per slice: code +25 %. The raw overall ratio would read 2.5 / (a chat-heavy 3.7) - 1 < 0.
     from flows.served import VersionTally, delivered_gain
 
-    def served(version, slice, accepted, n):
-        rows = [record(i, slice, accepted=accepted) for i in range(n)]
-        for row in rows:
-            row.draft_id = ModelId("draftwheel-draft", version, "d" * 64)
-        return rows
-
     tally = VersionTally("draftwheel-draft", ["2", "1"])
-    list(tally.watch(served("1", "chat", 3, 30) + served("1", "code", 1, 4) + served("2", "code", 1, 2)
-                     + served("2", "code", 2, 2) + served("2", "prose", 0, 3)))
+    list(tally.watch(served_by("1", "chat", 3, 30) + served_by("1", "code", 1, 4) + served_by("2", "code", 1, 2)
+                     + served_by("2", "code", 2, 2) + served_by("2", "prose", 0, 3)))
     gain = delivered_gain(tally, "2", "1")
     overall, code = gain["slices"]["overall"], gain["slices"]["code"]
     assert code["mal_change"] == pytest.approx(2.5 / 2 - 1)
@@ -225,12 +222,12 @@ def test_overall_delivered_change_compares_at_the_champions_mix_not_the_traffic_
 def test_same_mix_change_weights_the_previous_figures_by_the_champions_steps():
     from flows.served import mal_change_interval, same_mix_change
 
-    pairs = [(_served([2] * 6, "chat"), _served([1] * 5, "chat")),  # chat 3.0 vs 2.0
-             (_served([1] * 2, "code"), _served([1] * 9, "code"))]  # code 2.0 vs 2.0
+    pairs = [(stats_of([2] * 6, "chat"), stats_of([1] * 5, "chat")),  # chat 3.0 vs 2.0
+             (stats_of([1] * 2, "code"), stats_of([1] * 9, "code"))]  # code 2.0 vs 2.0
     # champion: 8 steps, (18 + 4) tokens = 2.75; previous at the champion's mix: (6 * 2 + 2 * 2) / 8 = 2.0
     assert same_mix_change(pairs) == pytest.approx(2.75 / 2.0 - 1)
     assert mal_change_interval(pairs) == pytest.approx((2.75 / 2.0 - 1,) * 2)  # constant requests: a point
-    assert same_mix_change([(_served([], "chat"), _served([1], "chat"))]) is None
+    assert same_mix_change([(stats_of([], "chat"), stats_of([1], "chat"))]) is None
 
 
 def test_delivered_confidence_must_be_a_proper_level():
