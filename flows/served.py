@@ -124,18 +124,23 @@ def _mal(accepted: Any, steps: Any) -> Any:
     return (accepted + steps) / np.maximum(steps, 1)
 
 
+def _at_champions_mix(pairs: list[tuple[SliceStats, SliceStats]], total: Any, weight: Any, figure: Any) -> float | None:
+    """Relative change of a ratio figure (`total(stats) / weight(stats)` per slice, e.g. mean accepted
+    length = (accepted + steps) / steps) from the previous champion to the champion, over `pairs` =
+    [(champion's, previous') per slice], with the previous champion's per-slice `figure` weighted by the
+    champion's own `weight` per slice. The shared weight sum cancels: Σ total(ours) / Σ weight(ours)·figure(theirs)."""
+    if not sum(weight(ours) for ours, _ in pairs):
+        return None
+    return _change(sum(total(ours) for ours, _ in pairs), sum(weight(ours) * figure(theirs) for ours, theirs in pairs))
+
+
 def same_mix_change(pairs: list[tuple[SliceStats, SliceStats]]) -> float | None:
     """Relative change in mean accepted length from the previous champion to the champion over the slices
     both served, `pairs` = [(champion's, previous') per slice]: the previous champion's per-slice figures
     weighted by the champion's own verification steps per slice. For one slice, the plain ratio; for
     several, traffic that shifted between slices does not pass for a gain (issue 13: v1 served chat at
     2.83 and code at 1.11, v2 served only code, and the raw overall ratio read +27 % where code gained +37 %)."""
-    steps = sum(ours.steps for ours, _ in pairs)
-    if not steps:
-        return None
-    ours = sum(o.accepted + o.steps for o, _ in pairs) / steps
-    theirs = sum(o.steps * t.mean_accepted_length for o, t in pairs) / steps
-    return _change(ours, theirs)
+    return _at_champions_mix(pairs, lambda s: s.accepted + s.steps, lambda s: s.steps, lambda s: s.mean_accepted_length)
 
 
 def mal_change_interval(pairs: list[tuple[SliceStats, SliceStats]], confidence: float = 0.95,
@@ -146,12 +151,11 @@ def mal_change_interval(pairs: list[tuple[SliceStats, SliceStats]], confidence: 
     if not pairs or min(min(len(o.request_steps), len(t.request_steps)) for o, t in pairs) < 2:
         return None
     rng = np.random.default_rng(seed)
-    ours_tokens = ours_steps = theirs_weighted = 0
+    ours_tokens = theirs_weighted = 0  # per resample, as in `_at_champions_mix`
     for ours, theirs in pairs:
         accepted, steps = _resampled_sums(ours, rng, resamples)
         before = _mal(*_resampled_sums(theirs, rng, resamples))
-        ours_tokens, ours_steps = ours_tokens + accepted + steps, ours_steps + steps
-        theirs_weighted = theirs_weighted + steps * before
+        ours_tokens, theirs_weighted = ours_tokens + accepted + steps, theirs_weighted + steps * before
     changes = ours_tokens / np.where(theirs_weighted > 0, theirs_weighted, np.nan) - 1.0
     tail = (1.0 - confidence) / 2 * 100
     low, high = np.nanpercentile(changes, [tail, 100 - tail])
@@ -160,11 +164,7 @@ def mal_change_interval(pairs: list[tuple[SliceStats, SliceStats]], confidence: 
 
 def _same_mix_acceptance_change(pairs: list[tuple[SliceStats, SliceStats]]) -> float | None:
     """As `same_mix_change`, for the acceptance rate (weights: the champion's drafted tokens per slice)."""
-    drafted = sum(o.drafted for o, _ in pairs)
-    if not drafted:
-        return None
-    return _change(sum(o.accepted for o, _ in pairs) / drafted,
-                   sum(o.drafted * t.acceptance_rate for o, t in pairs) / drafted)
+    return _at_champions_mix(pairs, lambda s: s.accepted, lambda s: s.drafted, lambda s: s.acceptance_rate)
 
 
 def delivered_gain(tally: VersionTally, champion: str, previous: str | None,
