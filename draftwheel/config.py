@@ -118,6 +118,19 @@ def add_override_arguments(parser: argparse.ArgumentParser, example: str = "key=
                         help=f"the same overrides without --set, e.g. {example}")
 
 
+SHIPPED_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def stage_config_path(path: str, name: str) -> str:
+    """A stage's config file: `path` when given, else the shipped `configs/<name>.yaml` (tuned defaults)
+    when this checkout has it, else "" (the config dataclass's own defaults). The flows and `draftwheel
+    train` both resolve through here, so a stage trained by hand uses the flywheel's settings."""
+    if path:
+        return path
+    shipped = SHIPPED_CONFIGS / f"{name}.yaml"
+    return str(shipped) if shipped.is_file() else ""
+
+
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
     """Load `cls` from a YAML file (optional) and apply `key=value` overrides."""
     data: dict[str, Any] = {}

@@ -39,7 +39,7 @@ def v0_version() -> str | None:
 def bootstrap_prompts(config_path: str | None = None) -> set[str]:
     """The prompts bootstrap trains the v0 draft on (its config's workload, size and seed), so that a
     caller can keep them out of anything it measures."""
-    from flows.tasks import stage_config_path
+    from draftwheel.config import stage_config_path
     from mining.workloads import build_workload
     from training.bootstrap import BootstrapConfig
 
@@ -50,7 +50,7 @@ def bootstrap_prompts(config_path: str | None = None) -> set[str]:
 
 @task(name="bootstrap", cache_policy=NONE)
 def bootstrap_task(config_path: str | None, overrides: list[str]) -> dict[str, Any]:
-    from flows.tasks import stage_config_path
+    from draftwheel.config import stage_config_path
     from training.bootstrap import BootstrapConfig, bootstrap
 
     return bootstrap(load_config(BootstrapConfig, stage_config_path(config_path or "", "bootstrap") or None, overrides))

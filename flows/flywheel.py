@@ -25,7 +25,7 @@ from typing import Any, Iterator
 from prefect import flow
 
 from draftwheel import home
-from draftwheel.config import ConfigError, load_config, to_dict
+from draftwheel.config import ConfigError, load_config, stage_config_path, to_dict
 from draftwheel.locks import state_lock
 from draftwheel.registry_names import CHAMPION_URI, DRAFT_MODEL, MEDUSA_MODEL, PARENT_TAG
 from flows import replay, tasks
@@ -107,7 +107,7 @@ class FlywheelConfig:
                   ("shadow", ShadowConfig, self.shadow_config, "shadow", list(self.shadow_overrides))]
         for stage_name, cls, path, shipped, overrides in checks:
             try:
-                load_config(cls, tasks.stage_config_path(path, shipped) or None, overrides)
+                load_config(cls, stage_config_path(path, shipped) or None, overrides)
             except ValueError as exc:
                 raise ConfigError(f"{stage_name} stage: {exc}") from exc
         self._check_train_stage()
@@ -120,7 +120,7 @@ class FlywheelConfig:
         for name in names:
             placeholders = tasks.stage_overrides(name, "datasets", "champion", "target", "candidate")
             try:
-                load_config(TRAINERS[name].load()[0], tasks.stage_config_path(self.train_config, name) or None,
+                load_config(TRAINERS[name].load()[0], stage_config_path(self.train_config, name) or None,
                             list(self.train_overrides) + placeholders)
             except ValueError as exc:
                 errors.append(f"{name}: {exc}")
@@ -164,7 +164,7 @@ def run_dir(config: FlywheelConfig) -> Path:
 def _train(config: FlywheelConfig, tracker: Any, work: Path, mined: dict, champion: dict,
            target: dict) -> dict[str, Any]:
     builtin = config.trainer in BUILTIN_TRAINERS
-    config_path = tasks.stage_config_path(config.train_config, config.trainer) if builtin else config.train_config
+    config_path = stage_config_path(config.train_config, config.trainer) if builtin else config.train_config
     key = tasks.train_cache_key(config.trainer, mined["data_sha256"], config_path,
                                 config.train_overrides, champion["sha256"], target["sha256"])
     out_dir = home.models_dir() / "candidates" / key[:16]
@@ -242,7 +242,7 @@ def _served_slices(config: FlywheelConfig) -> list[str]:
     """The canary set's slices when the shadow stage replays it (mining keeps replay of each)."""
     from serving.shadow import ShadowConfig
 
-    shadow = load_config(ShadowConfig, tasks.stage_config_path(config.shadow_config, "shadow") or None,
+    shadow = load_config(ShadowConfig, stage_config_path(config.shadow_config, "shadow") or None,
                          config.shadow_overrides)
     return replay.served_slices(shadow)
 

@@ -26,21 +26,9 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from draftwheel import home
-from draftwheel.config import load_config, to_dict
+from draftwheel.config import load_config, stage_config_path, to_dict
 from draftwheel.hashing import file_sha256, tree_sha256
 from training.trainers import TRAINERS  # built-ins; anything else is "package.module:function"
-
-SHIPPED_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-
-
-def stage_config_path(path: str, name: str) -> str:
-    """A stage's config file: `path` when given, else the shipped `configs/<name>.yaml` (tuned defaults)
-    when this checkout has it, else "" (the config dataclass's own defaults)."""
-    if path:
-        return path
-    shipped = SHIPPED_CONFIGS / f"{name}.yaml"
-    return str(shipped) if shipped.is_file() else ""
-
 
 def is_transient(exc: BaseException | None) -> bool:
     """Registry failures worth retrying: the database or the transport failed. A missing model, version

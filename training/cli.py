@@ -37,23 +37,14 @@ def register(subparsers: Any) -> None:
 
 
 def _train_command(args: argparse.Namespace) -> int:
-    from draftwheel.config import load_config
+    from draftwheel.config import load_config, stage_config_path
 
     config_cls, train = TRAINERS[args.method].load()
     overrides = list(args.overrides) + (["tracking=false"] if args.no_tracking else [])
-    print(train(load_config(config_cls, config_path(args.method, args.config), overrides)))
+    # Without --config, the shipped YAML, as the flywheel trains: the eagle trainer's tuned round settings
+    # (continuation, rehearsal, passes) live there, and its bare class defaults are another recipe.
+    print(train(load_config(config_cls, stage_config_path(args.config or "", args.method) or None, overrides)))
     return 0
-
-
-def config_path(method: str, given: str | None) -> str | None:
-    """`given`, else the shipped configs/<method>.yaml when this checkout has it (what the flywheel trains
-    with, flows.tasks.stage_config_path), else None (the dataclass defaults). The eagle trainer's tuned
-    round settings (continuation, rehearsal, passes) live in its YAML: with the bare defaults,
-    `draftwheel train eagle` trained another recipe than the flywheel's."""
-    if given:
-        return given
-    shipped = TRAINERS[method].default_config
-    return str(shipped) if shipped.is_file() else None
 
 
 def _bootstrap_command(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-SHIPPED_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+from draftwheel.config import SHIPPED_CONFIGS
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from draftwheel.cli import build_parser, main
-from training.cli import config_path
+from draftwheel.config import stage_config_path
 
 
 def test_train_subcommands_are_registered():
@@ -26,7 +26,7 @@ def test_a_value_the_config_refuses_is_one_line_exit_2(capsys):
     assert main(["train", "distill", "beta=5"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == ("draftwheel train: config error: "
-                           f"{config_path('distill', None)} with overrides: beta: must be in [0, 1], got 5.0")
+                           f"{stage_config_path('', 'distill')} with overrides: beta: must be in [0, 1], got 5.0")
 
 
 def test_unknown_config_field_is_a_config_error_naming_it(capsys):
@@ -60,8 +60,8 @@ def test_train_without_config_loads_the_shipped_yaml_the_flywheel_uses():
     from draftwheel.config import load_config
     from training.eagle_train import EagleConfig
 
-    assert config_path("eagle", None).endswith("configs/eagle.yaml")
-    assert config_path("eagle", "mine.yaml") == "mine.yaml"
-    shipped = load_config(EagleConfig, config_path("eagle", None))
+    assert stage_config_path("", "eagle").endswith("configs/eagle.yaml")
+    assert stage_config_path("mine.yaml", "eagle") == "mine.yaml"
+    shipped = load_config(EagleConfig, stage_config_path("", "eagle"))
     assert shipped.continue_to == 192 and shipped.mined_passes == 4 and shipped != EagleConfig()
 
