@@ -185,7 +185,10 @@ def write_training_info(out_dir: Path, stage: str, config: Any, metrics: dict[st
                         extra: dict[str, Any] | None = None) -> Path:
     """`draftwheel_training.json`: what produced this dir (stage, config, metrics, provenance)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    info = {"stage": stage, "config": to_dict(config), "metrics": metrics, **(extra or {})}
+    # The state dir it was written in, so paths under it can follow the state dir when it is moved or
+    # copied (recorded_path).
+    info = {"stage": stage, "config": to_dict(config), "metrics": metrics, "state_dir": str(home.state_dir()),
+            **(extra or {})}
     (out_dir / INFO_FILE).write_text(json.dumps(info, indent=2, default=str))
     return out_dir
 
@@ -193,6 +196,18 @@ def write_training_info(out_dir: Path, stage: str, config: Any, metrics: dict[st
 def read_training_info(model_dir: str | Path) -> dict[str, Any]:
     path = Path(model_dir) / INFO_FILE
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def recorded_path(info: dict[str, Any], path: str | Path) -> Path:
+    """A path a training info recorded, read in the current state dir: one under the state dir the info
+    was written in is re-rooted under the current one, so a moved state dir still finds its data and a
+    copied one reads its own, not the original's. Other paths (and infos written before the state dir was
+    recorded) come back as they are."""
+    path = Path(path)
+    written_in = info.get("state_dir")
+    if written_in and path.is_relative_to(written_in):
+        return home.state_dir() / path.relative_to(written_in)
+    return path
 
 
 def seconds_since(start: float) -> float:

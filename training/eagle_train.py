@@ -284,9 +284,14 @@ def rehearsal_source(config: EagleConfig, student_dir: str | None) -> tuple[Path
         return Path(config.rehearsal), config.max_length
     info = common.read_training_info(student_dir) if student_dir else {}
     source = info.get("rehearsal") or info.get("dataset")
-    if not source or not Path(source).is_dir():
+    path = common.recorded_path(info, source) if source else None
+    if path is None or not path.is_dir():
+        if student_dir:  # a warm start with nothing to rehearse: say so, it risks forgetting
+            print(f"[eagle] WARNING: rehearsal: auto found no data the warm start learned from "
+                  f"({path or 'none recorded in its training info'}): training without rehearsal, earlier "
+                  "slices may be forgotten (the gate still judges them); set rehearsal: <dataset dir>", flush=True)
         return None
-    return Path(source), int(info.get("rehearsal_max_length") or info.get("config", {}).get("max_length")
+    return path, int(info.get("rehearsal_max_length") or info.get("config", {}).get("max_length")
                              or config.max_length)
 
 
@@ -552,6 +557,8 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
     vocab = target.model.config.vocab_size
     counts = output_counts(train_seqs, vocab)
     source = rehearsal_source(config, info.get("student_dir"))
+    info["rehearsal_missing"] = bool(config.rehearsal == "auto" and config.rehearsal_ratio
+                                     and info.get("student_dir") and source is None)
     rehearsing = source is not None and source[0].resolve() != dataset_dir.resolve()
     rehearsal_seqs = load_sequences(*source) if rehearsing else None
     # A new vocabulary is ranked by the outputs of the mined data and of the data the warm start learned

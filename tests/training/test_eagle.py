@@ -9,6 +9,7 @@ the target's.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +21,8 @@ from serving.engine import Engine
 from serving.models import load_model
 from serving.params import SamplingParams
 from serving.toy import build_tokenizer, tiny_llama
-from training.eagle_train import EagleConfig, load_sequences, train_eagle
+from training import common
+from training.eagle_train import EagleConfig, load_sequences, rehearsal_source, train_eagle
 from training.eagle_ttt import (_SoftCrossEntropy, chain_acceptance, chain_slots, implied_mal, served_walk, ttt_attention,
                                 ttt_loss, ttt_mask, unroll)
 
@@ -286,6 +288,46 @@ def test_feature_cache_reused_on_second_run(trained, tmp_path):
     again = train_eagle(EagleConfig(**{**vars(config), "output_dir": str(tmp_path / "again"), "epochs": 1.0}))
     info = json.loads((again / "draftwheel_training.json").read_text())
     assert info["metrics"]["feature_cache_hit"] == 1.0
+
+
+def _state_with_a_trained_draft(state: Path, monkeypatch) -> Path:
+    """A state dir holding a dataset and a draft dir whose training info says it learned from it."""
+    monkeypatch.setenv("DRAFTWHEEL_HOME", str(state))
+    (state / "datasets" / "bootstrap" / "distill").mkdir(parents=True)
+    draft = state / "models" / "v0"
+    common.write_training_info(draft, "eagle", EagleConfig(max_length=96), {},
+                               {"dataset": str(state / "datasets" / "bootstrap" / "distill")})
+    return draft
+
+
+def test_rehearsal_follows_a_moved_state_dir(tmp_path, monkeypatch):
+    """The warm start's data is found under the state dir it now lives in, not the path it was written at."""
+    _state_with_a_trained_draft(tmp_path / "old", monkeypatch)
+    (tmp_path / "old").rename(tmp_path / "new")
+    monkeypatch.setenv("DRAFTWHEEL_HOME", str(tmp_path / "new"))
+    source = rehearsal_source(EagleConfig(), str(tmp_path / "new" / "models" / "v0"))
+    assert source == (tmp_path / "new" / "datasets" / "bootstrap" / "distill", 96)
+
+
+def test_a_copied_state_dir_rehearses_its_own_data(tmp_path, monkeypatch):
+    import shutil
+
+    _state_with_a_trained_draft(tmp_path / "a", monkeypatch)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    monkeypatch.setenv("DRAFTWHEEL_HOME", str(tmp_path / "b"))
+    source = rehearsal_source(EagleConfig(), str(tmp_path / "b" / "models" / "v0"))
+    assert source[0] == tmp_path / "b" / "datasets" / "bootstrap" / "distill"
+
+
+def test_missing_rehearsal_data_is_reported_not_silent(tmp_path, monkeypatch, capsys):
+    draft = _state_with_a_trained_draft(tmp_path / "s", monkeypatch)
+    (tmp_path / "s" / "datasets" / "bootstrap" / "distill").rmdir()
+    assert rehearsal_source(EagleConfig(), str(draft)) is None
+    out = capsys.readouterr().out
+    assert "WARNING" in out and "training without rehearsal" in out
+    assert str(tmp_path / "s" / "datasets" / "bootstrap" / "distill") in out
+    assert rehearsal_source(EagleConfig(rehearsal=""), str(draft)) is None  # switched off: nothing to say
+    assert capsys.readouterr().out == ""
 
 
 def test_warm_start_rehearses_the_data_it_learned_from(trained, toy_data, tmp_path):
