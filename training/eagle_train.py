@@ -9,6 +9,8 @@ its champion's vocabulary while that still covers `min_vocab_coverage` of the da
 Continuation (`continue_to`): logged outputs that a request's max_new_tokens cut short are continued
 with the target's own greedy tokens (batched generation, cached), several times the in-domain data of
 the logged requests at a fraction of serving them.
+Prompt variants (`prompt_variants`): each multi-line mined prompt cut 1..N lines short is another request
+of its slice; the same generation answers it with the target's greedy tokens (training.prompt_variants).
 Rehearsal (against forgetting): a warm-started draft also trains on a fixed, seeded sample of the data
 its warm start learned from (`rehearsal: auto` follows its training info back to the bootstrap data,
 whose features are already cached), `rehearsal_ratio` sequences per mined one, so a round on one new
@@ -49,6 +51,7 @@ from training.data import join_and_truncate, load_dataset_dir
 from training.eagle_features import Features, cached_features, compute_features, join_features, row_from_states
 from training.eagle_ttt import chain_acceptance, implied_mal, served_walk, unroll, unrolled_loss
 from training.evaluate import EpochSelectionCallback, slice_key
+from training.prompt_variants import variant_prompts
 
 METRIC = "implied_mal"  # the per-epoch probe's teacher-forced figure: every answer position's chain averaged
 SERVED = "served_mal"  # beside it, serving's walk over the same chains: what the gate measures
@@ -74,6 +77,7 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     prompt_loss: bool = True     # also learn positions inside the prompt (more signal; serving sees prompts too)
     feature_cache: str = ""      # "" = <state>/cache/eagle-features
     continue_to: int = 0         # lengthen outputs cut at their length limit with the target's greedy continuation to this many tokens (0 = off)
+    prompt_variants: int = 0     # also train on each multi-line mined prompt cut 1..N lines short, answered by the target (needs continue_to)
     rehearsal: str = "auto"      # earlier data mixed in: a dataset dir | auto = the warm start's own (training info) | "" = none
     rehearsal_ratio: float = 1.0  # rehearsal sequences per mined sequence (a fixed seeded sample)
     mined_passes: int = 1        # times each mined sequence is seen per epoch (rehearsal and probe stay once)
@@ -100,6 +104,9 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
         common.require(self.teacher_temperature > 0.0, "teacher_temperature",
                        f"must be > 0, got {self.teacher_temperature}")
         common.require(self.continue_to >= 0, "continue_to", f"must be >= 0, got {self.continue_to}")
+        common.require(self.prompt_variants >= 0, "prompt_variants", f"must be >= 0, got {self.prompt_variants}")
+        common.require(not self.prompt_variants or self.continue_to > 0, "prompt_variants",
+                       "needs continue_to > 0: the continuation step generates the variants' answers")
         common.require(self.rehearsal_ratio >= 0.0, "rehearsal_ratio", f"must be >= 0, got {self.rehearsal_ratio}")
         common.require(self.mined_passes >= 1, "mined_passes", f"must be >= 1, got {self.mined_passes}")
         self.check_selection()
@@ -272,6 +279,22 @@ def lengthen(seqs: Sequences, target: Any, eos: set[int], config: EagleConfig, c
         added += len(more[:room[i]])
     return {"continued_sequences": len(todo), "continued_tokens": added, "continuations_cache_hit": hit,
             "features_from_generation": len(rows)}, rows
+
+
+def add_prompt_variants(seqs: Sequences, tokenizer: Any, config: EagleConfig, info: dict[str, Any]) -> None:
+    """Append (in place) the mined prompts cut 1..`prompt_variants` lines short (training.prompt_variants),
+    with no answer yet: the continuation step answers them with the target's greedy tokens, up to
+    `continue_to`, in the same generation that lengthens the logged outputs."""
+    if not config.prompt_variants:
+        return
+    prompts = [ids[:p] for ids, p in zip(seqs.ids, seqs.prompt_lens)]
+    ids, slices = variant_prompts(prompts, seqs.slices, tokenizer, config.prompt_variants, config.max_length - 2)
+    seqs.ids += ids
+    seqs.prompt_lens += [len(v) for v in ids]
+    seqs.slices += slices
+    info["variant_sequences"] = len(ids)
+    print(f"[eagle] prompt variants: {len(ids)} prompts cut 1..{config.prompt_variants} lines short "
+          f"from {len(prompts)} mined ones", flush=True)
 
 
 def rehearsal_source(config: EagleConfig, student_dir: str | None) -> tuple[Path, int] | None:
@@ -550,7 +573,9 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
     eos = eos_token_ids(target)
     warm, info = load_warm_start(config)
     aux_layer_ids = aux_layers(config, target, warm)
+    n_requests = len(train_seqs.ids)  # the mined requests: the rehearsal sample is sized by them
     started = time.perf_counter()
+    add_prompt_variants(train_seqs, target.tokenizer, config, info)
     lengthened, known = lengthen(train_seqs, target, eos, config, cache_root, aux_layer_ids) \
         if config.continue_to else ({}, {})
     info.update(lengthened, lengthen_s=common.seconds_since(started))
@@ -579,7 +604,7 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
     train_tokens = len(features.argmax) * config.mined_passes
     if rehearsing:
         rehearsal, rehearsal_info = rehearsal_sample(config, source, rehearsal_seqs, target, draft.c.aux_layer_ids,
-                                                     cache_root, len(train_seqs.ids))
+                                                     cache_root, n_requests)
         train_set, train_tokens = torch.utils.data.ConcatDataset([train_set, rehearsal]), \
             train_tokens + rehearsal_info["rehearsal_tokens"]
         info.update(rehearsal_info)

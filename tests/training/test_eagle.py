@@ -290,6 +290,40 @@ def test_feature_cache_reused_on_second_run(trained, tmp_path):
     assert info["metrics"]["feature_cache_hit"] == 1.0
 
 
+def test_prompt_variants_join_the_training_data_answered_by_the_target(trained, toy_models, tmp_path):
+    """prompt_variants: each multi-line mined prompt cut 1..N lines short joins the data, answered by the
+    continuation step; the rehearsal sample stays sized by the mined requests."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from training.prompt_variants import variant_prompts
+    from training.target_completions import save_rows, target_traffic
+
+    out, config = trained
+    tokenizer = AutoTokenizer.from_pretrained(toy_models["target"])
+    target = AutoModelForCausalLM.from_pretrained(toy_models["target"]).eval()
+    workload = [{"prompt": f"Fix:\n\nx = {i}\ny = 2\nz = 3\nw = 4", "slice": "code"} for i in range(3)] + \
+               [{"prompt": "Say hi", "slice": "chat"}]
+    rows = target_traffic(target, tokenizer, workload, max_new_tokens=6, batch_size=4, progress=False)
+    mined = save_rows(rows, tmp_path / "mined")
+    expected, _ = variant_prompts([r["prompt_token_ids"] for r in rows], [r["slice"] for r in rows], tokenizer, 2, 62)
+    assert len(expected) == 6  # two per 6-line request, none for the one-line one
+    base = {**vars(config), "dataset": str(mined), "epochs": 1.0, "continue_to": 8, "student": str(out),
+            "rehearsal_ratio": 0.5, "keep_best_epoch": False}
+    with_variants = train_eagle(EagleConfig(**{**base, "prompt_variants": 2, "output_dir": str(tmp_path / "v")}))
+    plain = train_eagle(EagleConfig(**{**base, "output_dir": str(tmp_path / "p")}))
+    metrics = json.loads((with_variants / "draftwheel_training.json").read_text())["metrics"]
+    plain_metrics = json.loads((plain / "draftwheel_training.json").read_text())["metrics"]
+    assert metrics["variant_sequences"] == 6
+    assert metrics["continued_sequences"] >= 6  # the variants were answered by the target
+    assert metrics["continued_tokens"] >= plain_metrics["continued_tokens"] + 6
+    assert metrics["train_tokens"] > plain_metrics["train_tokens"]
+    assert metrics["rehearsal_sequences"] == plain_metrics["rehearsal_sequences"] == round(0.5 * 4)
+    with pytest.raises(ValueError, match="prompt_variants"):
+        EagleConfig(prompt_variants=2, continue_to=0)
+    with pytest.raises(ValueError, match="prompt_variants"):
+        EagleConfig(prompt_variants=-1)
+
+
 def _state_with_a_trained_draft(state: Path, monkeypatch) -> Path:
     """A state dir holding a dataset and a draft dir whose training info says it learned from it."""
     monkeypatch.setenv("DRAFTWHEEL_HOME", str(state))

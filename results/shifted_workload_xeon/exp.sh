@@ -1,0 +1,14 @@
+# usage: NAME=.. J=.. CONT=.. PASSES=.. REH=<rehearsal sequences> bash exp.sh   (state /work/i13g/exp must exist with var$J data or it is built)
+set -x
+export HF_HUB_OFFLINE=1 MLFLOW_DISABLE_TELEMETRY=true PREFECT_SERVER_ANALYTICS_ENABLED=false
+export DRAFTWHEEL_HOME=/work/i13g/exp
+cd /work/main; export PYTHONPATH=/work/main
+RD=$(ls -d /work/i13g/exp/flywheel/2*/datasets)
+[ -d /work/i13g/exp/var$J/distill ] || .venv/bin/python /work/x22/variants.py $RD/distill /work/i13g/exp/var$J/distill $J
+N=$(.venv/bin/python -c "from datasets import load_from_disk; print(len(load_from_disk('/work/i13g/exp/var$J/distill')))")
+R=$(.venv/bin/python -c "print(round(${REH:-196}/$N, 3))")
+s=$(date +%s)
+.venv/bin/draftwheel train eagle dataset=/work/i13g/exp/var$J/distill holdout=$RD/holdout student=models:/draftwheel-draft/1 output_dir=/work/i13g/exp/cand$NAME continue_to=$CONT mined_passes=$PASSES rehearsal_ratio=$R tracking=false
+echo "TRAIN_S $(( $(date +%s) - s ))"
+.venv/bin/python /work/x22/live_eval.py /work/i13g/exp 2 /work/i13g/exp/cand$NAME
+echo ALLDONE
