@@ -1,4 +1,6 @@
-# usage: NAME=.. J=.. CONT=.. PASSES=.. REH=<rehearsal sequences> bash exp.sh   (state /work/i13g/exp must exist with var$J data or it is built)
+# usage: NAME=.. J=.. CONT=.. PASSES=.. REH=<rehearsal sequences> bash exp.sh   (state /work/i13g/exp: a copy of the
+# state after the round, /work/i13g/round; the var$J data is built if missing). The runs in docs/results.md:
+# A: J=2 CONT=0 PASSES=2 REH=196; B: J=2 CONT=192 PASSES=4 REH=196; B3: J=2 CONT=192 PASSES=3 REH=196
 set -x
 export HF_HUB_OFFLINE=1 MLFLOW_DISABLE_TELEMETRY=true PREFECT_SERVER_ANALYTICS_ENABLED=false
 export DRAFTWHEEL_HOME=/work/i13g/exp
