@@ -222,12 +222,21 @@ def _delivered(config: MonitorConfig, tally: VersionTally, champion: str, previo
     if not config.delivered_gain:
         return None
     gain = delivered_gain(tally, champion, previous, config.delivered_confidence)
+
+    def change(entry: dict[str, Any]) -> str:
+        return "" if entry["mal_change"] is None else f" ({entry['mal_change']:+.1%}{_interval(entry)} vs v{previous})"
+
     for slice_name, entry in gain["slices"].items():
-        change = "" if entry["mal_change"] is None else f" ({entry['mal_change']:+.1%}{_interval(entry)} vs v{previous})"
         print(f"monitor: delivered v{champion} {slice_name}: mean accepted length "
-              f"{entry['champion']['mean_accepted_length']:.3f}{change}, acceptance "
+              f"{entry['champion']['mean_accepted_length']:.3f}{change(entry)}, acceptance "
               f"{entry['champion']['acceptance_rate']:.3f}, n={entry['champion']['requests']}", flush=True)
-    if gain["slices"]:  # a champion that served nothing yet keeps its last figures
+    for slice_name, entry in gain["as_served"].items():
+        own = gain["slices"].get(slice_name, {})
+        if (entry["champion"], entry["previous"]) != (own.get("champion"), own.get("previous")):  # hybrid traffic
+            print(f"monitor: delivered v{champion} {slice_name} as served (every step, the suffix index's and plain "
+                  f"ones too): mean accepted length {entry['champion']['mean_accepted_length']:.3f}{change(entry)}, "
+                  f"n={entry['champion']['requests']}", flush=True)
+    if gain["slices"] or gain["as_served"]:  # a champion that served nothing yet keeps its last figures
         tracker = get_tracker(config.tracking)
         tags = {"champion_version": champion, "previous_version": str(previous or "")}
         with tracker.run("monitor", nested=True, tags=tags):

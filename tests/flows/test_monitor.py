@@ -160,6 +160,66 @@ def test_delivered_gain_compares_the_champion_with_the_previous_champion_per_sli
     assert delivered_gain(VersionTally("draftwheel-draft", ["5"]), "5", None)["slices"] == {}
 
 
+def hybrid(version: str, steps: list[tuple[str | None, int, int]], i: int = 0) -> AcceptanceRecord:
+    """A code request served in mode hybrid by `version`: steps as (source, drafted, accepted)."""
+    row = record(i, "code", 0)
+    row.mode, row.draft_id = "hybrid", ModelId("draftwheel-draft", version, "d" * 64)
+    row.steps = [Step(k=k, accepted=a, draft_token_ids=[1] * k, target_token_id=2, source=src) for src, k, a in steps]
+    row.drafted_tokens, row.accepted_tokens = sum(k for _, k, _ in steps), sum(a for _, _, a in steps)
+    row.verify_steps = len(steps)
+    return row
+
+
+def test_delivered_gain_as_served_counts_every_step_of_hybrid_requests():
+    """The draft's own figure counts its steps; the user's speed comes from every step. In the hybrid
+    the suffix index drafts most code steps, so a draft that doubled its own figure may move the request's
+    little (issue 13's round: +42 % on its own steps, +3 % as served)."""
+    from flows.served import VersionTally, delivered_gain, delivered_metrics
+
+    v1 = [hybrid("1", [("suffix", 4, 3), ("suffix", 4, 3), ("eagle3", 4, 0), (None, 0, 0)], i) for i in range(3)]
+    v1.append(hybrid("1", [("suffix", 4, 3), (None, 0, 0)], 3))  # the draft drafted nothing: as served only
+    v2 = [hybrid("2", [("suffix", 4, 3), ("suffix", 4, 3), ("eagle3", 4, 2), (None, 0, 0)], i) for i in range(4)]
+    tally = VersionTally("draftwheel-draft", ["1", "2"])
+    list(tally.watch(v1 + v2))
+    gain = delivered_gain(tally, "2", "1")
+    own, served = gain["slices"]["code"], gain["as_served"]["code"]
+    # the draft's own steps (its eagle3 step and the plain step): v1 (0 + 2) / 2, v2 (2 + 2) / 2
+    assert own["previous"]["mean_accepted_length"] == 1.0 and own["champion"]["mean_accepted_length"] == 2.0
+    assert own["previous"]["requests"] == 3 and own["mal_change"] == pytest.approx(1.0)
+    # every step: v1 (3 * 6 + 3 + 3 * 4 + 2) / 14, v2 (4 * 8 + 16) / 16
+    assert served["previous"]["requests"] == 4
+    assert served["previous"]["mean_accepted_length"] == pytest.approx(35 / 14)
+    assert served["champion"]["mean_accepted_length"] == pytest.approx(3.0)
+    assert served["mal_change"] == pytest.approx(3.0 / (35 / 14) - 1)
+    metrics = delivered_metrics(gain)
+    assert metrics["delivered.code.mal_change"] == pytest.approx(1.0)
+    assert metrics["delivered_as_served.code.mal_change"] == pytest.approx(served["mal_change"])
+
+
+def test_delivered_as_served_equals_the_drafts_own_figure_in_draft_mode():
+    from flows.served import VersionTally, delivered_gain
+
+    tally = VersionTally("draftwheel-draft", ["1", "2"])
+    list(tally.watch(served_by("1", "code", 2, 4) + served_by("2", "code", 6, 4)))
+    gain = delivered_gain(tally, "2", "1")
+    assert gain["as_served"]["code"] == gain["slices"]["code"]
+
+
+def test_status_shows_the_as_served_figure_only_where_it_differs():
+    import json
+
+    from draftwheel.registry import _delivered_cell
+    from flows.served import VersionTally, delivered_gain
+
+    tally = VersionTally("draftwheel-draft", ["1", "2"])
+    list(tally.watch([hybrid("1", [("suffix", 4, 3), ("eagle3", 4, 0)]), hybrid("2", [("suffix", 4, 3), ("eagle3", 4, 2)])]))
+    cell = _delivered_cell(json.dumps(delivered_gain(tally, "2", "1")))
+    assert cell == "code 3.00 +200% n=1 (as served 3.50 +40%)"
+    tally = VersionTally("draftwheel-draft", ["1", "2"])
+    list(tally.watch(served_by("1", "code", 2, 4) + served_by("2", "code", 6, 4)))
+    assert "as served" not in _delivered_cell(json.dumps(delivered_gain(tally, "2", "1")))
+
+
 def stats_of(accepted: list[int], slice: str = "code"):
     """A slice's stats over one-step requests that accepted these many tokens each."""
     from flows.served import SliceStats
@@ -277,3 +337,19 @@ def test_a_changed_target_triggers_even_after_a_rejected_round():
     decision = decide(window(records, cfg, now=100), cfg, target_sha="new", champion_target_sha="old",
                       rejection={"version": "3", "created": 19.5, "promote": False})
     assert decision.trigger and not decision.held
+
+
+def test_monitor_prints_the_as_served_gain_of_hybrid_traffic(monkeypatch, capsys):
+    from draftwheel import registry
+    from flows.monitor import _delivered
+    from flows.served import VersionTally
+
+    stored = {}
+    monkeypatch.setattr(registry, "record_delivered", lambda version, gain, name: stored.update({version: gain}))
+    tally = VersionTally("draftwheel-draft", ["1", "2"])
+    list(tally.watch([hybrid("1", [("suffix", 4, 3), ("eagle3", 4, 0)]), hybrid("2", [("suffix", 4, 3), ("eagle3", 4, 2)])]))
+    gain = _delivered(config(tracking=False), tally, "2", "1", "draftwheel-draft")
+    out = capsys.readouterr().out
+    assert "delivered v2 code: mean accepted length 3.000 (+200.0% vs v1)" in out
+    assert "delivered v2 code as served (every step, the suffix index's and plain ones too): mean accepted length 3.500 (+40.0% vs v1), n=1" in out
+    assert stored["2"] is gain and gain["as_served"]["code"]["mal_change"] == pytest.approx(0.4)
