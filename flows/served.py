@@ -4,7 +4,8 @@ and the delivered gain of a promotion.
 - `SliceStats` / `acceptance_by_slice`: token-weighted counts per slice and "overall"; the figures come
   from `serving.acceptance` (the one definition of acceptance rate and mean accepted length).
 - `VersionTally.watch(records)`: passes records through unchanged while counting, per draft version,
-  the drafted records each version served, so the monitor reads the logs once.
+  the drafted records each version served (the draft's own steps), and every step of every request it
+  served (`as_served`: the hybrid's suffix-index and plain steps too), so the monitor reads the logs once.
 - `delivered_gain(tally, champion, previous)`: the champion's live acceptance rate and mean accepted
   length per slice against the previous champion's, with the relative change where both served the slice
   and its bootstrap confidence interval (`mal_change_interval`: the two champions served different
@@ -89,7 +90,7 @@ class VersionTally:
     """Counts, per draft version (of the registered model `name`), as records stream past: the draft's own
     steps of the records it drafted (`by_version`), and every step of every record served with it
     (`as_served`). The two differ for the hybrid, where the suffix index drafts most steps on code (issue
-    13: a round that raised the draft's own mean accepted length by 42 % moved the hybrid's by 3 %)."""
+    13: a round that raised the draft's own mean accepted length by 42 % moved the hybrid's by 1-3 %)."""
 
     def __init__(self, name: str, versions: Iterable[str]):
         self.name = name
