@@ -77,12 +77,17 @@ class SliceStats:
                 "mean_accepted_length": self.mean_accepted_length}
 
 
+def _count(stats: dict[str, SliceStats], record: AcceptanceRecord, every_step: bool = False) -> None:
+    """Add `record` to its slice's stats and to "overall"'s."""
+    for key in ("overall", record.slice):
+        stats.setdefault(key, SliceStats(every_step=every_step)).add(record)
+
+
 def acceptance_by_slice(records: Iterable[AcceptanceRecord]) -> dict[str, SliceStats]:
     """Token-weighted acceptance per slice and "overall" (a long request counts for its tokens)."""
     stats: dict[str, SliceStats] = {"overall": SliceStats()}
     for record in records:
-        for key in ("overall", record.slice):
-            stats.setdefault(key, SliceStats()).add(record)
+        _count(stats, record)
     return stats
 
 
@@ -103,10 +108,9 @@ class VersionTally:
             draft = record.draft_id
             if (draft is not None and draft.name == self.name and draft.version in self.by_version
                     and record.mode in DRAFTING_MODES):
-                tallies = [self.as_served[draft.version]] + ([self.by_version[draft.version]] if is_drafted(record) else [])
-                for stats in tallies:
-                    for key in ("overall", record.slice):
-                        stats.setdefault(key, SliceStats(every_step=stats["overall"].every_step)).add(record)
+                _count(self.as_served[draft.version], record, every_step=True)
+                if is_drafted(record):
+                    _count(self.by_version[draft.version], record)
             yield record
 
 
