@@ -78,6 +78,7 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     feature_cache: str = ""      # "" = <state>/cache/eagle-features
     continue_to: int = 0         # lengthen outputs cut at their length limit with the target's greedy continuation to this many tokens (0 = off)
     prompt_variants: int = 0     # also train on each multi-line mined prompt cut 1..N lines short, answered by the target (needs continue_to)
+    prompt_renames: int = 0      # ...and on each renamed this many times (its names swapped for other requests' names)
     rehearsal: str = "auto"      # earlier data mixed in: a dataset dir | auto = the warm start's own (training info) | "" = none
     rehearsal_ratio: float = 1.0  # rehearsal sequences per mined sequence (a fixed seeded sample)
     mined_passes: int = 1        # times each mined sequence is seen per epoch (rehearsal and probe stay once)
@@ -106,6 +107,9 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
         common.require(self.continue_to >= 0, "continue_to", f"must be >= 0, got {self.continue_to}")
         common.require(self.prompt_variants >= 0, "prompt_variants", f"must be >= 0, got {self.prompt_variants}")
         common.require(not self.prompt_variants or self.continue_to > 0, "prompt_variants",
+                       "needs continue_to > 0: the continuation step generates the variants' answers")
+        common.require(self.prompt_renames >= 0, "prompt_renames", f"must be >= 0, got {self.prompt_renames}")
+        common.require(not self.prompt_renames or self.continue_to > 0, "prompt_renames",
                        "needs continue_to > 0: the continuation step generates the variants' answers")
         common.require(self.rehearsal_ratio >= 0.0, "rehearsal_ratio", f"must be >= 0, got {self.rehearsal_ratio}")
         common.require(self.mined_passes >= 1, "mined_passes", f"must be >= 1, got {self.mined_passes}")
@@ -285,16 +289,17 @@ def add_prompt_variants(seqs: Sequences, tokenizer: Any, config: EagleConfig, in
     """Append (in place) the mined prompts cut 1..`prompt_variants` lines short (training.prompt_variants),
     with no answer yet: the continuation step answers them with the target's greedy tokens, up to
     `continue_to`, in the same generation that lengthens the logged outputs."""
-    if not config.prompt_variants:
+    if not (config.prompt_variants or config.prompt_renames):
         return
     prompts = [ids[:p] for ids, p in zip(seqs.ids, seqs.prompt_lens)]
-    ids, slices = variant_prompts(prompts, seqs.slices, tokenizer, config.prompt_variants, config.max_length - 2)
+    ids, slices = variant_prompts(prompts, seqs.slices, tokenizer, config.prompt_variants, config.max_length - 2,
+                                  renames=config.prompt_renames, seed=config.seed)
     seqs.ids += ids
     seqs.prompt_lens += [len(v) for v in ids]
     seqs.slices += slices
     info["variant_sequences"] = len(ids)
     print(f"[eagle] prompt variants: {len(ids)} prompts cut 1..{config.prompt_variants} lines short "
-          f"from {len(prompts)} mined ones", flush=True)
+          f"or renamed {config.prompt_renames}x from {len(prompts)} mined ones", flush=True)
 
 
 def rehearsal_source(config: EagleConfig, student_dir: str | None) -> tuple[Path, int] | None:

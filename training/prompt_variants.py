@@ -15,6 +15,10 @@ left with fewer than MIN_LINES lines give none, so one-line requests (most chat 
 
 from __future__ import annotations
 
+import keyword
+import builtins
+import random
+import re
 from typing import Any
 
 MIN_LINES = 4  # an instruction, a blank line, and two lines of what it is about
@@ -57,21 +61,71 @@ def variant_messages(message: str, n: int) -> list[str]:
     return [v for cut in range(1, n + 1) if (v := cut_lines(message, cut)) is not None]
 
 
+_DEF = re.compile(r"\b(?:def|class)\s+(\w+)\s*(?:\(([^)]*)\))?")
+_ASSIGNED = re.compile(r"^[ \t]*(\w+)[ \t]*(?::[^=\n]*)?=(?!=)", re.MULTILINE)
+_LOOP = re.compile(r"\bfor\s+([\w, ]+?)\s+in\b")
+_KEEP = set(keyword.kwlist) | set(dir(builtins)) | {"self", "cls", "_"}
+
+
+def defined_names(text: str) -> list[str]:
+    """The names a code snippet defines, in order of first appearance: function and class names,
+    parameters, assigned and loop variables (not attributes, keywords, builtins, self/cls, one-letter
+    names or dunders)."""
+    found: list[str] = []
+    for match in _DEF.finditer(text):
+        found.append(match.group(1))
+        for param in (match.group(2) or "").split(","):
+            if name := re.match(r"\s*\**\s*(\w+)", param):
+                found.append(name.group(1))
+    found += _ASSIGNED.findall(text)
+    for targets in _LOOP.findall(text):
+        found += [t.strip() for t in targets.split(",")]
+    # One-letter names are also words of the docstring ("a"); dunders are the language's, not the request's.
+    return [n for n in dict.fromkeys(found)
+            if n.isidentifier() and n not in _KEEP and len(n) > 1 and not n.startswith("__")]
+
+
+def renamed_message(message: str, pool: list[str], rng: random.Random) -> str | None:
+    """`message` with every name it defines replaced, consistently, by one drawn from `pool` (names other
+    requests of the slice define) that it does not already use; None when it defines none.
+
+    Why: what the draft learns from a round's few requests is partly their own identifiers, which live
+    traffic does not repeat; the target's answers restate the request's code, so on a renamed request
+    those positions can only be predicted by copying from the prompt -- the skill the slice needs."""
+    names = defined_names(message)
+    used = set(re.findall(r"\w+", message))
+    fresh = [p for p in dict.fromkeys(pool) if p not in used]
+    if not names or len(fresh) < len(names):
+        return None
+    mapping = dict(zip(names, rng.sample(fresh, len(names))))
+    return re.sub(r"\b\w+\b", lambda m: mapping.get(m.group(0), m.group(0)), message)
+
+
 def variant_prompts(prompts: list[list[int]], slices: list[str], tokenizer: Any, n: int,
-                    max_prompt_tokens: int) -> tuple[list[list[int]], list[str]]:
-    """(token ids, slice) of the distinct variants of `prompts` (templated prompt ids), each re-templated as
-    serving encodes a request, at most `max_prompt_tokens` long; none that is one of `prompts` itself."""
+                    max_prompt_tokens: int, renames: int = 0, seed: int = 0) -> tuple[list[list[int]], list[str]]:
+    """(token ids, slice) of the distinct variants of `prompts` (templated prompt ids): each cut 1..n lines
+    short and `renames` times renamed (`renamed_message`, names drawn from the same slice's requests),
+    each re-templated as serving encodes a request, at most `max_prompt_tokens` long; none that is one
+    of `prompts` itself."""
     from training.target_completions import encode_prompt
 
     frame = chat_frame(tokenizer)
-    if frame is None or n < 1:
+    if frame is None or (n < 1 and renames < 1):
         return [], []
     seen = {tuple(p) for p in prompts}
+    messages = [user_message(tokenizer.decode(ids, skip_special_tokens=False), frame) for ids in prompts]
+    pools: dict[str, list[str]] = {}
+    for message, name in zip(messages, slices):
+        pools.setdefault(name, []).extend(defined_names(message) if message is not None else [])
+    rng = random.Random(seed)
     ids_out: list[list[int]] = []
     slices_out: list[str] = []
-    for ids, name in zip(prompts, slices):
-        message = user_message(tokenizer.decode(ids, skip_special_tokens=False), frame)
-        for variant in variant_messages(message, n) if message is not None else []:
+    for message, name in zip(messages, slices):
+        if message is None or len(message.split("\n")) < MIN_LINES:
+            continue
+        variants = variant_messages(message, n)
+        variants += [v for _ in range(renames) if (v := renamed_message(message, pools[name], rng)) is not None]
+        for variant in variants:
             _, variant_ids = encode_prompt(tokenizer, variant, chat=True)
             if len(variant_ids) <= max_prompt_tokens and tuple(variant_ids) not in seen:
                 seen.add(tuple(variant_ids))

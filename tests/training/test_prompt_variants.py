@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from serving.toy import build_tokenizer
-from training.prompt_variants import chat_frame, cut_lines, user_message, variant_messages, variant_prompts
+import random
+import re
+
+from training.prompt_variants import (chat_frame, cut_lines, defined_names, renamed_message, user_message,
+                                      variant_messages, variant_prompts)
 from training.target_completions import encode_prompt
 
 FUNCTION = "Complete this Python function:\n\n```python\ndef area(w, h):\n    \"\"\"Area.\"\"\"\n    a = w * h\n    return a\n```"
@@ -42,3 +46,43 @@ def test_variant_prompts_are_distinct_encoded_requests_of_the_same_slice():
     assert variant_prompts([code], ["code"], tokenizer, 0, 10_000) == ([], [])
     tokenizer.chat_template = None
     assert variant_prompts([code], ["code"], tokenizer, 2, 10_000) == ([], [])  # no template: no frame to cut in
+
+
+OTHER = "Finish this:\n\ndef total_cost(items, rate=0.2):\n    for item, qty in items:\n        subtotal: float = qty\n    return subtotal"
+
+
+def test_defined_names_are_the_snippets_own_not_the_languages():
+    assert defined_names(FUNCTION) == ["area"]  # w, h, a: one letter, also words of prose
+    assert defined_names(OTHER) == ["total_cost", "items", "rate", "subtotal", "item", "qty"]
+    assert defined_names("class Stack(list):\n    def push(self, *args, **kw):\n        if x == 1: pass") == \
+        ["Stack", "push", "args", "kw"]  # self, the comparison and the builtin base are not names it defines
+    assert defined_names("Tell me a fun fact about birds.") == []
+
+
+def test_renamed_message_swaps_every_defined_name_consistently_for_unused_ones():
+    fresh = ["width", "height", "depth", "scale", "offset", "label"]
+    renamed = renamed_message(OTHER, defined_names(OTHER) + fresh, random.Random(0))  # its own names: never drawn
+    assert renamed is not None
+    names = defined_names(renamed)
+    assert sorted(names) == sorted(fresh)
+    expected = OTHER
+    for old, new in zip(defined_names(OTHER), names):  # the same swap wherever the name appears
+        expected = re.sub(rf"\b{old}\b", new, expected)
+    assert renamed == expected and renamed.count("for ") == 1 and "return " in renamed  # keywords untouched
+    assert renamed_message(OTHER, fresh[:5], random.Random(0)) is None  # too few fresh names to draw
+    assert renamed_message("Write a poem about the sea.", fresh, random.Random(0)) is None
+
+
+def test_variant_prompts_add_renamed_requests_beside_the_cut_ones():
+    tokenizer = build_tokenizer()
+    _, code = encode_prompt(tokenizer, OTHER, chat=True)
+    _, more = encode_prompt(tokenizer, FUNCTION.replace("area", "volume_of_box"), chat=True)
+    cut_only, _ = variant_prompts([code, more], ["code", "code"], tokenizer, 1, 10_000)
+    ids, slices = variant_prompts([code, more], ["code", "code"], tokenizer, 1, 10_000, renames=1, seed=3)
+    # OTHER defines six names and the slice has one it does not use: not renamed; the box function is
+    assert ids[:2] == cut_only and len(ids) == 3 and slices == ["code"] * 3
+    renamed = user_message(tokenizer.decode(ids[2], skip_special_tokens=False), chat_frame(tokenizer))
+    assert "volume_of_box" not in renamed and defined_names(renamed)[0] in defined_names(OTHER)
+    assert ids == variant_prompts([code, more], ["code", "code"], tokenizer, 1, 10_000, renames=1, seed=3)[0]
+    twice, _ = variant_prompts([code, more], ["code", "code"], tokenizer, 0, 10_000, renames=2, seed=1)
+    assert len(twice) == 2 and twice[0] != twice[1]  # two draws, two requests (a repeated draw would count once)
