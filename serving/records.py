@@ -113,11 +113,12 @@ class AcceptanceRecord:
 
 def draft_steps(record: Any) -> list[Any]:
     """The steps of an `AcceptanceRecord` (or a decoded log line) that the draft model drafted: a hybrid
-    record's suffix-index steps are left out (they measure the index, not the draft, which is what the
-    monitor and mining judge); other records' steps all count."""
+    record's suffix-index steps and its plain steps (no source, nothing drafted: the step pace chose the
+    target alone) are left out -- they measure the index and the pace, not the draft, which is what the
+    monitor and mining judge; other records' steps all count."""
     if record.mode != "hybrid":
         return record.steps
-    return [step for step in record.steps if step.source != "suffix"]
+    return [step for step in record.steps if step.source != "suffix" and (step.source or step.k)]
 
 
 def draft_counts(record: Any) -> tuple[int, int, int]:

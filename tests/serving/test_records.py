@@ -129,20 +129,22 @@ def test_unknown_fields_are_ignored_except_in_sampling():
 
 
 def hybrid_record() -> AcceptanceRecord:
-    """A hybrid request: one step the suffix index drafted (5 of 6 accepted), two the draft drafted."""
+    """A hybrid request: one step the suffix index drafted (5 of 6 accepted), two the draft drafted, one
+    plain step (the pace chose the target alone: no source, nothing drafted)."""
     steps = [Step(k=6, accepted=5, draft_token_ids=[3] * 6, target_token_id=4, source="suffix"),
              Step(k=3, accepted=1, draft_token_ids=[3] * 3, target_token_id=4, source="eagle3"),
+             Step(k=0, accepted=0, draft_token_ids=[], target_token_id=4),
              Step(k=2, accepted=0, draft_token_ids=[3] * 2, target_token_id=4, source="eagle3")]
     return AcceptanceRecord(
         request_id="h", ts=1.0, slice="code", target_id=ModelId("t"), draft_id=ModelId("d"), mode="hybrid",
-        sampling=Sampling(), prompt="p", prompt_token_ids=[1], output="o", output_token_ids=[3] * 9,
-        finish_reason="length", steps=steps, drafted_tokens=11, accepted_tokens=6, verify_steps=3)
+        sampling=Sampling(), prompt="p", prompt_token_ids=[1], output="o", output_token_ids=[3] * 10,
+        finish_reason="length", steps=steps, drafted_tokens=11, accepted_tokens=6, verify_steps=4)
 
 
-def test_draft_counts_leave_out_the_suffix_index_steps_of_a_hybrid_record():
+def test_draft_counts_leave_out_the_suffix_index_and_plain_steps_of_a_hybrid_record():
     hybrid = hybrid_record()
     assert [s.source for s in draft_steps(hybrid)] == ["eagle3", "eagle3"]
-    assert draft_counts(hybrid) == (5, 1, 2)  # the whole record: (11, 6, 3)
+    assert draft_counts(hybrid) == (5, 1, 2)  # the whole record: (11, 6, 4)
     assert draft_counts(parse_record(hybrid.to_json())) == (5, 1, 2)  # and the same for a record read back
     draft = make_record()
     assert draft_counts(draft) == (4, 1, 1) and draft_steps(draft) == draft.steps
