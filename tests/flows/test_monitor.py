@@ -183,16 +183,16 @@ def test_delivered_gain_as_served_counts_every_step_of_hybrid_requests():
     list(tally.watch(v1 + v2))
     gain = delivered_gain(tally, "2", "1")
     own, served = gain["slices"]["code"], gain["as_served"]["code"]
-    # the draft's own steps (its eagle3 step and the plain step): v1 (0 + 2) / 2, v2 (2 + 2) / 2
-    assert own["previous"]["mean_accepted_length"] == 1.0 and own["champion"]["mean_accepted_length"] == 2.0
-    assert own["previous"]["requests"] == 3 and own["mal_change"] == pytest.approx(1.0)
+    # the draft's own steps (its eagle3 step; not the index's, nor the plain step): v1 (0 + 1) / 1, v2 (2 + 1) / 1
+    assert own["previous"]["mean_accepted_length"] == 1.0 and own["champion"]["mean_accepted_length"] == 3.0
+    assert own["previous"]["requests"] == 3 and own["mal_change"] == pytest.approx(2.0)
     # every step: v1 (3 * 6 + 3 + 3 * 4 + 2) / 14, v2 (4 * 8 + 16) / 16
     assert served["previous"]["requests"] == 4
     assert served["previous"]["mean_accepted_length"] == pytest.approx(35 / 14)
     assert served["champion"]["mean_accepted_length"] == pytest.approx(3.0)
     assert served["mal_change"] == pytest.approx(3.0 / (35 / 14) - 1)
     metrics = delivered_metrics(gain)
-    assert metrics["delivered.code.mal_change"] == pytest.approx(1.0)
+    assert metrics["delivered.code.mal_change"] == pytest.approx(2.0)
     assert metrics["delivered_as_served.code.mal_change"] == pytest.approx(served["mal_change"])
 
 

@@ -301,7 +301,7 @@ def test_prompt_variants_join_the_training_data_answered_by_the_target(trained, 
     out, config = trained
     tokenizer = AutoTokenizer.from_pretrained(toy_models["target"])
     target = AutoModelForCausalLM.from_pretrained(toy_models["target"]).eval()
-    workload = [{"prompt": f"Fix:\n\nx = {i}\ny = 2\nz = 3\nw = 4", "slice": "code"} for i in range(3)] + \
+    workload = [{"prompt": f"Fix:\n\nx{i} = {i}\ny{i} = 2\nz{i} = 3\nw{i} = 4", "slice": "code"} for i in range(3)] + \
                [{"prompt": "Say hi", "slice": "chat"}]
     rows = target_traffic(target, tokenizer, workload, max_new_tokens=6, batch_size=4, progress=False)
     mined = save_rows(rows, tmp_path / "mined")
@@ -318,6 +318,13 @@ def test_prompt_variants_join_the_training_data_answered_by_the_target(trained, 
     assert metrics["continued_tokens"] >= plain_metrics["continued_tokens"] + 6
     assert metrics["train_tokens"] > plain_metrics["train_tokens"]
     assert metrics["rehearsal_sequences"] == plain_metrics["rehearsal_sequences"] == round(0.5 * 4)
+    renamed = train_eagle(EagleConfig(**{**base, "prompt_variants": 2, "prompt_renames": 1,
+                                         "output_dir": str(tmp_path / "r")}))
+    renamed_metrics = json.loads((renamed / "draftwheel_training.json").read_text())["metrics"]
+    assert renamed_metrics["variant_sequences"] == 9  # and one renamed request per code request
+    assert renamed_metrics["continued_tokens"] > metrics["continued_tokens"]
+    with pytest.raises(ValueError, match="prompt_renames"):
+        EagleConfig(prompt_renames=1, continue_to=0)
     with pytest.raises(ValueError, match="prompt_variants"):
         EagleConfig(prompt_variants=2, continue_to=0)
     with pytest.raises(ValueError, match="prompt_variants"):
