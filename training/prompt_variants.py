@@ -11,12 +11,18 @@ same batched generation that lengthens the logged outputs, features included (tr
 
 Only the user message is cut, inside the chat template's frame; a closing ``` fence is kept. Messages
 left with fewer than MIN_LINES lines give none, so one-line requests (most chat and prose) give none.
+
+Renames (`renamed_message`): the same request with every name its code defines swapped for names other
+requests of the slice define. The target's answers restate the request's code (issue 13: 64 % of the
+code answers' positions), and a draft trained on few requests learns their identifiers, which live
+traffic does not repeat; on a renamed request those positions can be drafted only by copying.
+Regular expressions, not Python's tokenizer: the requests are often cut mid-statement.
 """
 
 from __future__ import annotations
 
-import keyword
 import builtins
+import keyword
 import random
 import re
 from typing import Any
@@ -87,7 +93,8 @@ def defined_names(text: str) -> list[str]:
 
 def renamed_message(message: str, pool: list[str], rng: random.Random) -> str | None:
     """`message` with every name it defines replaced, consistently, by one drawn from `pool` (names other
-    requests of the slice define) that it does not already use; None when it defines none.
+    requests of the slice define) that it does not already use; None when it defines none or the pool
+    has too few such names.
 
     Why: what the draft learns from a round's few requests is partly their own identifiers, which live
     traffic does not repeat; the target's answers restate the request's code, so on a renamed request
