@@ -105,12 +105,11 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
         common.require(self.teacher_temperature > 0.0, "teacher_temperature",
                        f"must be > 0, got {self.teacher_temperature}")
         common.require(self.continue_to >= 0, "continue_to", f"must be >= 0, got {self.continue_to}")
-        common.require(self.prompt_variants >= 0, "prompt_variants", f"must be >= 0, got {self.prompt_variants}")
-        common.require(not self.prompt_variants or self.continue_to > 0, "prompt_variants",
-                       "needs continue_to > 0: the continuation step generates the variants' answers")
-        common.require(self.prompt_renames >= 0, "prompt_renames", f"must be >= 0, got {self.prompt_renames}")
-        common.require(not self.prompt_renames or self.continue_to > 0, "prompt_renames",
-                       "needs continue_to > 0: the continuation step generates the variants' answers")
+        for name in ("prompt_variants", "prompt_renames"):
+            value = getattr(self, name)
+            common.require(value >= 0, name, f"must be >= 0, got {value}")
+            common.require(not value or self.continue_to > 0, name,
+                           "needs continue_to > 0: the continuation step generates the variants' answers")
         common.require(self.rehearsal_ratio >= 0.0, "rehearsal_ratio", f"must be >= 0, got {self.rehearsal_ratio}")
         common.require(self.mined_passes >= 1, "mined_passes", f"must be >= 1, got {self.mined_passes}")
         self.check_selection()
@@ -286,8 +285,8 @@ def lengthen(seqs: Sequences, target: Any, eos: set[int], config: EagleConfig, c
 
 
 def add_prompt_variants(seqs: Sequences, tokenizer: Any, config: EagleConfig, info: dict[str, Any]) -> None:
-    """Append (in place) the mined prompts cut 1..`prompt_variants` lines short (training.prompt_variants),
-    with no answer yet: the continuation step answers them with the target's greedy tokens, up to
+    """Append (in place) the mined prompts cut 1..`prompt_variants` lines short and renamed `prompt_renames`
+    times (training.prompt_variants), with no answer yet: the continuation step answers them with the target's greedy tokens, up to
     `continue_to`, in the same generation that lengthens the logged outputs."""
     if not (config.prompt_variants or config.prompt_renames):
         return
