@@ -161,6 +161,39 @@ def test_teacher_temperature_sharpens_the_target_toward_its_argmax():
     assert float(warm.detach()) != pytest.approx(float(hard.detach()), rel=1e-2)
 
 
+def test_collate_pads_to_a_multiple_and_the_padding_changes_no_loss_or_gradient(monkeypatch):
+    """Batch widths round up to PAD_TO_MULTIPLE (few distinct matmul shapes: oneDNN's kernel cache holds);
+    the extra positions are masked and come after every real one, so the loss and its gradients are
+    what the tightest padding gives."""
+    import training.eagle_train as eagle_train
+
+    tokenizer = build_tokenizer()
+    target = tiny_llama(tokenizer, n_layers=2, seed=0)
+    torch.manual_seed(0)
+    draft = Eagle3Draft(Eagle3Config.for_target(target.config, draft_vocab_size=48)).attach_target(target)
+    h = target.config.hidden_size
+    rows = [{"input_ids": list(range(5, 5 + n)), "aux": torch.randn(n, 3 * h), "hidden": torch.randn(n, h),
+             "argmax": torch.zeros(n, dtype=torch.long), "start": 2} for n in (7, 11)]
+    head = target.get_output_embeddings().weight.detach()
+
+    def loss_and_grads(batch):
+        draft.zero_grad()
+        loss, _ = eagle_ttt.unrolled_loss(draft, batch["input_ids"], batch["aux"], batch["hidden"], batch["mask"],
+                                          head, steps=3, decay=0.8)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in draft.parameters()]
+
+    padded = eagle_train.collate(rows)
+    assert padded["input_ids"].shape[1] == eagle_train.PAD_TO_MULTIPLE >= 11
+    assert padded["mask"].sum(1).tolist() == [7 - 1 - 2, 11 - 1 - 2]  # from `start` to the last position but one
+    monkeypatch.setattr(eagle_train, "PAD_TO_MULTIPLE", 1)
+    tight = eagle_train.collate(rows)
+    assert tight["input_ids"].shape[1] == 11
+    (loss, grads), (tight_loss, tight_grads) = loss_and_grads(padded), loss_and_grads(tight)
+    assert torch.allclose(loss, tight_loss, atol=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads, tight_grads))
+
+
 def test_chain_acceptance_counts_runs_of_matches():
     tokenizer = build_tokenizer()
     target = tiny_llama(tokenizer, n_layers=2, seed=0)
