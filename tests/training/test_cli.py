@@ -63,7 +63,7 @@ def test_train_without_config_loads_the_shipped_yaml_the_flywheel_uses():
     assert stage_config_path("", "eagle").endswith("configs/eagle.yaml")
     assert stage_config_path("mine.yaml", "eagle") == "mine.yaml"
     shipped = load_config(EagleConfig, stage_config_path("", "eagle"))
-    assert shipped.continue_to == 96 and shipped.mined_passes == 2 and shipped.prompt_variants == 2
+    assert shipped.continue_to == 96 and shipped.mined_passes == 4 and shipped.prompt_variants == 2
     assert shipped.prompt_renames == 2
     assert shipped != EagleConfig()
 
