@@ -1,0 +1,15 @@
+# one unattended monitor round with the new defaults (padded batch widths, more passes), from the state after traffic; then 80 live code requests (seeds 2, 4)
+set -x
+export HF_HUB_OFFLINE=1 MLFLOW_DISABLE_TELEMETRY=true PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=120
+cd /work/main; export PYTHONPATH=/work/main
+git log --oneline -1
+rm -rf /work/i13g/roundp; cp -a /work/i13g/base /work/i13g/roundp
+export DRAFTWHEEL_HOME=/work/i13g/roundp
+s=$(date +%s)
+.venv/bin/draftwheel monitor
+echo "MONITOR_WALL_S $(( $(date +%s) - s ))"
+.venv/bin/draftwheel traffic --workload code --n 40 --seed 2
+.venv/bin/draftwheel traffic --workload code --n 40 --seed 4
+.venv/bin/draftwheel monitor run_flywheel=false
+.venv/bin/draftwheel status
+echo ALLDONE
