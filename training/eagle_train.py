@@ -398,11 +398,12 @@ class EagleDataset(torch.utils.data.Dataset):
         return {"input_ids": self.seqs.ids[i], "aux": aux, "hidden": hidden, "argmax": argmax, "start": start}
 
 
-# Batch widths are padded up to a multiple of this. oneDNN builds a kernel per matmul shape and keeps a
-# bounded cache of them: with a batch's width free to take any of ~300 values, nearly every training step
-# built its kernels anew. 80 steps of issue 13's round: 53.7 s at any width, 41.1 s padded to 32 (16:
-# 40.1 s, 64: 41.9 s), though padding adds positions. Padded positions are masked and sit after every
-# real one, so they change no loss or gradient.
+# Batch widths are padded up to a multiple of this. A step whose width differs from the last ones costs
+# far more than a step of a width already seen (most likely oneDNN's per-shape kernels and its bounded
+# cache of them; a larger cache alone won back less), and a batch's width could take any of ~300 values.
+# 80 steps of issue 13's round: 53.7 s at any width, 41.1 s padded to 32 (16: 40.1 s, 64: 41.9 s), though
+# padding adds positions. Padded positions are masked and sit after every real one, so they change no
+# loss or gradient.
 PAD_TO_MULTIPLE = 32
 
 
