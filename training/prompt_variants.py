@@ -94,11 +94,7 @@ def defined_names(text: str) -> list[str]:
 def renamed_message(message: str, pool: list[str], rng: random.Random) -> str | None:
     """`message` with every name it defines replaced, consistently, by one drawn from `pool` (names other
     requests of the slice define) that it does not already use; None when it defines none or the pool
-    has too few such names.
-
-    Why: what the draft learns from a round's few requests is partly their own identifiers, which live
-    traffic does not repeat; the target's answers restate the request's code, so on a renamed request
-    those positions can only be predicted by copying from the prompt -- the skill the slice needs."""
+    has too few such names. Why renames: the module docstring."""
     names = defined_names(message)
     used = set(re.findall(r"\w+", message))
     fresh = [p for p in dict.fromkeys(pool) if p not in used]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from serving.toy import build_tokenizer
 import random
 import re
 
+from serving.toy import build_tokenizer
 from training.prompt_variants import (chat_frame, cut_lines, defined_names, renamed_message, user_message,
                                       variant_messages, variant_prompts)
 from training.target_completions import encode_prompt
