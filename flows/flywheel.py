@@ -220,13 +220,18 @@ def _turn(config: FlywheelConfig, tracker: Any, work: Path) -> dict[str, Any]:
     served = _served_slices(config)
     attempts: list[dict[str, Any]] = []
     boost: dict[str, float] = {}
+    rehearsal = _rehearsal_ratio(config)  # this attempt's; None when the trainer does not rehearse
+    raised: list[str] = []  # the train override a retry added to raise it
     for number in range(1, config.max_retries + 2):
         attempt_work = work if number == 1 else work / f"attempt-{number}"
-        with tracker.run(f"attempt-{number}", nested=True, tags={"replay_boost": json.dumps(boost)}):
-            result = _attempt(config, tracker, attempt_work, champion, target, served, boost)
-        plan = replay.plan_retry(result["decision"], result["replay"], boost, config.retry_replay_boost)
+        attempt_config = dataclasses.replace(config, train_overrides=[*config.train_overrides, *raised])
+        with tracker.run(f"attempt-{number}", nested=True,
+                         tags={"replay_boost": json.dumps(boost), "train_overrides_added": " ".join(raised)}):
+            result = _attempt(attempt_config, tracker, attempt_work, champion, target, served, boost)
+        plan = replay.plan_retry(result["decision"], result["replay"], boost, config.retry_replay_boost, rehearsal)
         retry = plan.boost is not None and number <= config.max_retries
-        attempts.append({"attempt": number, "replay_boost": boost, "challenger_version": result["challenger_version"],
+        attempts.append({"attempt": number, "replay_boost": boost, "rehearsal": rehearsal if raised else None,
+                         "challenger_version": result["challenger_version"],
                          "decision": {k: result["decision"].get(k) for k in ("promote", "failed_checks",
                                                                              "blocking_slices")},
                          "next": f"retry: {plan.reason}" if retry else (
@@ -235,7 +240,23 @@ def _turn(config: FlywheelConfig, tracker: Any, work: Path) -> dict[str, Any]:
         if not retry:
             break
         boost = plan.boost
+        if plan.rehearsal != rehearsal:
+            rehearsal, raised = plan.rehearsal, [f"rehearsal_ratio={plan.rehearsal:g}"]
     return {**result, "champion_before": champion["version"], **replay.attempts_report(attempts)}
+
+
+def _rehearsal_ratio(config: FlywheelConfig) -> float | None:
+    """The trainer's rehearsal_ratio when it rehearses (the built-in eagle trainer), else None: a retry's
+    lever for blocking slices with no replay samples in the logs (`flows.replay.plan_retry`)."""
+    if config.trainer not in TRAINERS:
+        return None
+    cls = TRAINERS[config.trainer].load()[0]
+    if "rehearsal_ratio" not in {f.name for f in dataclasses.fields(cls)}:
+        return None
+    placeholders = tasks.stage_overrides(config.trainer, "datasets", "champion", "target", "candidate")
+    train = load_config(cls, stage_config_path(config.train_config, config.trainer) or None,
+                        list(config.train_overrides) + placeholders)
+    return train.rehearsal_ratio if train.rehearsal and train.rehearsal_ratio > 0 else None
 
 
 def _served_slices(config: FlywheelConfig) -> list[str]:

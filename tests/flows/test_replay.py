@@ -26,20 +26,32 @@ def test_no_retry_when_another_check_failed_or_nothing_can_be_replayed():
     assert plan_retry(decision(["lossless"]), REPLAY, {}, 3.0).boost is None
     assert plan_retry(decision([], promote=True), REPLAY, {}, 3.0).boost is None
     stuck = plan_retry(decision(["slice"], ["prose"]), REPLAY, {}, 3.0)
-    assert stuck.boost is None and "prose have no earlier traffic" in stuck.reason
+    assert stuck.boost is None and "prose have no replay samples" in stuck.reason
+
+
+def test_a_slice_with_nothing_to_replay_is_retried_with_more_rehearsal_where_the_trainer_rehearses():
+    only_prose = plan_retry(decision(["slice"], ["prose"]), REPLAY, {}, 3.0, rehearsal=2.0)
+    assert only_prose.boost == {} and only_prose.rehearsal == 6.0
+    assert "rehearsal x3 (rehearsal_ratio 2 -> 6) for prose" in only_prose.reason
+    both = plan_retry(decision(["slice"], ["code", "prose"]), REPLAY, {}, 3.0, rehearsal=2.0)
+    assert both.boost == {"code": 3.0} and both.rehearsal == 6.0  # each slice gets the lever it has
+    replayable = plan_retry(decision(["slice"], ["code"]), REPLAY, {}, 3.0, rehearsal=2.0)
+    assert replayable.boost == {"code": 3.0} and replayable.rehearsal == 2.0  # logged traffic: replay, not rehearsal
+    unchanged = plan_retry(decision(["gain", "slice"], ["prose"]), REPLAY, {}, 3.0, rehearsal=2.0)
+    assert unchanged.boost is None  # another check failed: no lever helps
 
 
 def test_the_report_says_what_blocked_and_what_was_tried():
     attempts = [{"attempt": 1, "replay_boost": {}, "challenger_version": "4", "decision": decision(["slice"], ["code"]),
                  "next": "retry: slice regression on code: replay x3 of code"},
-                {"attempt": 2, "replay_boost": {"code": 3.0}, "challenger_version": "5",
+                {"attempt": 2, "replay_boost": {"code": 3.0}, "rehearsal": 6.0, "challenger_version": "5",
                  "decision": decision(["slice"], ["code"]), "next": "stop: max_retries reached"}]
     report = attempts_report(attempts)
     assert report["blocking_slices"] == ["code"]
     assert report["tried"] == [
         "attempt 1: default replay share -> v4 rejected (slice; blocking code); retry: slice regression on code: "
         "replay x3 of code",
-        "attempt 2: code x3 -> v5 rejected (slice; blocking code); stop: max_retries reached"]
+        "attempt 2: code x3, rehearsal_ratio 6 -> v5 rejected (slice; blocking code); stop: max_retries reached"]
 
 
 def test_served_slices_are_the_canary_sets(tmp_path):
@@ -48,3 +60,14 @@ def test_served_slices_are_the_canary_sets(tmp_path):
     canary = Path(tmp_path / "c.jsonl")
     canary.write_text('{"id": "a", "prompt": "p", "slice": "legal", "max_new_tokens": 8}\n')
     assert served_slices(ShadowConfig(canary_path=str(canary))) == ["legal"]
+
+
+def test_the_rehearsal_lever_is_the_built_in_eagle_trainers_rehearsal_ratio():
+    from flows.flywheel import FlywheelConfig, _rehearsal_ratio
+
+    assert _rehearsal_ratio(FlywheelConfig(trainer="eagle")) == 2.0  # configs/eagle.yaml
+    assert _rehearsal_ratio(FlywheelConfig(trainer="eagle", train_overrides=["rehearsal_ratio=0.5"])) == 0.5
+    assert _rehearsal_ratio(FlywheelConfig(trainer="eagle", train_overrides=["rehearsal_ratio=0"])) is None
+    assert _rehearsal_ratio(FlywheelConfig(trainer="eagle", train_overrides=["rehearsal="])) is None
+    assert _rehearsal_ratio(FlywheelConfig(trainer="distill")) is None  # no rehearsal: the lever does not exist
+    assert _rehearsal_ratio(FlywheelConfig(trainer="tests.flows.toy_trainers:copy_model")) is None
