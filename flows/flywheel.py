@@ -9,7 +9,7 @@ still the one it was gated against; any stage failure stops the flow before the 
 the stage's and the parent's MLflow runs FAILED (tags `failed_stage`, `failure_reason`) and fails the
 Prefect flow run. Mining keeps a replay share of every served slice (the logs' and the canary set's); when
 the gate rejects on slice regressions alone, the turn retries (`max_retries`) with more replay of the
-blocking slices (`flows.replay`); each attempt is a nested MLflow run `attempt-N` holding its stages. Registering and promoting go through `draftwheel.registry`, as on the command line.
+blocking slices, or more rehearsal where they have nothing logged to replay (`flows.replay`); each attempt is a nested MLflow run `attempt-N` holding its stages. Registering and promoting go through `draftwheel.registry`, as on the command line.
 This module wires stages; what each stage does lives in mining/, training/, serving/ and draftwheel/.
 """
 
@@ -79,7 +79,8 @@ class FlywheelConfig:
     max_retries: int = 1
     """Attempts after the first when the gate rejects on slice regressions alone (0 = never retry)."""
     retry_replay_boost: float = 3.0
-    """A retry multiplies the blocking slices' replay quota (mining `replay_boost`) by this."""
+    """A retry multiplies the blocking slices' replay quota (mining `replay_boost`) by this, or the trainer's
+    `rehearsal_ratio` for blocking slices with no replay samples in the logs."""
 
     def __post_init__(self) -> None:
         if self.trainer not in BUILTIN_TRAINERS + (AUTO,) and ":" not in self.trainer:
