@@ -82,6 +82,7 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     rehearsal: str = "auto"      # earlier data mixed in: a dataset dir | auto = the warm start's own (training info) | "" = none
     rehearsal_ratio: float = 1.0  # rehearsal sequences per mined sequence (a fixed seeded sample)
     mined_passes: int = 1        # times each mined sequence is seen per epoch (rehearsal and probe stay once)
+    max_mined_per_epoch: int = 0  # at most this many mined sequences per epoch, passes included (0 = no cap): more traffic, same time
     probe_canary: bool = True    # forgetting probe: also evaluate each epoch on the canary prompts (target's greedy answers)
     select_on: str = METRIC      # the probe figure epoch selection compares: implied_mal | served_mal (what the gate measures)
     identity_init: bool = True   # a fresh draft starts as the target's top aux feature through its norm and head
@@ -112,6 +113,8 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
                            "needs continue_to > 0: the continuation step generates the variants' answers")
         common.require(self.rehearsal_ratio >= 0.0, "rehearsal_ratio", f"must be >= 0, got {self.rehearsal_ratio}")
         common.require(self.mined_passes >= 1, "mined_passes", f"must be >= 1, got {self.mined_passes}")
+        common.require(self.max_mined_per_epoch >= 0, "max_mined_per_epoch",
+                       f"must be >= 0 (0 = no cap), got {self.max_mined_per_epoch}")
         self.check_selection()
         common.require(self.select_on in (SERVED, METRIC), "select_on",
                        f"must be {SERVED!r} or {METRIC!r}, got {self.select_on!r}")
@@ -369,6 +372,19 @@ def probe_with_features(parts: list[Sequences], target: Any, aux_layer_ids: list
     return probe, join_features(features)
 
 
+def mined_epoch(mined: torch.utils.data.Dataset, passes: int, cap: int,
+                seed: int) -> tuple[torch.utils.data.Dataset, list[int]]:
+    """What one epoch sees of the mined set: `passes` times each sequence, but at most `cap` sequences in all
+    (0 = no cap), so that a round's training time stops growing with its traffic: whole passes, then a fixed
+    seeded sample of the set for the part of a pass left. Returns the dataset and the indices it holds."""
+    n = len(mined)
+    total = n * passes if not cap else min(n * passes, cap)
+    whole, rest = divmod(total, n) if n else (0, 0)
+    sample = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:rest].tolist()
+    parts = [mined] * whole + ([torch.utils.data.Subset(mined, sample)] if rest else [])
+    return torch.utils.data.ConcatDataset(parts or [mined]), list(range(n)) * whole + sample
+
+
 def rehearsal_sample(config: EagleConfig, source: tuple[Path, int], seqs: Sequences, target: Any,
                      aux_layer_ids: list[int], cache_root: Path,
                      n_mined: int) -> tuple[torch.utils.data.Dataset, dict[str, Any]]:
@@ -613,9 +629,10 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
     # A round's mined set is small next to its rehearsal sample: more passes over it per epoch give the
     # new traffic more steps without more epochs, so the rehearsal sample, the per-epoch probe and the
     # patience of epoch selection stay as they are (more epochs instead stopped the demo's round early).
-    mined = EagleDataset(train_seqs, features, config.prompt_loss)
-    train_set: torch.utils.data.Dataset = torch.utils.data.ConcatDataset([mined] * config.mined_passes)
-    train_tokens = len(features.argmax) * config.mined_passes
+    train_set, picked = mined_epoch(EagleDataset(train_seqs, features, config.prompt_loss), config.mined_passes,
+                                    config.max_mined_per_epoch, config.seed)
+    train_tokens = sum(len(train_seqs.ids[i]) for i in picked)
+    info["mined_passes_effective"] = round(len(picked) / max(1, len(train_seqs.ids)), 3)
     if rehearsing:
         rehearsal, rehearsal_info = rehearsal_sample(config, source, rehearsal_seqs, target, draft.c.aux_layer_ids,
                                                      cache_root, n_requests)

@@ -22,7 +22,7 @@ from serving.models import load_model
 from serving.params import SamplingParams
 from serving.toy import build_tokenizer, tiny_llama
 from training import common
-from training.eagle_train import EagleConfig, load_sequences, rehearsal_source, train_eagle
+from training.eagle_train import EagleConfig, load_sequences, mined_epoch, rehearsal_source, train_eagle
 from training.eagle_ttt import (_SoftCrossEntropy, chain_acceptance, chain_slots, implied_mal, served_walk, ttt_attention,
                                 ttt_loss, ttt_mask, unroll)
 
@@ -433,6 +433,8 @@ def test_warm_start_rehearses_the_data_it_learned_from(trained, toy_data, tmp_pa
         EagleConfig(rehearsal_ratio=-1.0)
     with pytest.raises(ValueError, match="mined_passes"):
         EagleConfig(mined_passes=0)
+    with pytest.raises(ValueError, match="max_mined_per_epoch"):
+        EagleConfig(max_mined_per_epoch=-1)
     with pytest.raises(ValueError, match="ttt_chain_share"):
         EagleConfig(ttt_chain_share=0.0)
     with pytest.raises(ValueError, match="select_on"):
@@ -728,3 +730,16 @@ def test_eval_transfer_scores_drafts_on_other_code(trained, toy_models, tmp_path
     assert line.startswith(f"{out}: implied mean accepted length") and "(k=3, 3 prompts)" in line
     mal = float(line.split("length ")[1].split()[0])
     assert 1.0 <= mal <= 4.0
+
+
+def test_an_epoch_sees_the_mined_set_passes_times_up_to_the_cap():
+    mined = list(range(10))
+    uncapped, picked = mined_epoch(mined, passes=4, cap=0, seed=0)
+    assert len(uncapped) == 40 and sorted(picked) == sorted(mined * 4)
+    assert len(mined_epoch(mined, passes=4, cap=50, seed=0)[0]) == 40  # under the cap: every pass
+    capped, picked = mined_epoch(mined, passes=4, cap=32, seed=0)
+    assert len(capped) == 32 and [capped[i] for i in range(32)] == picked  # 3 whole passes, then 2 of the 10
+    assert picked[:30] == mined * 3 and len(set(picked[30:])) == 2
+    assert mined_epoch(mined, passes=4, cap=32, seed=0)[1] == picked  # a fixed sample: every epoch the same
+    small, picked = mined_epoch(mined, passes=4, cap=6, seed=1)
+    assert len(small) == 6 and len(set(picked)) == 6  # more traffic than the cap: a sample of it, each once
