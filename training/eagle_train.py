@@ -15,7 +15,7 @@ Rehearsal (against forgetting): a warm-started draft also trains on a fixed, see
 its warm start learned from (`rehearsal: auto` follows its training info back to the bootstrap data,
 whose features are already cached), `rehearsal_ratio` sequences per mined one, so a round on one new
 slice does not overwrite what the champion does well elsewhere. `mined_passes` repeats the mined
-sequences within each epoch (the rehearsal sample is seen once).
+sequences within each epoch (the rehearsal sample is seen once), up to `max_mined_per_epoch` in all.
 Epoch selection (against forgetting too): before training and after each epoch, the implied mean
 accepted length at k = `eval_k` is measured per slice on a probe -- the round's hold-out, the warm
 start's own hold-out and the canary prompts -- and the saved weights are those of the epoch best for
