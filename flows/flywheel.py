@@ -9,7 +9,9 @@ still the one it was gated against; any stage failure stops the flow before the 
 the stage's and the parent's MLflow runs FAILED (tags `failed_stage`, `failure_reason`) and fails the
 Prefect flow run. Mining keeps a replay share of every served slice (the logs' and the canary set's); when
 the gate rejects on slice regressions alone, the turn retries (`max_retries`) with more replay of the
-blocking slices, or more rehearsal where they have nothing logged to replay (`flows.replay`); each attempt is a nested MLflow run `attempt-N` holding its stages. Registering and promoting go through `draftwheel.registry`, as on the command line.
+blocking slices, or more rehearsal where they have nothing logged to replay (`flows.replay`); each attempt
+is a nested MLflow run `attempt-N` holding its stages. Registering and promoting go through
+`draftwheel.registry`, as on the command line.
 This module wires stages; what each stage does lives in mining/, training/, serving/ and draftwheel/.
 """
 
@@ -119,14 +121,18 @@ class FlywheelConfig:
         names = [n for n in (AUTO_CHOICES.values() if self.trainer == AUTO else [self.trainer]) if n in TRAINERS]
         errors = []
         for name in names:
-            placeholders = tasks.stage_overrides(name, "datasets", "champion", "target", "candidate")
             try:
-                load_config(TRAINERS[name].load()[0], stage_config_path(self.train_config, name) or None,
-                            list(self.train_overrides) + placeholders)
+                self.train_stage_config(name)
             except ValueError as exc:
                 errors.append(f"{name}: {exc}")
         if names and len(errors) == len(names):
             raise ConfigError("train stage: " + "; ".join(errors))
+
+    def train_stage_config(self, name: str) -> Any:
+        """Built-in trainer `name`'s config with this turn's overrides (the flow's own paths as placeholders)."""
+        placeholders = tasks.stage_overrides(name, "datasets", "champion", "target", "candidate")
+        return load_config(TRAINERS[name].load()[0], stage_config_path(self.train_config, name) or None,
+                           list(self.train_overrides) + placeholders)
 
 
 def override(key: str, value: Any) -> str:
@@ -221,10 +227,11 @@ def _turn(config: FlywheelConfig, tracker: Any, work: Path) -> dict[str, Any]:
     served = _served_slices(config)
     attempts: list[dict[str, Any]] = []
     boost: dict[str, float] = {}
-    rehearsal = _rehearsal_ratio(config)  # this attempt's; None when the trainer does not rehearse
-    raised: list[str] = []  # the train override a retry added to raise it
+    trainers_rehearsal = _rehearsal_ratio(config)  # None when the trainer does not rehearse
+    rehearsal = trainers_rehearsal  # this attempt's: a retry may raise it
     for number in range(1, config.max_retries + 2):
         attempt_work = work if number == 1 else work / f"attempt-{number}"
+        raised = [f"rehearsal_ratio={rehearsal:g}"] if rehearsal != trainers_rehearsal else []
         attempt_config = dataclasses.replace(config, train_overrides=[*config.train_overrides, *raised])
         with tracker.run(f"attempt-{number}", nested=True,
                          tags={"replay_boost": json.dumps(boost), "train_overrides_added": " ".join(raised)}):
@@ -240,9 +247,7 @@ def _turn(config: FlywheelConfig, tracker: Any, work: Path) -> dict[str, Any]:
                              f"stop: {plan.reason if plan.boost is None else 'max_retries reached'}")})
         if not retry:
             break
-        boost = plan.boost
-        if plan.rehearsal != rehearsal:
-            rehearsal, raised = plan.rehearsal, [f"rehearsal_ratio={plan.rehearsal:g}"]
+        boost, rehearsal = plan.boost, plan.rehearsal
     return {**result, "champion_before": champion["version"], **replay.attempts_report(attempts)}
 
 
@@ -251,13 +256,9 @@ def _rehearsal_ratio(config: FlywheelConfig) -> float | None:
     lever for blocking slices with no replay samples in the logs (`flows.replay.plan_retry`)."""
     if config.trainer not in TRAINERS:
         return None
-    cls = TRAINERS[config.trainer].load()[0]
-    if "rehearsal_ratio" not in {f.name for f in dataclasses.fields(cls)}:
-        return None
-    placeholders = tasks.stage_overrides(config.trainer, "datasets", "champion", "target", "candidate")
-    train = load_config(cls, stage_config_path(config.train_config, config.trainer) or None,
-                        list(config.train_overrides) + placeholders)
-    return train.rehearsal_ratio if train.rehearsal and train.rehearsal_ratio > 0 else None
+    train = config.train_stage_config(config.trainer)
+    ratio = getattr(train, "rehearsal_ratio", 0)
+    return ratio if ratio > 0 and train.rehearsal else None
 
 
 def _served_slices(config: FlywheelConfig) -> list[str]:

@@ -372,6 +372,11 @@ def probe_with_features(parts: list[Sequences], target: Any, aux_layer_ids: list
     return probe, join_features(features)
 
 
+def seeded_sample(n: int, k: int, seed: int) -> list[int]:
+    """`k` distinct indices of `range(n)`, the same for the same seed (a fixed sample: every epoch alike)."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:k].tolist()
+
+
 def mined_epoch(mined: torch.utils.data.Dataset, passes: int, cap: int,
                 seed: int) -> tuple[torch.utils.data.Dataset, list[int]]:
     """What one epoch sees of the mined set: `passes` times each sequence, but at most `cap` sequences in all
@@ -380,7 +385,7 @@ def mined_epoch(mined: torch.utils.data.Dataset, passes: int, cap: int,
     n = len(mined)
     total = n * passes if not cap else min(n * passes, cap)
     whole, rest = divmod(total, n) if n else (0, 0)
-    sample = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:rest].tolist()
+    sample = seeded_sample(n, rest, seed)
     parts = [mined] * whole + ([torch.utils.data.Subset(mined, sample)] if rest else [])
     return torch.utils.data.ConcatDataset(parts or [mined]), list(range(n)) * whole + sample
 
@@ -394,7 +399,7 @@ def rehearsal_sample(config: EagleConfig, source: tuple[Path, int], seqs: Sequen
     features, hit = cached_features(target.model, seqs.ids, aux_layer_ids, target.model_id.sha256, cache_root,
                                     bf16=config.bf16)
     n = min(len(seqs.ids), round(config.rehearsal_ratio * n_mined))
-    picked = torch.randperm(len(seqs.ids), generator=torch.Generator().manual_seed(config.seed))[:n].tolist()
+    picked = seeded_sample(len(seqs.ids), n, config.seed)
     tokens = sum(len(seqs.ids[i]) for i in picked)
     subset = torch.utils.data.Subset(EagleDataset(seqs, features, config.prompt_loss), picked)
     return subset, {"rehearsal": str(path), "rehearsal_max_length": max_length, "rehearsal_sequences": n,

@@ -163,8 +163,8 @@ def test_teacher_temperature_sharpens_the_target_toward_its_argmax():
 
 def test_collate_pads_to_a_multiple_and_the_padding_changes_no_loss_or_gradient(monkeypatch):
     """Batch widths round up to PAD_TO_MULTIPLE (few distinct matmul shapes: steps of a changing width
-    were slow, eagle_train.PAD_TO_MULTIPLE); the extra positions are masked and come after every real one, so the loss and its gradients are
-    what the tightest padding gives."""
+    were slow, eagle_train.PAD_TO_MULTIPLE); the extra positions are masked and come after every real one,
+    so the loss and its gradients are what the tightest padding gives."""
     import training.eagle_train as eagle_train
 
     tokenizer = build_tokenizer()
