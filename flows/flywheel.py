@@ -193,9 +193,12 @@ def _shadow(config: FlywheelConfig, tracker: Any, work: Path, champion: dict, tr
         print(MEDUSA_NOTE, flush=True)
         return {"summary": not_gated(MEDUSA_NOTE), "decision": {"promote": False, "reasons": [MEDUSA_NOTE]}}
     report_path = work / "shadow" / "report.json"
+    # As served: the suffix index of the replay is built from the logs this round mined (a user's own
+    # shadow_overrides may still name other logs).
+    logs = [f"suffix_logs={config.logs_dir or home.logs_dir()}"]
     report = tasks.shadow_compare(champion["dir"], trained["dir"], target["dir"],
                                   str(home.mined_dataset("holdout", work / "datasets")), config.shadow_config,
-                                  config.shadow_overrides, str(report_path), tracker=tracker)
+                                  logs + list(config.shadow_overrides), str(report_path), tracker=tracker)
     return {"summary": report_summary(report, report_path), "decision": report["decision"]}
 
 

@@ -5,8 +5,15 @@ into overall and per-slice means with paired-bootstrap intervals; `gate(report, 
 intervals come from one paired bootstrap per group of requests: resample requests (both arms together)
 with replacement, `bootstrap_resamples` times, seeded; take percentiles at `confidence`.
 
-- Overall gain: the interval of the mean per-request difference in mean accepted length (tokens per
-  target verification step). Pairing removes the prompt-to-prompt variance both drafts share.
+The gated figure is `config.metric`: by default `served_speedup`, each request's modelled speed against
+plain decoding as served (serving.served_cost: tokens per unit of measured verify cost and draft cost),
+which moves with the as-served mean accepted length and with what each step costs; or
+`mean_accepted_length` (tokens per target verification step). Both, the wall clock and the draft-alone
+figures are reported beside it; the wall clock vetoes only on decisive evidence (its whole interval a
+loss beyond `wall_tolerance`), so timing noise cannot decide alone.
+
+- Overall gain: the interval of the mean per-request difference in the metric. Pairing removes the
+  prompt-to-prompt variance both drafts share.
 - Per slice, non-inferiority: the interval of the relative change of the slice's mean, (mean
   challenger / mean champion) - 1, a ratio of means. A slice with at least `min_slice_requests`
   requests must have its lower bound above -tolerance: the data must show it did not lose more than
@@ -29,6 +36,10 @@ import numpy as np
 from serving.precision import check_dtype_name
 
 METRIC = "mean_accepted_length"
+SERVED_SPEEDUP = "served_speedup"
+METRICS = (SERVED_SPEEDUP, METRIC)
+REPORTED = ("mean_accepted_length", "served_speedup", "acceptance_rate", "tokens_per_s")
+"""Figures averaged per arm in every summary, whatever the gated metric (draft-alone ones too, when replayed)."""
 POOLED = "other/pooled"
 """Name of the gating group made of the slices with fewer than `min_slice_requests` requests."""
 MIN_EVIDENCE = 3
@@ -41,8 +52,11 @@ NON_INFERIORITY, CLEAR_REGRESSION, TOO_FEW = "non-inferiority", "clear regressio
 class ShadowConfig:
     """Settings of `draftwheel shadow` (configs/shadow.yaml)."""
 
+    metric: str = SERVED_SPEEDUP
+    """The gated per-request figure: `served_speedup` (modelled speed vs plain decoding as served,
+    serving.served_cost) or `mean_accepted_length`."""
     min_gain: float = 0.0
-    """Promote only if the lower CI bound of the mean per-request gain in accepted length exceeds this."""
+    """Promote only if the lower CI bound of the mean per-request gain in `metric` exceeds this."""
     confidence: float = 0.95
     """Two-sided confidence level of the bootstrap intervals (a bound is the end of that interval)."""
     bootstrap_resamples: int = 2000
@@ -76,10 +90,17 @@ class ShadowConfig:
     `min_path_prob` (configs/serve.yaml) does: the gate measures the chains serving will draft."""
     dtype: str = "auto"
     """Replay precision, as serving's `dtype` (serving.precision): auto = bfloat16 on AMX-BF16 CPUs."""
-    suffix_tier: bool = False
-    """Replay both drafts as serving does with `suffix_tier` on: mode hybrid, each draft with its own suffix
-    index that starts empty and learns from the requests it replays (never from the logs, which hold the
-    holdout's own answers). Either draft kind (`lm` or `eagle3`)."""
+    suffix_tier: bool = True
+    """Replay both drafts as `draftwheel serve` runs them with its default `suffix_tier`: mode hybrid, beside
+    the suffix index serving had (serving.shadow.served_index: the serving logs less the replayed prompts),
+    read-only. False: mode draft (the draft alone). Either draft kind (`lm` or `eagle3`)."""
+    suffix_logs: str = ""
+    """Serving logs the suffix index is built from ("" = the state dir's logs/)."""
+    draft_alone: bool = True
+    """With suffix_tier, also replay each draft alone (mode draft): reported beside, never gated on."""
+    wall_tolerance: float = 0.10
+    """The wall clock (tokens/s) vetoes a promotion only when the upper bound of its relative change is
+    below -wall_tolerance: a loss shown beyond timing noise."""
     workers: int = 0
     """Replay processes, each with the target and both drafts (loaded from their directories), taking the
     next request as it finishes one: 1 = in this process; 0 = auto: one per CPU core, at most 4, from 16
@@ -110,9 +131,13 @@ class ShadowConfig:
         if not 0.0 <= self.min_path_prob < 1.0:
             raise ValueError(f"min_path_prob: must be in [0, 1), got {self.min_path_prob!r}")
         check_dtype_name(self.dtype)
+        if self.metric not in METRICS:
+            raise ValueError(f"metric: must be one of {', '.join(METRICS)}, got {self.metric!r}")
+        if not 0.0 <= self.wall_tolerance < 1.0:
+            raise ValueError(f"wall_tolerance: must be a fraction in [0, 1), got {self.wall_tolerance!r}")
         if self.suffix_tier and self.workers > 1:
-            raise ValueError(f"workers: suffix_tier replays in one process (each index learns in request order), "
-                             f"got {self.workers!r}; use 1 or 0 (auto)")
+            raise ValueError(f"workers: suffix_tier replays in one process (the hybrid's step pace carries across "
+                             f"requests in order), got {self.workers!r}; use 1 or 0 (auto)")
 
     def tolerance(self, slice_name: str) -> float:
         return float(self.slice_tolerances.get(slice_name, self.slice_tolerance))
@@ -128,6 +153,7 @@ class SliceVerdict:
     rule: str
     """NON_INFERIORITY (n >= min_slice_requests), CLEAR_REGRESSION (smaller), TOO_FEW (< MIN_EVIDENCE)."""
     tolerance: float
+    metric: str
     champion_mean: float
     challenger_mean: float
     relative_change: float
@@ -140,7 +166,7 @@ class SliceVerdict:
         bound = {NON_INFERIORITY: f"lower bound must stay above -{self.tolerance:.0%}",
                  CLEAR_REGRESSION: f"pooled; vetoes only if the upper bound is below -{self.tolerance:.0%}",
                  TOO_FEW: f"pooled; fewer than {MIN_EVIDENCE} requests never veto"}[self.rule]
-        return (f"{name} n={self.n}: mean accepted length {self.champion_mean:.4f} -> {self.challenger_mean:.4f}, "
+        return (f"{name} n={self.n}: {self.metric.replace('_', ' ')} {self.champion_mean:.4f} -> {self.challenger_mean:.4f}, "
                 f"relative {self.relative_change:+.1%} [{confidence:.0%} CI {self.ci_low:+.1%}, "
                 f"{self.ci_high:+.1%}] ({self.rule}: {bound})")
 
@@ -151,7 +177,7 @@ class Decision:
     reasons: list[str]
     """One line per check, failed checks first; each says what was measured against what."""
     failed_checks: list[str] = field(default_factory=list)
-    """Kinds of the failed checks: "requests", "lossless", "gain", "slice"."""
+    """Kinds of the failed checks: "requests", "lossless", "gain", "wall_clock", "slice"."""
     slices: list[SliceVerdict] = field(default_factory=list)
     """The per-slice table, in report order (slices by name, then the pool)."""
 
@@ -202,18 +228,30 @@ def _arm_summary(values: np.ndarray, config: ShadowConfig) -> dict[str, float]:
 
 
 def _compare(requests: list[dict[str, Any]], config: ShadowConfig) -> dict[str, Any]:
-    """Champion, challenger, paired-difference and relative-change summaries of the metric for some requests."""
-    champ = np.array([r["champion"][METRIC] for r in requests], dtype=float)
-    chall = np.array([r["challenger"][METRIC] for r in requests], dtype=float)
-    result = {"n": len(requests), "champion": _arm_summary(champ, config),
+    """Champion, challenger, paired-difference and relative-change summaries of the gated metric for some
+    requests, the other figures' means beside (`REPORTED`, and under `draft_alone` when replayed) and the
+    wall clock's relative change with its interval."""
+    metric = config.metric
+    champ = np.array([r["champion"][metric] for r in requests], dtype=float)
+    chall = np.array([r["challenger"][metric] for r in requests], dtype=float)
+    result = {"n": len(requests), "metric": metric, "champion": _arm_summary(champ, config),
               "challenger": _arm_summary(chall, config), "difference": _arm_summary(chall - champ, config)}
     result["relative_change"] = float(relative_change(champ, chall))
     low, high = relative_change_ci(champ, chall, config)
     result["relative"] = {"mean": result["relative_change"], "ci_low": low, "ci_high": high}
     for arm in ("champion", "challenger"):
-        for key in ("acceptance_rate", "tokens_per_s"):
-            result[arm][key] = float(np.mean([r[arm][key] for r in requests]))
+        result[arm].update(_means([r[arm] for r in requests]))
+        alone = [r[arm]["draft_alone"] for r in requests if "draft_alone" in r[arm]]
+        if len(alone) == len(requests):
+            result[arm]["draft_alone"] = _means(alone)
+    wall = [np.array([r[arm]["tokens_per_s"] for r in requests], dtype=float) for arm in ("champion", "challenger")]
+    low, high = relative_change_ci(*wall, config)
+    result["wall_clock"] = {"mean": float(relative_change(*wall)), "ci_low": low, "ci_high": high}
     return result
+
+
+def _means(figures: list[dict[str, Any]]) -> dict[str, float]:
+    return {key: float(np.mean([f[key] for f in figures])) for key in REPORTED if all(key in f for f in figures)}
 
 
 def slice_groups(counts: dict[str, int], min_slice_requests: int) -> dict[str, list[str]]:
@@ -234,7 +272,7 @@ def summarize(requests: list[dict[str, Any]], config: ShadowConfig) -> dict[str,
     for r in requests:
         by_slice.setdefault(r["slice"], []).append(r)
     groups = slice_groups({name: len(rows) for name, rows in by_slice.items()}, config.min_slice_requests)
-    summary = {"metric": METRIC, "overall": _compare(requests, config),
+    summary = {"metric": config.metric, "overall": _compare(requests, config),
                "slices": {name: _compare(by_slice[name], config) for name in sorted(by_slice)}}
     if POOLED in groups:
         pooled = [r for name in groups[POOLED] for r in by_slice[name]]
@@ -251,7 +289,7 @@ def _verdict(group: str, members: list[str], figures: dict[str, Any], tolerance:
         rule, ok = CLEAR_REGRESSION, rel["ci_high"] >= -tolerance
     else:
         rule, ok = TOO_FEW, True
-    return SliceVerdict(group=group, members=members, n=n, rule=rule, tolerance=tolerance,
+    return SliceVerdict(group=group, members=members, n=n, rule=rule, tolerance=tolerance, metric=figures["metric"],
                         champion_mean=figures["champion"]["mean"], challenger_mean=figures["challenger"]["mean"],
                         relative_change=rel["mean"], ci_low=rel["ci_low"], ci_high=rel["ci_high"], ok=bool(ok))
 
@@ -291,8 +329,12 @@ def gate(report: dict[str, Any], config: ShadowConfig) -> Decision:
         summary = summarize(requests, config)
         diff = summary["overall"]["difference"]
         check("gain", diff["ci_low"] > config.min_gain,
-              f"mean accepted length gain {diff['mean']:+.4f}, {config.confidence:.0%} paired bootstrap CI "
-              f"[{diff['ci_low']:+.4f}, {diff['ci_high']:+.4f}], lower bound must exceed {config.min_gain:+.4f}")
+              f"{config.metric.replace('_', ' ')} gain {diff['mean']:+.4f}, {config.confidence:.0%} paired bootstrap "
+              f"CI [{diff['ci_low']:+.4f}, {diff['ci_high']:+.4f}], lower bound must exceed {config.min_gain:+.4f}")
+        wall = summary["overall"]["wall_clock"]
+        check("wall_clock", wall["ci_high"] >= -config.wall_tolerance,
+              f"wall clock tokens/s {wall['mean']:+.1%} [{wall['ci_low']:+.1%}, {wall['ci_high']:+.1%}]: vetoes only "
+              f"if the upper bound is below -{config.wall_tolerance:.0%}")
         verdicts = slice_verdicts(summary, config)
         for verdict in verdicts:
             check("slice", verdict.ok, verdict.describe(config.confidence))
@@ -314,7 +356,7 @@ def slice_table(decision: Decision) -> str:
 
 
 def plot_slices(summary: dict[str, Any], title: str = "") -> Any:
-    """Grouped bars per slice (and overall): champion vs challenger mean accepted length with CIs."""
+    """Grouped bars per slice (and overall): champion vs challenger in the gated metric, with CIs."""
     import matplotlib
 
     matplotlib.use("Agg")  # headless: shadow runs on servers and in tests
@@ -330,7 +372,8 @@ def plot_slices(summary: dict[str, Any], title: str = "") -> Any:
                            for i, n in enumerate(names)]).T
         ax.bar(x + offset, means, width=0.4, yerr=errors, capsize=4, label=arm)
     ax.set_xticks(x, [f"{n}\n(n={groups[n]['n']})" for n in names])
-    ax.set_ylabel("mean accepted length (tokens / verify step)")
+    ax.set_ylabel({METRIC: "mean accepted length (tokens / verify step)",
+                   SERVED_SPEEDUP: "as-served speed vs plain decoding (cost model)"}.get(summary.get("metric"), "metric"))
     ax.set_title(title or "shadow replay: champion vs challenger")
     ax.legend()
     fig.tight_layout()

@@ -11,6 +11,8 @@ around ~0, never wholly below -5 % (no veto); 4 prompts at -40 % are wholly belo
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -21,7 +23,8 @@ CONFIG = ShadowConfig(bootstrap_resamples=500)
 
 
 def request(i: int, slice_name: str, champion: float, challenger: float) -> dict:
-    arm = lambda mal: {"mean_accepted_length": mal, "acceptance_rate": (mal - 1) / 4, "tokens_per_s": 10.0 * mal}
+    arm = lambda mal: {"mean_accepted_length": mal, "served_speedup": mal, "acceptance_rate": (mal - 1) / 4,
+                       "tokens_per_s": 10.0 * mal}
     return {"id": f"{slice_name}{i}", "slice": slice_name, "champion": arm(champion), "challenger": arm(challenger)}
 
 
@@ -142,7 +145,8 @@ def test_gate_clear_win_promotes():
 
 def test_gate_tie_rejects():
     # Identical drafts: the interval is [0, 0] and 0 does not exceed min_gain 0.
-    decision = gate(report([request(i, "code", 2.0 + i % 3, 2.0 + i % 3) for i in range(20)]), CONFIG)
+    decision = gate(report([request(i, "code", 2.0 + i % 3, 2.0 + i % 3) for i in range(20)]),
+                    ShadowConfig(bootstrap_resamples=500, metric="mean_accepted_length"))
     assert not decision.promote and decision.failed_checks == ["gain"]
     assert decision.reasons[0].startswith("FAIL: mean accepted length gain +0.0000")
 
@@ -193,3 +197,35 @@ def test_summarize_per_slice():
                                                   "ci_high": pytest.approx(0.5)}
     assert summary["overall"]["n"] == 3
     assert summary["pooled"]["members"] == ["a", "b"] and summary["pooled"]["n"] == 3
+
+
+def test_the_default_metric_is_the_served_speed_not_the_accepted_length():
+    """A challenger that accepts longer chains but costs more per token as served (a slower draft, say)
+    is rejected on the default metric, and would have passed on mean accepted length alone."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for i, base in enumerate(rng.uniform(1.5, 3.0, 24)):
+        row = request(i, "code", base, base + 0.3)
+        row["champion"]["served_speedup"], row["challenger"]["served_speedup"] = base, base * 0.9
+        rows.append(row)
+    assert not gate(report(rows), CONFIG).promote
+    assert gate(report(rows), ShadowConfig(bootstrap_resamples=500, metric="mean_accepted_length")).promote
+
+
+def test_the_wall_clock_vetoes_only_a_decisive_loss():
+    rows = noisy_requests(0.5)
+    slower = copy.deepcopy(rows)
+    for row in slower:  # a real gain in the figures, but every request ran at 60 % of the champion's tokens/s
+        row["challenger"]["tokens_per_s"] = 0.6 * row["champion"]["tokens_per_s"]
+    decision = gate(report(slower), CONFIG)
+    assert not decision.promote and decision.failed_checks == ["wall_clock"]
+    noisy = copy.deepcopy(rows)
+    rng = np.random.default_rng(4)
+    for row in noisy:  # timing noise around no change: no veto
+        row["challenger"]["tokens_per_s"] = row["champion"]["tokens_per_s"] * (1 + rng.normal(0, 0.15))
+    assert gate(report(noisy), CONFIG).promote
+
+
+def test_the_metric_is_checked():
+    with pytest.raises(ValueError, match="metric"):
+        ShadowConfig(metric="tokens_per_s")

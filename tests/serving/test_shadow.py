@@ -119,7 +119,8 @@ def toy_models(tmp_path_factory):
 
 def test_shadow_replay_promotes_the_better_draft(toy_models, tmp_path):
     models, holdout, canary = toy_models
-    config = ShadowConfig(bootstrap_resamples=500, canary_path=str(canary), min_requests=4)
+    config = ShadowConfig(bootstrap_resamples=500, canary_path=str(canary), min_requests=4, suffix_tier=False,
+                          metric="mean_accepted_length")
     tracker = RecordingTracker()
     out = tmp_path / "report.json"
     result = run_shadow(models["bad"], models["good"], models["target"], holdout, config, tracker=tracker, out=out)
@@ -143,14 +144,16 @@ def test_replay_processes_give_the_figures_one_process_gives(toy_models):
     """Two worker processes share out the prompts: each request's accepted lengths, tokens and the gate's
     decision are those of the in-process replay (only the timings differ)."""
     models, holdout, canary = toy_models
-    config = ShadowConfig(bootstrap_resamples=500, canary_path=str(canary), min_requests=4, workers=1)
+    config = ShadowConfig(bootstrap_resamples=500, canary_path=str(canary), min_requests=4, workers=1,
+                          suffix_tier=False, metric="mean_accepted_length")  # the cost model's constants are timed
     alone = run_shadow(models["bad"], models["good"], models["target"], holdout, config)
     shared = run_shadow(models["bad"], models["good"], models["target"], holdout, replace(config, workers=2))
     assert (alone["workers"], shared["workers"]) == (1, 2)
     assert replay_figures(shared) == replay_figures(alone) and len(replay_figures(shared)) == 8
     assert set(replay_figures(alone)[0][1]["challenger"]) >= {"mean_accepted_length", "generated_tokens"}
     assert shared["lossless"] == alone["lossless"] == {"checked": 8, "mismatches": []}
-    assert shared["decision"] == alone["decision"] and shared["decision"]["promote"]
+    untimed = lambda decision: {**decision, "reasons": [r for r in decision["reasons"] if "wall clock" not in r]}
+    assert untimed(shared["decision"]) == untimed(alone["decision"]) and shared["decision"]["promote"]
 
 
 def test_a_replay_that_fails_in_a_worker_fails_the_shadow_run(toy_models, tmp_path):
@@ -161,7 +164,7 @@ def test_a_replay_that_fails_in_a_worker_fails_the_shadow_run(toy_models, tmp_pa
     rows[3]["prompt"] = "word " * 1100  # the toy target's context is 1024 positions
     bad = tmp_path / "holdout"
     Dataset.from_list(rows).save_to_disk(bad)
-    config = ShadowConfig(bootstrap_resamples=200, include_canary=False, min_requests=4, workers=2)
+    config = ShadowConfig(bootstrap_resamples=200, include_canary=False, min_requests=4, workers=2, suffix_tier=False)
     with pytest.raises(PromptTooLongError, match="exceeds the model context"):
         run_shadow(models["bad"], models["good"], models["target"], bad, config)
 
@@ -193,12 +196,13 @@ def test_suffix_tier_replays_in_one_process():
 
 
 def test_auto_replays_in_process_until_starting_workers_pays():
-    assert replay_workers(ShadowConfig(), AUTO_WORKERS_MIN_REQUESTS - 1) == 1
+    alone = ShadowConfig(suffix_tier=False)
+    assert replay_workers(alone, AUTO_WORKERS_MIN_REQUESTS - 1) == 1
     cores = len(os.sched_getaffinity(0))
-    assert replay_workers(ShadowConfig(), AUTO_WORKERS_MIN_REQUESTS) == min(cores, 4)
-    assert replay_workers(ShadowConfig(suffix_tier=True), 100) == 1  # its indexes learn in request order
-    assert replay_workers(ShadowConfig(workers=3), 100) == 3
-    assert replay_workers(ShadowConfig(workers=3), 2) == 2  # never more processes than requests
+    assert replay_workers(alone, AUTO_WORKERS_MIN_REQUESTS) == min(cores, 4)
+    assert replay_workers(ShadowConfig(suffix_tier=True), 100) == 1  # the step pace carries across requests in order
+    assert replay_workers(ShadowConfig(workers=3, suffix_tier=False), 100) == 3
+    assert replay_workers(ShadowConfig(workers=3, suffix_tier=False), 2) == 2  # never more processes than requests
 
 
 def test_sampled_shadow_replay_rejects_the_worse_draft(toy_models):
@@ -239,10 +243,10 @@ def test_a_lossy_challenger_is_caught_and_reported_against_target_only_decoding(
         return completion
 
     monkeypatch.setattr(shadow, "_run", lossy)
-    config = ShadowConfig(bootstrap_resamples=500, include_canary=False, min_requests=4, workers=1)
+    config = ShadowConfig(bootstrap_resamples=500, include_canary=False, min_requests=4, workers=1, suffix_tier=False)
     result = run_shadow(models["bad"], models["good"], models["target"], holdout, config)
-    assert result["lossless"]["mismatches"] == [{"id": f"h{i}", "model": "challenger", "first_difference": 2}
-                                                for i in range(6)]
+    assert result["lossless"]["mismatches"] == [{"id": f"h{i}", "model": "challenger", "mode": "draft",
+                                                 "first_difference": 2} for i in range(6)]
     assert not result["decision"]["promote"]
     assert any("lossless" in reason for reason in result["decision"]["failed_checks"])
 
@@ -259,3 +263,40 @@ def test_identical_outputs_take_one_target_check_per_prompt(toy_models, monkeypa
     config = ShadowConfig(bootstrap_resamples=200, include_canary=False, min_requests=4, workers=1)
     result = run_shadow(models["bad"], models["good"], models["target"], holdout, config)
     assert result["lossless"] == {"checked": 6, "mismatches": []} and len(calls) == 6
+
+
+def test_as_served_replay_reads_the_serving_logs_but_never_the_replayed_prompts(toy_models, tmp_path):
+    """The index is what serving had: the logged requests, less any whose prompt is replayed now (their
+    logged answers are the replay's answers, which it would copy verbatim). The report carries both arms
+    as served and alone, and the cost model's constants."""
+    from serving.engine import Engine
+    from serving.params import SamplingParams
+    from serving.shadow import load_requests, served_index
+    from serving.sink import JsonlSink
+
+    models, holdout, canary = toy_models
+    config = ShadowConfig(bootstrap_resamples=200, canary_path=str(canary), min_requests=4,
+                          suffix_logs=str(tmp_path / "logs"))
+    requests = load_requests(holdout, config)
+    sink = JsonlSink(tmp_path / "logs")
+    engine = Engine(models["target"], sink=sink)
+    engine.generate([requests[0].prompt, "an earlier request"], SamplingParams(max_new_tokens=8))
+    engine.generate([requests[-1].prompt], SamplingParams(max_new_tokens=8), chat=True)  # a logged canary prompt
+    sink.close()
+    assert served_index(engine, requests, config).requests == 1  # only "an earlier request"
+    assert served_index(engine, requests, replace(config, suffix_logs=str(tmp_path / "none"))).requests == 0
+
+    result = run_shadow(models["bad"], models["good"], models["target"], holdout, config)
+    assert result["lossless"] == {"checked": 8, "mismatches": []}
+    for arm in ("champion", "challenger"):
+        row = result["requests"][0][arm]
+        assert row["mode"] == "hybrid" and row["draft_alone"]["mode"] == "draft"
+        assert result["overall"][arm]["draft_alone"]["mean_accepted_length"] >= 1.0
+    # the good draft is accepted everywhere alone; the bad one never
+    assert result["overall"]["challenger"]["draft_alone"]["acceptance_rate"] == 1.0
+    assert result["overall"]["champion"]["draft_alone"]["acceptance_rate"] == 0.0
+    assert result["metric"] == "served_speedup"
+    costs = result["cost_model"]
+    assert costs["row_costs"][0] == 1.0 and len(costs["row_costs"]) == 17
+    assert set(costs["draft_c"]) == {"champion", "challenger", "champion/draft_alone", "challenger/draft_alone"}
+    assert result["overall"]["challenger"]["mean"] > result["overall"]["champion"]["mean"]
