@@ -40,8 +40,12 @@ class MiningConfig:
     """The latest fraction of the kept requests (by ts) is held out; none of them is used for training."""
     holdout_max: int = 2000
     """At most this many hold-out requests are written (a uniform sample of the held-out window)."""
+    hard_by: str = "served"
+    """What "hard" ranks by: `served`, the share of the output the served stack drafted and the target
+    accepted (suffix index and draft together: mining.residual), or `draft`, the draft model's own
+    acceptance rate."""
     hard_quantile: float = 0.25
-    """Per slice, the requests at the bottom `hard_quantile` of acceptance rate are hard (if hard_threshold is None)."""
+    """Per slice, the requests at the bottom `hard_quantile` of that rate are hard (if hard_threshold is None)."""
     hard_threshold: float | None = None
     """Absolute alternative: requests with acceptance rate <= this are hard (overrides hard_quantile)."""
     max_hard_per_slice: int = 2000
@@ -104,6 +108,8 @@ class MiningConfig:
                              f"got {self.skip_suffix_served_above!r}")
         if not 0.0 <= self.holdout_fraction < 1.0:
             raise ValueError(f"holdout_fraction: must be in [0, 1), got {self.holdout_fraction}")
+        if self.hard_by not in ("served", "draft"):
+            raise ValueError(f"hard_by: must be 'served' or 'draft', got {self.hard_by!r}")
         if not 0.0 < self.hard_quantile <= 1.0:
             raise ValueError(f"hard_quantile: must be in (0, 1], got {self.hard_quantile}")
         if self.hard_threshold is not None and not 0.0 <= self.hard_threshold <= 1.0:

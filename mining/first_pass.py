@@ -31,6 +31,7 @@ from mining.dedupe import exact_key
 from mining.index import IndexFile
 from mining.pii import Scrubber
 from mining.log_reader import Quarantine, file_size, scan_lines
+from mining.residual import served_share
 from mining.stats import SliceStats, request_stats, suffix_served_length
 from serving.records import RecordError, read_record
 
@@ -97,7 +98,8 @@ def scan_group(files: list[Path], first_file: int, scratch: Path, part: int, con
                     slice_id = result.slice_ids[record.slice] = len(result.slice_ids)
                     result.stats[record.slice] = SliceStats()
                 result.stats[record.slice].add(record, rate, depth, codes)
-                index.append((counts["kept"], file_index, number, offset, record.ts, slice_id, rate, depth,
+                hardness = served_share(record) if config.hard_by == "served" else rate  # selection ranks by this
+                index.append((counts["kept"], file_index, number, offset, record.ts, slice_id, hardness, depth,
                               exact_key(record.prompt), sample_key(record.request_id, config.seed)))
                 counts["kept"] += 1
                 lo, hi = min(lo, record.ts), max(hi, record.ts)

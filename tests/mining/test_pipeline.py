@@ -19,7 +19,8 @@ from tests.mining.conftest import fast_config, make_record, write_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 COLUMNS = {
-    "distill": ["prompt", "completion", "prompt_token_ids", "completion_token_ids", "slice", "weight"],
+    "distill": ["prompt", "completion", "prompt_token_ids", "completion_token_ids", "slice", "weight",
+                "served_residual"],
     "preference": ["prompt", "chosen", "rejected", "prompt_token_ids", "chosen_token_ids", "rejected_token_ids", "slice"],
     "holdout": ["request_id", "prompt", "prompt_token_ids", "slice", "max_new_tokens", "output_token_ids"],
 }
@@ -286,3 +287,21 @@ def test_near_duplicates_collapse_in_training_and_never_shadow_the_holdout(tmp_p
                                                                        max_hard_per_slice=100, holdout_max=100))
     assert 3 <= manifest["counts"]["holdout"] <= 5 and manifest["counts"]["distill"] <= 2
     assert manifest["counts"]["dropped"]["near_duplicate_of_holdout"] >= 25
+
+
+def test_distill_rows_carry_the_served_residual_per_completion_token(mined):
+    """Each distill row's `served_residual` lines up with its completion tokens, and is 0 on the tokens
+    the logged steps drafted and had accepted (mining.residual)."""
+    out, _, records, _ = mined
+    by_prompt = {tuple(r["prompt_token_ids"]): r for r in records}
+    dataset = load_from_disk(str(out / "distill"))
+    drafted_somewhere = False
+    for row in dataset:
+        assert len(row["served_residual"]) == len(row["completion_token_ids"])
+        assert set(row["served_residual"]) <= {0.0, 1.0} and row["served_residual"][0] == 1.0
+        source = by_prompt.get(tuple(row["prompt_token_ids"]))
+        if source is not None and row["completion_token_ids"] == source["output_token_ids"]:
+            accepted = sum(step["accepted"] for step in source["steps"])
+            assert row["served_residual"].count(0.0) == min(accepted, len(row["completion_token_ids"]) - 1)
+            drafted_somewhere |= accepted > 0
+    assert drafted_somewhere
