@@ -75,6 +75,8 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     ttt_chain_share: float = 1.0  # share of slots (a fresh random sample each batch) unrolled past step 0
     teacher_temperature: float = 1.0  # the target's distribution is learned at this temperature (< 1: sharpened)
     prompt_loss: bool = True     # also learn positions inside the prompt (more signal; serving sees prompts too)
+    residual_floor: float = 1.0  # weight of a mined answer token the served stack drafted and had accepted (mining.residual);
+                                 # what it missed weighs 1. 1.0 = every position alike (uniform)
     feature_cache: str = ""      # "" = <state>/cache/eagle-features
     continue_to: int = 0         # lengthen outputs cut at their length limit with the target's greedy continuation to this many tokens (0 = off)
     prompt_variants: int = 0     # also train on each multi-line mined prompt cut 1..N lines short, answered by the target (needs continue_to)
@@ -106,6 +108,8 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
         common.require(self.teacher_temperature > 0.0, "teacher_temperature",
                        f"must be > 0, got {self.teacher_temperature}")
         common.require(self.continue_to >= 0, "continue_to", f"must be >= 0, got {self.continue_to}")
+        common.require(0.0 <= self.residual_floor <= 1.0, "residual_floor",
+                       f"must be in [0, 1], got {self.residual_floor}")
         for name in ("prompt_variants", "prompt_renames"):
             value = getattr(self, name)
             common.require(value >= 0, name, f"must be >= 0, got {value}")
@@ -127,31 +131,51 @@ class Sequences:
     ids: list[list[int]]
     prompt_lens: list[int]
     slices: list[str]
+    weights: dict[int, list[float]] = field(default_factory=dict)
+    """Per sequence index, the loss weight of each position's next-token prediction (position t predicts
+    ids[t + 1]); sequences not in it, and positions past the list (a continuation), weigh 1."""
 
-    def add(self, prompt_ids: list[int], output_ids: list[int], slice_name: str, max_length: int) -> None:
+    def add(self, prompt_ids: list[int], output_ids: list[int], slice_name: str, max_length: int,
+            output_weights: list[float] | None = None) -> None:
         """prompt + output, truncated as the other trainers do; rows without an output token to learn
-        are skipped."""
+        are skipped. `output_weights`: one per output token (the prompt's tokens weigh 1)."""
         ids, prompt_len = join_and_truncate(prompt_ids, output_ids, max_length)
         if len(ids) > prompt_len and len(ids) >= 3:
+            if output_weights is not None:
+                # position t predicts token t + 1: an output token's weight goes to the position before it
+                self.weights[len(self.ids)] = ([1.0] * (prompt_len - 1) + list(output_weights) + [1.0])[:len(ids)]
             self.ids.append(ids)
             self.prompt_lens.append(prompt_len)
             self.slices.append(slice_name)
 
     def extend(self, other: "Sequences") -> None:
+        self.weights.update({len(self.ids) + i: w for i, w in other.weights.items()})
         self.ids += other.ids
         self.prompt_lens += other.prompt_lens
         self.slices += other.slices
 
+    def position_weights(self, i: int) -> torch.Tensor:
+        """[len(ids[i])] loss weights of sequence i's positions."""
+        weights = torch.ones(len(self.ids[i]))
+        own = self.weights.get(i)
+        if own:
+            weights[: len(own)] = torch.tensor(own[: len(self.ids[i])])
+        return weights
+
 
 def load_sequences(path: Path, max_length: int, output_column: str = "completion_token_ids",
-                   max_samples: int = 0) -> Sequences:
-    """prompt + output ids per row (truncated as the other trainers do), at most `max_samples` rows (0 = all)."""
+                   max_samples: int = 0, residual_floor: float = 1.0) -> Sequences:
+    """prompt + output ids per row (truncated as the other trainers do), at most `max_samples` rows (0 = all).
+    With `residual_floor` < 1 and a mined `served_residual` column, each output token weighs
+    max(residual, floor): what the served stack missed weighs 1, what it drafted and had accepted the floor."""
     dataset = load_dataset_dir(path, ("prompt_token_ids", output_column))
     if max_samples:
         dataset = dataset.select(range(min(max_samples, len(dataset))))
+    weighted = residual_floor < 1.0 and "served_residual" in dataset.column_names
     seqs = Sequences([], [], [])
     for row in dataset:
-        seqs.add(row["prompt_token_ids"], row[output_column], row.get("slice", "default"), max_length)
+        weights = [max(r, residual_floor) for r in row["served_residual"]] if weighted else None
+        seqs.add(row["prompt_token_ids"], row[output_column], row.get("slice", "default"), max_length, weights)
     return seqs
 
 
@@ -416,7 +440,8 @@ class EagleDataset(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict[str, Any]:
         aux, hidden, argmax = self.features.sequence(i)
         start = 0 if self.prompt_loss else max(self.seqs.prompt_lens[i] - 1, 0)
-        return {"input_ids": self.seqs.ids[i], "aux": aux, "hidden": hidden, "argmax": argmax, "start": start}
+        return {"input_ids": self.seqs.ids[i], "aux": aux, "hidden": hidden, "argmax": argmax, "start": start,
+                "weight": self.seqs.position_weights(i)}
 
 
 # Batch widths are padded up to a multiple of this. A step whose width differs from the last ones costs
@@ -430,11 +455,11 @@ PAD_TO_MULTIPLE = 32
 
 def collate(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     """Right-padded batch (width: the longest row, rounded up to PAD_TO_MULTIPLE); `mask[b, p]` marks
-    positions whose next-token prediction is learned."""
+    positions whose next-token prediction is learned, `weight[b, p]` weighs it in the loss."""
     width = -(-max(len(r["input_ids"]) for r in rows) // PAD_TO_MULTIPLE) * PAD_TO_MULTIPLE
     b = len(rows)
     batch = {"input_ids": torch.zeros(b, width, dtype=torch.long), "argmax": torch.zeros(b, width, dtype=torch.long),
-             "mask": torch.zeros(b, width, dtype=torch.bool),
+             "mask": torch.zeros(b, width, dtype=torch.bool), "weight": torch.ones(b, width),
              "aux": torch.zeros(b, width, rows[0]["aux"].shape[-1]),
              "hidden": torch.zeros(b, width, rows[0]["hidden"].shape[-1])}
     for i, r in enumerate(rows):
@@ -444,6 +469,8 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         batch["aux"][i, :n] = r["aux"].float()
         batch["hidden"][i, :n] = r["hidden"].float()
         batch["mask"][i, r["start"]: n - 1] = True  # the last position's next token is not in the data
+        if "weight" in r:
+            batch["weight"][i, :n] = r["weight"]
     return batch
 
 
@@ -463,7 +490,7 @@ class EagleTrainer(Trainer):
         with self.accelerator.autocast():
             loss, logits = unrolled_loss(draft, inputs["input_ids"], inputs["aux"], inputs["hidden"], inputs["mask"],
                                          self.lm_head_weight, self.ttt_steps, self.ttt_decay, self.ttt_chain_share,
-                                         self.teacher_temperature)
+                                         self.teacher_temperature, inputs.get("weight"))
         return (loss, {"logits": logits[0]}) if return_outputs else loss
 
 
@@ -603,7 +630,7 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
     out_dir = common.resolve_output_dir(config.output_dir, "eagle")
     target = load_model(common.resolve_target(config.target))
     target.model.requires_grad_(False)
-    train_seqs = load_sequences(dataset_dir, config.max_length)
+    train_seqs = load_sequences(dataset_dir, config.max_length, residual_floor=config.residual_floor)
     cache_root = Path(config.feature_cache) if config.feature_cache else home.state_dir() / "cache" / "eagle-features"
     eos = eos_token_ids(target)
     warm, info = load_warm_start(config)

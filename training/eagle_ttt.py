@@ -145,11 +145,13 @@ class _SoftCrossEntropy(torch.autograd.Function):
 
 
 def ttt_loss(step_logits: list[torch.Tensor], teacher_logp: torch.Tensor, mask: torch.Tensor,
-             decay: float, slots: torch.Tensor | None = None) -> tuple[torch.Tensor, list[float]]:
+             decay: float, slots: torch.Tensor | None = None,
+             weights: torch.Tensor | None = None) -> tuple[torch.Tensor, list[float]]:
     """Forward KL from the target to the draft per unroll step, weighted decay**s, averaged over tokens.
 
     step_logits: `unroll`'s output (past step 0 over `slots`, if given); teacher_logp[B, T, Vd] with
-    T = n + 1 (position p predicts p+1); mask[B, T] bool: positions whose prediction is learned. The
+    T = n + 1 (position p predicts p+1); mask[B, T] bool: positions whose prediction is learned;
+    weights[B, T] (optional): how much each weighs (a weighted mean over the learned positions). The
     chain anchored at slot j is scored at step s against the teacher at position j+1+s (chains that run
     past the sequence are not). Returns (loss, per-step losses).
 
@@ -171,6 +173,8 @@ def ttt_loss(step_logits: list[torch.Tensor], teacher_logp: torch.Tensor, mask: 
         target = chains[scored] + 1 + s
         ce = _SoftCrossEntropy.apply(logits[:, scored], teacher_p[:, target])  # [B, chains scored]
         kl, m = ce - entropy[:, target], mask[:, target].float()
+        if weights is not None:
+            m = m * weights[:, target]
         step_loss = (kl * m).sum() / m.sum().clamp_min(1.0)
         total = total + weight * step_loss
         per_step.append(float(step_loss.detach()))
@@ -179,16 +183,18 @@ def ttt_loss(step_logits: list[torch.Tensor], teacher_logp: torch.Tensor, mask: 
 
 def unrolled_loss(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, hidden: torch.Tensor,
                   mask: torch.Tensor, lm_head_weight: torch.Tensor, steps: int, decay: float,
-                  chain_share: float = 1.0, temperature: float = 1.0) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                  chain_share: float = 1.0, temperature: float = 1.0,
+                  weights: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """One batch's training loss: the draft unrolled `steps` times (past step 0 on a fresh random
     `chain_share` of the chains), scored against the target's distribution over the draft vocabulary
     (from its final hidden states[B, T, H]) at `temperature` (below 1: sharpened toward its argmax,
-    which is all that greedy acceptance asks of the draft). Returns (loss, per-step logits)."""
+    which is all that greedy acceptance asks of the draft), each position weighed by `weights`[B, T]
+    (optional, see `ttt_loss`). Returns (loss, per-step logits)."""
     slots = chain_slots(input_ids.shape[1] - 1, chain_share, input_ids.device)
     logits = unroll(draft, input_ids, aux, steps, slots)
     with torch.no_grad():
         teacher = teacher_log_probs(hidden, lm_head_weight.to(hidden.device), draft, temperature)
-    loss, _ = ttt_loss(logits, teacher, mask, decay, slots)
+    loss, _ = ttt_loss(logits, teacher, mask, decay, slots, weights)
     return loss, logits
 
 

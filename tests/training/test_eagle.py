@@ -743,3 +743,44 @@ def test_an_epoch_sees_the_mined_set_passes_times_up_to_the_cap():
     assert mined_epoch(mined, passes=4, cap=32, seed=0)[1] == picked  # a fixed sample: every epoch the same
     small, picked = mined_epoch(mined, passes=4, cap=6, seed=1)
     assert len(small) == 6 and len(set(picked)) == 6  # more traffic than the cap: a sample of it, each once
+
+
+def test_ttt_loss_weighs_positions_and_a_zero_weight_is_a_masked_position():
+    """Residual weighting: the loss is the weighted mean over the learned positions, so weight 0 at a
+    position gives exactly the loss with that position masked out, and a uniform weight changes nothing."""
+    torch.manual_seed(1)
+    teacher = torch.log_softmax(torch.randn(2, 7, 11), -1)
+    logits = [torch.randn(2, 6, 11) for _ in range(3)]
+    mask = torch.ones(2, 7, dtype=torch.bool)
+    weights = torch.ones(2, 7)
+    weights[0, 2:5] = 0.0
+    masked = mask.clone()
+    masked[0, 2:5] = False
+    assert float(ttt_loss(logits, teacher, mask, 0.5, weights=weights)[0]) == pytest.approx(
+        float(ttt_loss(logits, teacher, masked, 0.5)[0]), rel=1e-6)
+    assert float(ttt_loss(logits, teacher, mask, 0.5, weights=torch.full((2, 7), 0.3))[0]) == pytest.approx(
+        float(ttt_loss(logits, teacher, mask, 0.5)[0]), rel=1e-6)
+    halved = torch.ones(2, 7)
+    halved[1] = 0.5
+    assert float(ttt_loss(logits, teacher, mask, 0.5, weights=halved)[0]) != pytest.approx(
+        float(ttt_loss(logits, teacher, mask, 0.5)[0]), rel=1e-3)
+
+
+def test_mined_rows_weigh_each_answer_token_by_its_served_residual(tmp_path):
+    """Position t predicts token t + 1, so an answer token's weight sits on the position before it; prompt
+    positions and a continuation past the logged answer weigh 1; floor 1.0 (uniform) ignores the column."""
+    from datasets import Dataset
+
+    from training.eagle_train import load_sequences
+
+    Dataset.from_list([{"prompt_token_ids": [1, 2, 3], "completion_token_ids": [4, 5, 6, 7], "slice": "code",
+                        "served_residual": [1.0, 0.0, 0.0, 1.0]}]).save_to_disk(tmp_path / "distill")
+    seqs = load_sequences(tmp_path / "distill", 64, residual_floor=0.2)
+    assert seqs.ids == [[1, 2, 3, 4, 5, 6, 7]]
+    assert seqs.position_weights(0).tolist() == pytest.approx([1.0, 1.0, 1.0, 0.2, 0.2, 1.0, 1.0])
+    seqs.ids[0] = seqs.ids[0] + [8, 9]  # lengthened by a continuation
+    assert seqs.position_weights(0).tolist()[-2:] == [1.0, 1.0]
+    assert load_sequences(tmp_path / "distill", 64).weights == {}
+    other = load_sequences(tmp_path / "distill", 64, residual_floor=0.0)
+    seqs.extend(other)
+    assert sorted(seqs.weights) == [0, 1] and seqs.position_weights(1).tolist()[3:5] == [0.0, 0.0]
