@@ -323,6 +323,9 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     run_id = _log_results(config, results, paths)
     print()
     report.print_table(results)
+    print("\nthe round, as `draftwheel serve` runs it (hybrid) and for the draft alone:")
+    for line in report.headline(results):
+        print("  " + line)
     print(f"\nwall time {results['meta']['wall_time_s']:.0f}s; results: {paths['markdown']} (+ .json, .png)")
     print(f"MLflow (run {run_id}): mlflow ui --backend-store-uri {home.tracking_uri()}", flush=True)
     return results

@@ -47,7 +47,9 @@ def figures(spec: Iterable[Any], plain: Iterable[Any]) -> dict[str, float]:
 def rows(results: dict[str, Any]) -> list[list[str]]:
     """[slice, metric, before, after, change] for every slice measured in both phases."""
     table = []
-    for slice_name in sorted(set(results["before"]) & set(results["after"])):
+    # each slice as served (hybrid) first, then its draft alone
+    order = lambda name: (name.removesuffix(SERVED), not name.endswith(SERVED))
+    for slice_name in sorted(set(results["before"]) & set(results["after"]), key=order):
         before, after = results["before"][slice_name], results["after"][slice_name]
         for key, label, fmt in METRICS:
             change = (after[key] / before[key] - 1.0) if before[key] else float("nan")
@@ -56,6 +58,22 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
 
 
 HEADER = ["slice", "metric", "before", "after", "change"]
+SERVED = "/hybrid"
+"""Suffix of the slices measured as `draftwheel serve` runs drafts by default (mode hybrid)."""
+
+
+def headline(results: dict[str, Any]) -> list[str]:
+    """Per slice, the round's speed change as served first and the draft alone beside it, one line each:
+    what a user of `draftwheel serve` gets, then the figure the draft reaches by itself."""
+    lines = []
+    for name in sorted(s for s in set(results["before"]) & set(results["after"]) if not s.endswith(SERVED)):
+        parts = []
+        for label, key in (("as served", name + SERVED), ("draft alone", name)):
+            if key in results["before"] and key in results["after"]:
+                old, new = (results[phase][key]["speedup_vs_plain"] for phase in PHASES)
+                parts.append(f"{label} {old:.2f}x -> {new:.2f}x plain ({new / old - 1.0:+.1%})")
+        lines.append(f"{name}: " + "; ".join(parts))
+    return lines
 
 
 def to_markdown(results: dict[str, Any]) -> str:
@@ -63,7 +81,8 @@ def to_markdown(results: dict[str, Any]) -> str:
     lines += ["| " + " | ".join(row) + " |" for row in rows(results)]
     meta = results.get("meta", {})
     notes = [f"- {key}: {value}" for key, value in meta.items()]
-    return "\n".join(["# draftwheel demo: before / after", "", *lines, "", *notes, ""])
+    served = [f"- {line}" for line in headline(results)]
+    return "\n".join(["# draftwheel demo: before / after", "", *served, "", *lines, "", *notes, ""])
 
 
 def print_table(results: dict[str, Any]) -> None:

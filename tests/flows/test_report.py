@@ -70,3 +70,14 @@ def test_demo_config_file_mirrors_the_defaults_and_rejects_bad_values():
         load_config(DemoConfig, None, ["trigger_ratio=1.5"])
     with pytest.raises(ValueError, match="eval_requests"):
         load_config(DemoConfig, None, ["eval_requests=0"])
+
+
+def test_the_headline_puts_the_round_as_served_first_and_the_draft_alone_beside():
+    data = results()
+    for phase, served in (("before", 2.0), ("after", 2.2)):  # the code slice as serving runs it (hybrid)
+        data[phase]["code/hybrid"] = {**data[phase]["code"], "speedup_vs_plain": served}
+    lines = report.headline(data)
+    assert lines == ["chat: draft alone 2.00x -> 1.95x plain (-2.5%)",
+                     "code: as served 2.00x -> 2.20x plain (+10.0%); draft alone 1.20x -> 1.60x plain (+33.3%)"]
+    assert [row[0] for row in report.rows(data)][::len(report.METRICS)] == ["chat", "code/hybrid", "code"]
+    assert "- code: as served 2.00x -> 2.20x plain (+10.0%)" in report.to_markdown(data)
