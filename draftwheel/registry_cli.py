@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from draftwheel import home
 from draftwheel.config import add_override_arguments
 from draftwheel.registry_names import CHAMPION_URI, DRAFT_MODEL, REGISTERED_MODELS
 
@@ -191,6 +192,16 @@ def suffix_index_line(root: str | Path | None = None) -> str:
             f"requests, suffix drafts accepted {stats['suffix_acceptance_rate']:.1%} (written {age:.0f} s ago)")
 
 
+def corpus_line() -> str:
+    """One line on the flywheel's retained corpus (mining.corpus): rows per slice."""
+    from mining.corpus import sizes
+
+    rows = sizes(home.state_dir() / "corpus")
+    if not rows:
+        return "retained corpus: empty (a flywheel round adds its mined rows)"
+    return f"retained corpus: {sum(rows.values())} rows (" + ", ".join(f"{k} {v}" for k, v in rows.items()) + ")"
+
+
 def _status(args: argparse.Namespace) -> int:
     from draftwheel import registry
 
@@ -199,6 +210,7 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2) if args.json else registry.format_table(rows))
         if not args.json:
             print(suffix_index_line())
+            print(corpus_line())
         return 0
 
     return _registry_command(action)

@@ -78,6 +78,17 @@ class FlywheelConfig:
     """Log runs to MLflow (the registry is used either way)."""
     work_dir: str = ""
     """Per-run datasets and reports go under here ("" = <state dir>/flywheel)."""
+    corpus: bool = True
+    """Keep every round's mined rows in the retained corpus (mining.corpus) and train each round on a sample
+    of earlier rounds' rows too, so round n's draft has seen rounds 1..n."""
+    corpus_dir: str = ""
+    """Where the corpus lives ("" = <state dir>/corpus)."""
+    corpus_max_per_slice: int = 2000
+    """Rows the corpus keeps per slice (the newest)."""
+    corpus_max_age_days: float = 90.0
+    """Rows older than this leave the corpus (0 = no age limit)."""
+    corpus_ratio: float = 1.0
+    """Earlier rounds' rows sampled into a round's training set, per row the round mined."""
     max_retries: int = 1
     """Attempts after the first when the gate rejects on slice regressions alone (0 = never retry)."""
     retry_replay_boost: float = 3.0
@@ -93,12 +104,20 @@ class FlywheelConfig:
         if self.retry_replay_boost <= 1.0:
             raise ValueError(f"retry_replay_boost: must be > 1 (a retry with the same data repeats the "
                              f"first attempt), got {self.retry_replay_boost!r}")
+        self.corpus_policy()  # its bounds are checked here, before any stage runs
         if not self.champion_uri.startswith("models:/"):
             raise ValueError(f"champion_uri must be a registry URI models:/NAME@ALIAS, got {self.champion_uri!r}")
         for name in ("mining_config", "train_config", "shadow_config"):
             path = getattr(self, name)
             if path and not Path(path).is_file():
                 raise ValueError(f"{name}: no such file {path!r}")
+
+    def corpus_policy(self) -> Any:
+        """The retained corpus's bounds (mining.corpus.CorpusPolicy), or None with `corpus` off."""
+        from mining.corpus import CorpusPolicy
+
+        policy = CorpusPolicy(self.corpus_max_per_slice, self.corpus_max_age_days, self.corpus_ratio)
+        return policy if self.corpus else None
 
     def check_stages(self) -> None:
         """Load every stage's config with its overrides (the flow's own paths as placeholders): a bad
@@ -280,10 +299,16 @@ def _attempt(config: FlywheelConfig, tracker: Any, work: Path, champion: dict, t
                         *([override("replay_boost", boost)] if boost else [])]
     with stage(tracker, "mine"):
         mined = tasks.mine_datasets(config.logs_dir or str(home.logs_dir()), str(work / "datasets"),
-                                    config.mining_config, mining_overrides, target["dir"])
+                                    config.mining_config, mining_overrides, target["dir"],
+                                    config.corpus_policy(), config.corpus_dir or str(home.state_dir() / "corpus"))
         tracker.log_params(mined["config"])
         counts = mined["manifest"].get("counts", {})
         tracker.log_metrics({k: v for k, v in counts.items() if isinstance(v, (int, float))})
+        if mined["corpus"]:
+            print(f"[corpus] rows per slice {mined['corpus']['sizes']}; {mined['corpus']['mixed']} rows of earlier "
+                  f"rounds join this round's training set", flush=True)
+            tracker.log_metrics({f"corpus.{name}": n for name, n in mined["corpus"]["sizes"].items()}
+                                | {"corpus.mixed": mined["corpus"]["mixed"]})
         plot = mined["manifest"].get("outputs", {}).get("plot", {}).get("path")
         for path in [mined["path"]] + ([work / "datasets" / plot] if plot else []):
             tracker.log_artifact(path)

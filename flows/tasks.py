@@ -75,8 +75,11 @@ def resolve_champion(uri: str) -> dict[str, Any]:
 
 @task(name="mine", cache_policy=NONE)
 def mine_datasets(logs_dir: str, out_dir: str, config_path: str, overrides: list[str],
-                  target_dir: str) -> dict[str, Any]:
-    """Mine the serving logs into distill/preference/holdout datasets; return the manifest (+ its path)."""
+                  target_dir: str, corpus: Any = None, corpus_dir: str = "") -> dict[str, Any]:
+    """Mine the serving logs into distill/preference/holdout datasets; return the manifest (+ its path).
+    With a `corpus` policy (mining.corpus) the mined distill rows join the retained corpus at `corpus_dir`,
+    and a sample of earlier rounds' rows joins the distill set (before the data's sha256 is taken)."""
+    from mining import corpus as retained
     from mining.config import MiningConfig
     from mining.pipeline import mine
 
@@ -85,8 +88,13 @@ def mine_datasets(logs_dir: str, out_dir: str, config_path: str, overrides: list
         config = dataclasses.replace(config, tokenizer=target_dir)
     manifest = mine(Path(logs_dir), Path(out_dir), config)
     manifest_path = Path(out_dir) / "manifest.json"
+    kept = None
+    if corpus is not None:
+        distill = Path(out_dir) / "distill"
+        sizes = retained.retain(corpus_dir, distill, corpus)
+        kept = {"sizes": sizes, "mixed": retained.mix_into(distill, corpus_dir, corpus, seed=config.seed)}
     return {"manifest": manifest, "path": str(manifest_path), "sha256": file_sha256(manifest_path),
-            "data_sha256": datasets_sha256(out_dir), "config": to_dict(config)}
+            "data_sha256": datasets_sha256(out_dir), "config": to_dict(config), "corpus": kept}
 
 
 def train_cache_key(trainer: str, data_sha: str, config_path: str, overrides: list[str],

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from draftwheel import tracking
+from draftwheel import home, tracking
 from draftwheel.cli import main
 from draftwheel.config import ConfigError, load_config
 from draftwheel.locks import LockedError, state_lock
 from draftwheel.registry_names import CHAMPION_URI, SHADOW_REPORT_TAG, TARGET_SHA_TAG
 from flows.flywheel import FlywheelConfig, StageError, flywheel, override
+from mining import corpus
 from serving.engine import Engine
 from serving.models import weights_sha256
 from serving.params import SamplingParams
@@ -98,6 +99,8 @@ def test_flywheel_promotes_a_better_candidate(world):
     assert status == "FINISHED"
     assert {"resolve", "attempt-1", "mine", "train", "shadow", "register", "promote"} <= set(children)
     assert "attempt-2" not in children and result["attempts"][0]["next"] is None  # promoted: no retry
+    # the round's mined rows are kept for the rounds after it (mining.corpus)
+    assert sum(corpus.sizes(home.state_dir() / "corpus").values()) > 0
     # The report is logged once, on the shadow stage run itself (no nested run of its own).
     with sqlite3.connect(world["root"] / "home" / "mlflow.db") as db:
         shadow_run, = db.execute("SELECT run_uuid FROM runs WHERE name = 'shadow' ORDER BY start_time DESC "
