@@ -21,22 +21,58 @@ def expected_tokens(a: float, k: int) -> float:
     return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
-def index_beats_draft(score: float, a: float, k: int) -> bool:
-    """The hybrid's rule: verify the suffix index's proposal when its score (its estimated accepted
-    length, calibrated by `ScoreCalibration`) beats the draft's expected accepted length at k, E(a, k) - 1."""
-    return score > expected_tokens(a, k) - 1
+def index_beats_draft(score: float, a: float, k: int, n_index: int = 0, c: float = 0.0,
+                      row_cost: Callable[[int], float] | None = None) -> bool:
+    """The hybrid's rule: verify the suffix index's proposal when it promises more tokens per unit of cost
+    than the draft's chain. The index's step emits 1 + `score` tokens (its estimated accepted length,
+    calibrated by `ScoreCalibration`) for a verify over n_index + 1 rows; the draft's emits E(a, k) for a
+    verify over k + 1 rows plus k draft tokens at `c` each (in units of a 1-row step; `row_cost(rows)`,
+    e.g. `VerifyClock.cost`). With c = 0 and rows free this is score > E(a, k) - 1: equal accepted lengths
+    go to the draft only when it costs nothing more, which on a CPU it never does (a round whose draft
+    learned what the index already copied made the hybrid pick the draft and pay c for the same tokens)."""
+    rows = row_cost or (lambda n: 1.0)
+    return (1.0 + score) / rows(n_index + 1) > expected_tokens(a, k) / (rows(k + 1) + k * c)
 
 
-def suffix_drafts(score: float, match_len: int, draft_pays: bool, a: float, k: int) -> bool:
+def suffix_drafts(score: float, match_len: int, draft_pays: bool, a: float, k: int, n_index: int = 0,
+                  c: float = 0.0, row_cost: Callable[[int], float] | None = None) -> bool:
     """The hybrid's choice for a step that has an index proposal: verify it rather than the draft
     model's? Always when drafting with the model does not pay (the proposal then replaces a plain step);
-    otherwise when its calibrated `score` beats the draft's expected accepted length (`index_beats_draft`),
-    except on a one-token match: the request's own part proposes after a single shared token
-    (serving.suffix, `request_min_match`), evidence good enough to beat a plain step but not a draft
-    that pays."""
+    otherwise when it promises more tokens per unit of cost (`index_beats_draft`), except on a one-token
+    match: the request's own part proposes after a single shared token (serving.suffix,
+    `request_min_match`), evidence good enough to beat a plain step but not a draft that pays."""
     if not draft_pays:
         return True
-    return match_len > 1 and index_beats_draft(score, a, k)
+    return match_len > 1 and index_beats_draft(score, a, k, n_index, c, row_cost)
+
+
+class VerifyClock:
+    """What a verify forward over n rows costs relative to a 1-row step on this machine, fitted online:
+    seconds = t0 + t1 * (rows - 1) by discounted least squares over the verify forwards seen, so
+    cost(rows) = 1 + (t1 / t0) (rows - 1). Until the forwards seen span at least two row counts (or when
+    the fit is degenerate) the slope is `prior_slope` (an AMX Xeon in bfloat16 measures ~0.04, an AVX2
+    EPYC in float32 ~0.12). Pure Python."""
+
+    def __init__(self, prior_slope: float = 0.05, decay: float = 0.98):
+        self.prior_slope, self.decay = prior_slope, decay
+        self._sums = [0.0] * 5  # discounted n, sum x, sum y, sum xx, sum xy (x = rows - 1, y = seconds)
+
+    def observe(self, rows: int, seconds: float) -> None:
+        x = rows - 1
+        self._sums = [self.decay * old + new for old, new in zip(self._sums, (1.0, x, seconds, x * x, x * seconds))]
+
+    @property
+    def slope(self) -> float:
+        n, sx, sy, sxx, sxy = self._sums
+        spread = n * sxx - sx * sx
+        if n < 2 or spread <= 1e-9 * max(n * sxx, 1e-12):
+            return self.prior_slope
+        t1 = (n * sxy - sx * sy) / spread
+        t0 = (sy - t1 * sx) / n
+        return min(max(t1 / t0, 0.0), 1.0) if t0 > 0 else self.prior_slope
+
+    def cost(self, rows: int) -> float:
+        return 1.0 + self.slope * (rows - 1)
 
 
 class ScoreCalibration:
@@ -107,6 +143,7 @@ class StepPace:
         self._plain = [0.0, 0.0]  # discounted seconds and tokens (= steps) of plain steps
         self.draft_steps = 0
         self.skipped = 0  # "no" answers since `draft_pays` last said yes (the step may then still go to the index)
+        self.clock = VerifyClock()  # verify cost by rows, for the hybrid's index-or-draft choice
 
     def draft_pays(self) -> bool:
         """Draft with the model this step? A "no" counts as a skipped step (for exploration)."""

@@ -106,7 +106,8 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
         if pace:
             k = pace.cap(k)  # an exploring step drafts little (StepPace)
         from_suffix = bool(proposal and proposal.tokens) and suffix_drafts(
-            calibration.scaled(proposal.score), proposal.match_len, use_draft, estimate.a, k)
+            calibration.scaled(proposal.score), proposal.match_len, use_draft, estimate.a, k,
+            len(proposal.tokens), estimate.c, pace.clock.cost if pace else None)
         by_model = use_draft and not from_suffix  # neither: a plain step (the hybrid's third choice)
         start = time.perf_counter()
         if not by_model:  # the index's proposal, a point mass; or nothing, for a plain step
@@ -126,6 +127,8 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
                 q = point_mass_q(drafted, logits.shape[-1])  # [n, V]
             emitted, accepted = verify_sampled(drafted, q, warp(logits, params), req.generator)
         target.rollback(k - accepted)
+        if pace:
+            pace.clock.observe(k + 1, target.last_forward_s)
         # new_features[:a+1]: positions of `last` and the accepted drafts; `emitted` follows them.
         if not by_model:  # the draft consumed nothing this step: these slots queue behind the pending ones
             if from_suffix:
@@ -137,7 +140,8 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
         else:
             kv.crop(committed)  # drop the slots that ran on the draft's own features
             features, slot_tokens = new_features[: accepted + 1], emitted  # [a+1, 3H], [a+1]
-            estimate.update(k, accepted, draft_s, target.last_forward_s)
+            # a step whose draft took in the whole prompt says nothing about the draft's per-token cost c
+            estimate.update(k, accepted, draft_s, 0.0 if prefills_draft else target.last_forward_s)
             if pace and not prefills_draft:
                 pace.drafted(draft_s + target.last_forward_s, accepted + 1)
         last = int(emitted[-1])

@@ -87,7 +87,8 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
         if draft_pays:
             k_model = pace.cap(k_model)  # an exploring step drafts little (StepPace)
         use_model = draft_pays and not (proposal.tokens and suffix_drafts(
-            calibration.scaled(proposal.score), proposal.match_len, draft_pays, model_a.a, k_model))
+            calibration.scaled(proposal.score), proposal.match_len, draft_pays, model_a.a, k_model,
+            len(proposal.tokens), model_a.c, pace.clock.cost))
         pending = _pending(target, context)
         before = len(context)
         draft_s = 0.0
@@ -108,9 +109,12 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
                 q = point_mass_q(drafted, logits.shape[-1])  # [k, V]
             emitted, accepted = verify_sampled(drafted, q, warp(logits, params), req.generator)
         target.rollback(k - accepted)
+        if pace and pending.shape[0] == 1:  # a verify over k + 1 rows (not the prefill)
+            pace.clock.observe(k + 1, target.last_forward_s)
         if use_model:
             draft.rollback(draft.length - (before + min(accepted, k - 1)))
-            model_a.update(k, accepted, draft_s, target.last_forward_s)
+            # a step whose draft took in the whole prompt says nothing about the draft's per-token cost c
+            model_a.update(k, accepted, draft_s, 0.0 if prefills_draft else target.last_forward_s)
             if not prefills_draft:
                 pace.drafted(draft_s + target.last_forward_s, accepted + 1)
         elif proposal.tokens:

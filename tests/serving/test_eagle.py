@@ -149,8 +149,11 @@ class EveryThirdStepDrafts:
     with `explore_k`, every drafting step is an exploring one, capped at that many tokens."""
 
     def __init__(self, explore_k: int | None = None):
+        from serving.adaptive import VerifyClock
+
         self.calls = 0
         self.explore_k = explore_k
+        self.clock = VerifyClock()
 
     def draft_pays(self) -> bool:
         self.calls += 1

@@ -454,3 +454,30 @@ def test_stream_holds_back_a_possible_stop_prefix(pair):
     assert out.finished and out.text == "hello " and out.finish_reason == "stop"
     # The stop string began in the first step's tokens: the cut reaches back into them.
     assert out.token_ids == first[: len(out.token_ids)] and "more" not in tokenizer.decode(out.token_ids)
+
+
+def test_the_hybrid_weighs_what_each_choice_costs():
+    """Equal promises go to the index once the draft's tokens cost anything (c > 0): a draft that learned
+    what the index already copies must not take the step and pay c for the same tokens. Free drafting
+    (c = 0, rows free) is the old rule, score > E(a, k) - 1; long index proposals pay for their rows."""
+    from serving.adaptive import expected_tokens, index_beats_draft
+
+    tie = expected_tokens(0.6, 5) - 1  # the index promises exactly what the draft expects
+    assert not index_beats_draft(tie, a=0.6, k=5)
+    assert index_beats_draft(tie, a=0.6, k=5, n_index=5, c=0.08)
+    assert index_beats_draft(tie + 0.01, a=0.6, k=5)
+    rows = lambda n: 1.0 + 0.1 * (n - 1)  # a CPU where each verify row costs a tenth of a step
+    assert not index_beats_draft(tie, a=0.6, k=5, n_index=16, c=0.02, row_cost=rows)  # 16 rows: 2.5 steps
+
+
+def test_the_verify_clock_fits_the_cost_of_a_row():
+    from serving.adaptive import VerifyClock
+
+    clock = VerifyClock(prior_slope=0.05)
+    assert clock.cost(6) == pytest.approx(1.25)  # nothing seen: the prior
+    for _ in range(3):
+        clock.observe(1, 0.020)  # 20 ms a step, 2 ms per extra row: slope 0.1
+    assert clock.slope == 0.05  # one row count alone cannot show a slope
+    for rows in (2, 4, 6, 17):
+        clock.observe(rows, 0.020 + 0.002 * (rows - 1))
+    assert clock.slope == pytest.approx(0.1, rel=1e-6) and clock.cost(11) == pytest.approx(2.0)
