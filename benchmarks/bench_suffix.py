@@ -38,6 +38,7 @@ import torch
 from bench_serving import PROMPTS as CHAT_PROMPTS  # noqa: E402 - benchmarks/ is on sys.path as a script
 from bench_serving import RESULTS, first_layers_draft
 from draftwheel.home import apply_offline_defaults, models_dir
+from mining.workloads import templated_prompts
 from serving.engine import Engine
 from serving.models import from_objects, load_model
 from serving.params import SamplingParams
@@ -67,34 +68,9 @@ def routed(router: Router, engine: Engine, prompt: str, params: SamplingParams, 
     if completion.record.drafted_tokens:
         recent.append(completion.record.acceptance_rate)
     return completion
-SCHEMAS = [
-    "orders(id INTEGER, customer_id INTEGER, total REAL, status TEXT, created_at DATE)",
-    "employees(id INTEGER, name TEXT, department TEXT, salary REAL, hired_on DATE)",
-    "products(id INTEGER, name TEXT, category TEXT, price REAL, stock INTEGER)",
-]
-TEMPLATES = [
-    "Table: {schema}. Write a SQL query that returns all rows where {num} is greater than {value}, ordered "
-    "by {num} descending, limited to {limit} rows. Answer with the SQL query only.",
-    "Table: {schema}. Write a SQL query that counts the rows for each {text} and returns only the groups "
-    "with more than {value} rows. Answer with the SQL query only.",
-    "You are an agent. Call the tool get_weather for the city {city} in {unit}. Reply only with a JSON "
-    'object of the form {{"tool": "get_weather", "arguments": {{"city": ..., "unit": ...}}}}.',
-]
-_NUM = {0: ["total", "customer_id"], 1: ["salary", "id"], 2: ["price", "stock"]}
-_TEXT = {0: "status", 1: "department", 2: "category"}
-_CITIES = ["Paris", "Berlin", "Madrid", "Oslo", "Lisbon", "Vienna", "Prague", "Dublin", "Athens", "Warsaw"]
-
-
 def repetitive_prompts(n: int, seed: int) -> list[str]:
-    """n templated requests; different seeds give different values in the same templates."""
-    rng = random.Random(seed)
-    prompts = []
-    for i in range(n):
-        table = rng.randrange(len(SCHEMAS))
-        prompts.append(TEMPLATES[i % len(TEMPLATES)].format(
-            schema=SCHEMAS[table], num=rng.choice(_NUM[table]), text=_TEXT[table], value=rng.randrange(10, 5000),
-            limit=rng.choice([5, 10, 20, 50]), city=rng.choice(_CITIES), unit=rng.choice(["celsius", "fahrenheit"])))
-    return prompts
+    """n templated requests (SQL over three schemas, JSON tool calls: mining.workloads)."""
+    return templated_prompts(n, seed)
 
 
 def load_pair(args: argparse.Namespace):

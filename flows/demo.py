@@ -53,8 +53,9 @@ class DemoConfig:
     min_path_prob: float = 0.15
     """eagle3: stop a chain once the draft's own probability of it falls below this (0 = always k)."""
     suffix_tier: bool = True
-    """Also measure both champions as serving runs them with the suffix tier (mode hybrid: each step drafts
-    from an index of earlier requests and the request itself when that promises more than the draft)."""
+    """Serve the traffic as `draftwheel serve` does by default (mode hybrid: each step drafts from an index of
+    earlier requests and the request itself when that promises more than the draft), and measure both
+    champions that way too, beside each draft alone."""
     dtype: str = "auto"
     """Serving precision (serving.precision): auto = bfloat16 on AMX-BF16 CPUs, else float32. The flywheel's
     shadow replay uses configs/shadow.yaml's own `dtype` (also auto)."""
@@ -210,6 +211,7 @@ def _start(config: DemoConfig) -> DemoRun:
     from serving.models import load_model
     from serving.params import SamplingParams
     from serving.precision import resolve_dtype
+    from serving.suffix import SuffixIndex, target_key
 
     root = Path(config.out_dir) if config.out_dir else home.state_dir() / "demo"
     run = DemoRun(config, root / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
@@ -221,8 +223,12 @@ def _start(config: DemoConfig) -> DemoRun:
         print(f"a previous demo promoted a newer champion; starting again from the v0 draft (version {v0})")
         tasks.promote_version(v0, target_sha=target["sha256"])
     target_dir = target["dir"]
-    run.engine = Engine(load_model(target_dir), load_model(CHAMPION_URI),  # run_traffic gives it a sink per phase
-                        dtype=resolve_dtype(config.dtype), min_path_prob=config.min_path_prob)
+    loaded = load_model(target_dir)
+    # Traffic is served as `draftwheel serve` serves it: with the suffix tier, mode hybrid beside an index
+    # that learns from every finished request, so the logs say what the served stack missed (mining.residual).
+    index = SuffixIndex(target_key(loaded.model_id)) if config.suffix_tier else None
+    run.engine = Engine(loaded, load_model(CHAMPION_URI),  # run_traffic gives it a sink per phase
+                        dtype=resolve_dtype(config.dtype), min_path_prob=config.min_path_prob, suffix_index=index)
     print(f"target {target_dir}; champion {CHAMPION_URI} = version {run.engine.draft.model_id.version}", flush=True)
     run.rows = workloads(config, bootstrap_prompts())
     run.params = SamplingParams(max_new_tokens=config.max_new_tokens, k=config.k, seed=config.seed)

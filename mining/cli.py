@@ -23,7 +23,7 @@ def register(subparsers: Any) -> None:
                                     description="Generate every workload prompt (chat template applied) and "
                                                 "write one acceptance record per request to --log-dir.")
     traffic.add_argument("--workload", required=True,
-                         help="built-in workload (code, prose, chat, mixed) or a JSONL file of {prompt, slice}")
+                         help="built-in workload (code, prose, chat, mixed, sql, tools, templated) or a JSONL file of {prompt, slice}")
     traffic.add_argument("--n", type=int, default=None, help="number of prompts (built-ins: default 30; files: all)")
     traffic.add_argument("--seed", type=int, default=0, help="workload seed (built-ins)")
     traffic.add_argument("--target", help="target model dir, hub id or models:/NAME@ALIAS "

@@ -52,7 +52,42 @@ TOPICS = [
     "recycling", "meditation", "learning a language", "the solar system", "bread baking", "hiking safety",
     "electric cars", "birds", "public speaking", "friendship", "museums", "board games", "the internet",
 ]
-BUILTIN = ("code", "prose", "chat", "mixed")
+BUILTIN = ("code", "prose", "chat", "mixed", "sql", "tools", "templated")
+
+# Templated traffic, as agentic and SQL-generating services see it: a few fixed templates whose answers
+# share long spans from request to request (what the suffix tier copies), different values each time.
+SCHEMAS = [
+    "orders(id INTEGER, customer_id INTEGER, total REAL, status TEXT, created_at DATE)",
+    "employees(id INTEGER, name TEXT, department TEXT, salary REAL, hired_on DATE)",
+    "products(id INTEGER, name TEXT, category TEXT, price REAL, stock INTEGER)",
+]
+SQL_TEMPLATES = [
+    "Table: {schema}. Write a SQL query that returns all rows where {num} is greater than {value}, ordered "
+    "by {num} descending, limited to {limit} rows. Answer with the SQL query only.",
+    "Table: {schema}. Write a SQL query that counts the rows for each {text} and returns only the groups "
+    "with more than {value} rows. Answer with the SQL query only.",
+]
+TOOL_TEMPLATES = [
+    "You are an agent. Call the tool get_weather for the city {city} in {unit}. Reply only with a JSON "
+    'object of the form {{"tool": "get_weather", "arguments": {{"city": ..., "unit": ...}}}}.',
+]
+_NUM = {0: ["total", "customer_id"], 1: ["salary", "id"], 2: ["price", "stock"]}
+_TEXT = {0: "status", 1: "department", 2: "category"}
+_CITIES = ["Paris", "Berlin", "Madrid", "Oslo", "Lisbon", "Vienna", "Prague", "Dublin", "Athens", "Warsaw"]
+
+
+def templated_prompts(n: int, seed: int, templates: list[str] | None = None) -> list[str]:
+    """n templated requests (SQL over three schemas, JSON tool calls), cycling through `templates`
+    (default: both kinds); different seeds give different values in the same templates."""
+    templates = templates or SQL_TEMPLATES + TOOL_TEMPLATES
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(n):
+        table = rng.randrange(len(SCHEMAS))
+        prompts.append(templates[i % len(templates)].format(
+            schema=SCHEMAS[table], num=rng.choice(_NUM[table]), text=_TEXT[table], value=rng.randrange(10, 5000),
+            limit=rng.choice([5, 10, 20, 50]), city=rng.choice(_CITIES), unit=rng.choice(["celsius", "fahrenheit"])))
+    return prompts
 MAX_CODE_CHARS = 1200
 MAX_PROSE_CHARS = 900
 
@@ -132,7 +167,8 @@ def _chat(n: int, seed: int) -> list[dict[str, str]]:
 
 
 def build_workload(name: str, n: int, seed: int = 0) -> list[dict[str, str]]:
-    """`n` prompts of the built-in workload `name` (code, prose, chat, mixed), deterministic in `seed`."""
+    """`n` prompts of the built-in workload `name` (code, prose, chat, mixed, and the templated sql, tools
+    and templated = both), deterministic in `seed`."""
     if n < 0:
         raise ValueError(f"n: must be >= 0, got {n}")
     if name == "code":
@@ -141,6 +177,9 @@ def build_workload(name: str, n: int, seed: int = 0) -> list[dict[str, str]]:
         return _from_stdlib(n, seed, _paragraphs, PROSE_TEMPLATES, "prose")
     if name == "chat":
         return _chat(n, seed)
+    if name in ("sql", "tools", "templated"):
+        templates = {"sql": SQL_TEMPLATES, "tools": TOOL_TEMPLATES, "templated": None}[name]
+        return [{"prompt": p, "slice": name} for p in templated_prompts(n, seed, templates)]
     if name == "mixed":
         parts = [build_workload(part, -(-n // 3), seed) for part in ("code", "prose", "chat")]
         return [item for group in zip(*parts) for item in group][:n]
