@@ -156,7 +156,7 @@ def workloads(config: DemoConfig, exclude: set[str]) -> dict[str, list[dict[str,
 
 
 def measure(engines: dict[str, tuple[Any, str]], rows: list[dict[str, str]], params: Any) -> dict[str, list[Any]]:
-    """Per-request stats of every prompt through each (engine, mode), taking them in turn prompt by prompt,
+    """The completion of every prompt through each (engine, mode), taking them in turn prompt by prompt,
     so a change in machine load hits all of them alike. Nothing is logged."""
     from tqdm import tqdm
 
@@ -167,8 +167,14 @@ def measure(engines: dict[str, tuple[Any, str]], rows: list[dict[str, str]], par
         for name in names[index % len(names):] + names[:index % len(names)]:  # rotate who goes first
             engine, mode = engines[name]
             stats[name].append(engine.generate([row["prompt"]], params, slice=row["slice"], chat=True,
-                                               mode=mode)[0].stats)
+                                               mode=mode)[0])
     return stats
+
+
+def identical(completions: list[Any], plain: list[Any]) -> str:
+    """"n/m": prompts whose output equals plain decoding's (greedy: lossless speculation gives all)."""
+    same = sum(a.token_ids == b.token_ids for a, b in zip(completions, plain))
+    return f"{same}/{len(plain)}"
 
 
 def monitor_overrides(config: DemoConfig, logs_dir: Path, threshold: float, run_flywheel: bool) -> list[str]:
@@ -265,7 +271,8 @@ def _log_results(config: DemoConfig, results: dict[str, Any], paths: dict[str, P
         tracker.log_params({f"demo.{k}": v for k, v in to_dict(config).items()})
         for phase in report.PHASES:
             for slice_name, figs in results[phase].items():
-                tracker.log_metrics({f"{phase}.{slice_name}.{k}": v for k, v in figs.items()})
+                tracker.log_metrics({f"{phase}.{slice_name}.{k}": v for k, v in figs.items()
+                                     if isinstance(v, (int, float))})
         for path in paths.values():
             tracker.log_artifact(path)
     return run_id
@@ -293,10 +300,12 @@ def _before_after(run: DemoRun, before: Any, after: Any) -> dict[str, Any]:
             engines[f"{phase}/hybrid"] = (Engine(target, draft, min_path_prob=cut, suffix_index=index), "hybrid")
     results: dict[str, Any] = {"before": {}, "after": {}}
     for name in SLICES:
-        stats = measure(engines, run.rows[f"eval_{name}"], run.params)
+        runs = measure(engines, run.rows[f"eval_{name}"], run.params)
         for tier in ("", "/hybrid") if run.config.suffix_tier else ("",):
             for phase in report.PHASES:
-                results[phase][name + tier] = report.figures(stats[phase + tier], stats["plain"])
+                results[phase][name + tier] = {
+                    **report.figures([c.stats for c in runs[phase + tier]], [c.stats for c in runs["plain"]]),
+                    "greedy_identical": identical(runs[phase + tier], runs["plain"])}
     return results
 
 

@@ -121,11 +121,12 @@ class MonitorDecision:
 
 def window(records: Iterable[AcceptanceRecord], config: MonitorConfig, now: float | None = None,
            champion_sha: str | None = None) -> list[AcceptanceRecord]:
-    """The most recent drafted records (oldest first), bounded by count and age; memory stays O(window)."""
+    """The most recent records that say something about the draft (oldest first): drafted ones, and hybrid
+    ones the step pace served with plain steps (`paced_out`); bounded by count and age; memory stays O(window)."""
     now = time.time() if now is None else now
 
     def keep(record: AcceptanceRecord) -> bool:
-        if not is_drafted(record):
+        if not (is_drafted(record) or paced_out(record)):
             return False
         draft_sha = record.draft_id.sha256 if record.draft_id else None
         if config.champion_only and champion_sha and draft_sha != champion_sha:
@@ -134,6 +135,14 @@ def window(records: Iterable[AcceptanceRecord], config: MonitorConfig, now: floa
 
     newest = heapq.nlargest(config.window_requests, filter(keep, records), key=lambda r: r.ts)
     return newest[::-1]
+
+
+def paced_out(record: AcceptanceRecord) -> bool:
+    """A hybrid request that took plain steps before its last token: the step pace found drafting did not
+    pay there and the suffix index had nothing (serving.adaptive.StepPace). Under serving's default mode
+    that is how a draft that fails on a slice shows: few drafted tokens, mostly rejected, many plain steps.
+    A request the index served entirely says nothing about the draft and does not count."""
+    return record.mode == "hybrid" and any(not step.k for step in record.steps[:-1])
 
 
 def decide(records: list[AcceptanceRecord], config: MonitorConfig,
@@ -153,7 +162,8 @@ def decide(records: list[AcceptanceRecord], config: MonitorConfig,
         if name != "overall" and not config.per_slice:
             continue
         threshold = config.slice_min_acceptance.get(name, config.min_acceptance)
-        if entry.requests >= config.min_requests and entry.acceptance_rate < threshold:
+        # no drafted token at all says nothing about the draft (the index served every step)
+        if entry.requests >= config.min_requests and entry.drafted and entry.acceptance_rate < threshold:
             reasons.append(f"acceptance {entry.acceptance_rate:.3f} < {threshold} on {name} "
                            f"over the last {entry.requests} requests")
     held = ""

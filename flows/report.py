@@ -71,7 +71,9 @@ def headline(results: dict[str, Any]) -> list[str]:
         for label, key in (("as served", name + SERVED), ("draft alone", name)):
             if key in results["before"] and key in results["after"]:
                 old, new = (results[phase][key]["speedup_vs_plain"] for phase in PHASES)
-                parts.append(f"{label} {old:.2f}x -> {new:.2f}x plain ({new / old - 1.0:+.1%})")
+                same = [results[phase][key].get("greedy_identical") for phase in PHASES]
+                checked = f", greedy identical {same[0]} and {same[1]}" if all(same) else ""
+                parts.append(f"{label} {old:.2f}x -> {new:.2f}x plain ({new / old - 1.0:+.1%}{checked})")
         lines.append(f"{name}: " + "; ".join(parts))
     return lines
 

@@ -353,3 +353,25 @@ def test_monitor_prints_the_as_served_gain_of_hybrid_traffic(monkeypatch, capsys
     assert "delivered v2 code: mean accepted length 3.000 (+200.0% vs v1)" in out
     assert "delivered v2 code as served (every step, the suffix index's and plain ones too): mean accepted length 3.500 (+40.0% vs v1), n=1" in out
     assert stored["2"] is gain and gain["as_served"]["code"]["mal_change"] == pytest.approx(0.4)
+
+
+def test_hybrid_requests_the_pace_served_with_plain_steps_count_for_their_slice():
+    """Under serving's default mode a draft that fails on a slice is mostly not asked: the step pace takes
+    plain steps and explores now and then. Those requests count in the window (their few drafted tokens
+    decide the rate), so the monitor still sees the draft failing there; a slice with no drafted token
+    at all says nothing about the draft and never triggers."""
+    def hybrid(ts: float, explored: bool) -> AcceptanceRecord:
+        plain = Step(k=0, accepted=0, draft_token_ids=[], target_token_id=2)
+        steps = [plain] * 6 + ([Step(k=1, accepted=0, draft_token_ids=[1], target_token_id=2, source="eagle3")]
+                               if explored else []) + [plain]
+        base = record(ts, "code", accepted=0)
+        return AcceptanceRecord(**{**base.__dict__, "mode": "hybrid", "steps": steps,
+                                   "drafted_tokens": sum(s.k for s in steps), "accepted_tokens": 0,
+                                   "verify_steps": len(steps)})
+
+    records = [hybrid(i, explored=i % 5 == 0) for i in range(20)]
+    kept = window(records, config(), now=100)
+    assert len(kept) == 20 and acceptance_by_slice(kept)["code"].drafted == 4
+    assert decide(kept, config()).trigger
+    never = window([hybrid(i, explored=False) for i in range(20)], config(), now=100)
+    assert len(never) == 20 and not decide(never, config()).trigger
