@@ -67,9 +67,14 @@ SQL_TEMPLATES = [
     "Table: {schema}. Write a SQL query that counts the rows for each {text} and returns only the groups "
     "with more than {value} rows. Answer with the SQL query only.",
 ]
+WEATHER_TEMPLATE = ("You are an agent. Call the tool get_weather for the city {city} in {unit}. Reply only with a JSON "
+                    'object of the form {{"tool": "get_weather", "arguments": {{"city": ..., "unit": ...}}}}.')
 TOOL_TEMPLATES = [
-    "You are an agent. Call the tool get_weather for the city {city} in {unit}. Reply only with a JSON "
-    'object of the form {{"tool": "get_weather", "arguments": {{"city": ..., "unit": ...}}}}.',
+    WEATHER_TEMPLATE,
+    "You are an agent. Call the tool convert_currency to convert {value} EUR to {currency}. Reply only with a "
+    'JSON object of the form {{"tool": "convert_currency", "arguments": {{"amount": ..., "to": ...}}}}.',
+    "You are an agent. Call the tool book_table for {limit} people at {value_time} in {city}. Reply only with a "
+    'JSON object of the form {{"tool": "book_table", "arguments": {{"city": ..., "people": ..., "time": ...}}}}.',
 ]
 _NUM = {0: ["total", "customer_id"], 1: ["salary", "id"], 2: ["price", "stock"]}
 _TEXT = {0: "status", 1: "department", 2: "category"}
@@ -77,16 +82,17 @@ _CITIES = ["Paris", "Berlin", "Madrid", "Oslo", "Lisbon", "Vienna", "Prague", "D
 
 
 def templated_prompts(n: int, seed: int, templates: list[str] | None = None) -> list[str]:
-    """n templated requests (SQL over three schemas, JSON tool calls), cycling through `templates`
-    (default: both kinds); different seeds give different values in the same templates."""
-    templates = templates or SQL_TEMPLATES + TOOL_TEMPLATES
+    """n templated requests, cycling through `templates` (default: the two SQL templates and the weather
+    tool call); different seeds give different values in the same templates."""
+    templates = templates or SQL_TEMPLATES + [WEATHER_TEMPLATE]
     rng = random.Random(seed)
     prompts = []
     for i in range(n):
         table = rng.randrange(len(SCHEMAS))
         prompts.append(templates[i % len(templates)].format(
             schema=SCHEMAS[table], num=rng.choice(_NUM[table]), text=_TEXT[table], value=rng.randrange(10, 5000),
-            limit=rng.choice([5, 10, 20, 50]), city=rng.choice(_CITIES), unit=rng.choice(["celsius", "fahrenheit"])))
+            limit=rng.choice([5, 10, 20, 50]), city=rng.choice(_CITIES), unit=rng.choice(["celsius", "fahrenheit"]),
+            currency=rng.choice(["USD", "GBP", "JPY", "CHF"]), value_time=f"{rng.randrange(11, 23)}:{rng.choice(['00', '30'])}"))
     return prompts
 MAX_CODE_CHARS = 1200
 MAX_PROSE_CHARS = 900
@@ -178,7 +184,7 @@ def build_workload(name: str, n: int, seed: int = 0) -> list[dict[str, str]]:
     if name == "chat":
         return _chat(n, seed)
     if name in ("sql", "tools", "templated"):
-        templates = {"sql": SQL_TEMPLATES, "tools": TOOL_TEMPLATES, "templated": None}[name]
+        templates = {"sql": SQL_TEMPLATES, "tools": TOOL_TEMPLATES, "templated": SQL_TEMPLATES + TOOL_TEMPLATES}[name]
         return [{"prompt": p, "slice": name} for p in templated_prompts(n, seed, templates)]
     if name == "mixed":
         parts = [build_workload(part, -(-n // 3), seed) for part in ("code", "prose", "chat")]

@@ -1,0 +1,225 @@
+"""Rounds of the flywheel on a drifting mixed stream: does every round make serving faster, as served?
+
+Each round r = 1..R:
+1. serves fresh traffic through the champion as `draftwheel serve` runs it (mode hybrid, beside a suffix
+   index that learns from every finished request), `--requests` per active slice: chat, code and sql
+   throughout, tools (a new templated slice) from round `--new-slice-at` on;
+2. runs one unattended `monitor` (its threshold is acceptance 1.0, so it always triggers the flywheel:
+   mine -> train -> shadow, as served -> promote, retry included);
+3. measures the champion it ends with on fixed held-out prompts per slice, never served and never
+   trained on: plain decoding, as served (hybrid beside a read-only index of all the traffic served so
+   far) and the draft alone, prompt by prompt in turn, so every speedup is against plain decoding of the
+   same prompts in the same run. Greedy outputs are compared with plain decoding's.
+Round 0 is the bootstrap v0 before any round. The per-round table is printed, saved as rounds.json under
+the state dir and logged to MLflow (metrics per round and slice, a plot).
+
+The arm is set by the trainer's overrides: `--residual-floor 1.0` trains every position alike (uniform
+weighting), the ablation of the default residual weighting. Run each arm in its own state dir
+(`--home`); each bootstraps its v0 once (the demo's quick bootstrap).
+
+    flock /tmp/draftwheel-heavy.lock .venv/bin/python benchmarks/rounds.py --home /tmp/rounds-residual
+    flock /tmp/draftwheel-heavy.lock .venv/bin/python benchmarks/rounds.py --home /tmp/rounds-uniform \\
+        --residual-floor 1.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+SLICES = ("chat", "code", "sql", "tools")
+NEW_SLICE = "tools"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--home", required=True, help="the state dir of this arm ($DRAFTWHEEL_HOME)")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=16, help="served requests per active slice per round")
+    parser.add_argument("--eval", type=int, default=8, help="held-out prompts per slice")
+    parser.add_argument("--new-slice-at", type=int, default=3, help="the round the tools slice first appears")
+    parser.add_argument("--max-new-tokens", type=int, default=40)
+    parser.add_argument("--residual-floor", type=float, default=None,
+                        help="the eagle trainer's residual_floor (default: configs/eagle.yaml's; 1.0 = uniform)")
+    parser.add_argument("--train-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="more overrides for the trainer (e.g. epochs=4)")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def prompts(args: argparse.Namespace, exclude: set[str]) -> dict[str, Any]:
+    """Held-out prompts per slice, then each round's traffic: all distinct, none in `exclude`."""
+    from flows.demo import fresh_prompts
+
+    seen, rows = set(exclude), {}
+    for name in SLICES:
+        rows[f"eval/{name}"] = fresh_prompts(name, args.eval, args.seed + 1000, seen)
+        seen |= {row["prompt"] for row in rows[f"eval/{name}"]}
+    for r in range(1, args.rounds + 1):
+        active = [s for s in SLICES if s != NEW_SLICE or r >= args.new_slice_at]
+        rows[f"round/{r}"] = []
+        for name in active:
+            served = fresh_prompts(name, args.requests, args.seed + r, seen)
+            seen |= {row["prompt"] for row in served}
+            rows[f"round/{r}"] += served
+    return rows
+
+
+def figures(runs: dict[str, list[Any]]) -> dict[str, Any]:
+    """One slice's row: the champion as served and alone, each against plain decoding of the same prompts."""
+    from flows import report
+    from flows.demo import identical
+
+    plain = [c.stats for c in runs["plain"]]
+    served, alone = (report.figures([c.stats for c in runs[arm]], plain) for arm in ("served", "alone"))
+    return {"served_speedup": served["speedup_vs_plain"], "served_mal": served["mean_accepted_length"],
+            "alone_speedup": alone["speedup_vs_plain"], "alone_mal": alone["mean_accepted_length"],
+            "identical": f"{identical(runs['served'], runs['plain'])} served, "
+                         f"{identical(runs['alone'], runs['plain'])} alone", "n": len(plain)}
+
+
+def measure_round(plain: Any, champion: Any, logs: Path, rows: dict[str, Any], params: Any,
+                  cut: float) -> dict[str, dict[str, Any]]:
+    """Per slice: the champion as served (beside a read-only index of the logs) and alone, against plain
+    decoding, on the held-out prompts, taking the three in turn prompt by prompt (flows.demo.measure)."""
+    from flows.demo import measure
+    from serving.engine import Engine
+    from serving.suffix import ReadOnlyIndex, SuffixIndex, target_key
+
+    target = plain.target
+    index = ReadOnlyIndex(SuffixIndex.from_logs(logs, target_key(target.model_id)))
+    engines = {"plain": (plain, "autoregressive"),
+               "served": (Engine(target, champion, min_path_prob=cut, suffix_index=index), "hybrid"),
+               "alone": (Engine(target, champion, min_path_prob=cut), "draft")}
+    return {name: figures(measure(engines, rows[f"eval/{name}"], params)) for name in SLICES}
+
+
+def pooled(row: dict[str, dict[str, Any]], key: str) -> float:
+    """The mean of a figure over the slices measured (each slice weighs alike)."""
+    return sum(figs[key] for figs in row.values()) / len(row)
+
+
+def table(rounds: list[dict[str, Any]]) -> str:
+    lines = [f"{'round':>5} {'champion':>8} {'slice':<7} {'served':>7} {'alone':>7} {'served MAL':>10} "
+             f"{'alone MAL':>9}  greedy identical"]
+    for r in rounds:
+        for name, f in r["slices"].items():
+            lines.append(f"{r['round']:>5} {r['champion']:>8} {name:<7} {f['served_speedup']:>6.2f}x "
+                         f"{f['alone_speedup']:>6.2f}x {f['served_mal']:>10.2f} {f['alone_mal']:>9.2f}  {f['identical']}")
+        lines.append(f"{r['round']:>5} {r['champion']:>8} {'pooled':<7} {pooled(r['slices'], 'served_speedup'):>6.2f}x "
+                     f"{pooled(r['slices'], 'alone_speedup'):>6.2f}x   ({r.get('seconds', 0):.0f} s: "
+                     f"{r.get('outcome', 'before any round')})")
+    return "\n".join(lines)
+
+
+def plot(rounds: list[dict[str, Any]], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    x = [r["round"] for r in rounds]
+    for ax, key, title in ((axes[0], "served_speedup", "as served (hybrid)"), (axes[1], "alone_speedup", "draft alone")):
+        for name in SLICES:
+            ax.plot(x, [r["slices"][name][key] for r in rounds], marker="o", label=name)
+        ax.set_title(title)
+        ax.set_xlabel("round")
+        ax.axhline(1.0, color="grey", lw=0.8)
+    axes[0].set_ylabel("speed vs plain decoding (same run)")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from draftwheel import home
+    from draftwheel.registry_names import CHAMPION_URI
+    from flows.bootstrap_flow import bootstrap_flow, bootstrap_prompts
+    from flows.demo import DemoConfig, DemoRun, monitor_overrides
+    from flows.flywheel import override
+    from flows.monitor import monitor
+    from flows import tasks
+    from serving.engine import Engine
+    from serving.models import load_model
+    from serving.params import SamplingParams
+    from serving.precision import resolve_dtype
+    from serving.suffix import SuffixIndex, target_key
+
+    train = [*DemoConfig().train_overrides, *args.train_set]
+    if args.residual_floor is not None:
+        train.append(f"residual_floor={args.residual_floor}")
+    config = DemoConfig(max_new_tokens=args.max_new_tokens, code_requests=args.requests * len(SLICES),
+                        train_overrides=train, seed=args.seed)
+    bootstrap_flow(overrides=config.bootstrap_overrides)
+    target = tasks.resolve_target("")
+    loaded = load_model(target["dir"])
+    serving = Engine(loaded, load_model(CHAMPION_URI), dtype=resolve_dtype(config.dtype),
+                     min_path_prob=config.min_path_prob, suffix_index=SuffixIndex(target_key(loaded.model_id)))
+    plain = Engine(loaded, dtype=resolve_dtype(config.dtype))
+    run_ = DemoRun(config, home.state_dir() / "rounds")
+    run_.engine = serving
+    run_.params = SamplingParams(max_new_tokens=config.max_new_tokens, k=config.k, seed=config.seed)
+    rows = prompts(args, bootstrap_prompts())
+    rounds = [{"round": 0, "champion": serving.draft.model_id.version,
+               "slices": measure_round(plain, serving.draft, run_.logs_dir, rows, run_.params, config.min_path_prob)}]
+    print(table(rounds), flush=True)
+    for r in range(1, args.rounds + 1):
+        started = time.perf_counter()
+        print(f"\n=== round {r}: serve {len(rows[f'round/{r}'])} requests, then one unattended monitor ===", flush=True)
+        run_.serve(rows[f"round/{r}"])
+        # acceptance 1.0: the monitor always triggers, so every round runs the flywheel
+        outcome = monitor(None, [*monitor_overrides(config, run_.logs_dir, 1.0, run_flywheel=True),
+                                 override("retrigger_after_requests", 0)])
+        result = outcome.get("flywheel") or {}
+        serving.swap_draft(load_model(CHAMPION_URI))
+        rounds.append({"round": r, "champion": serving.draft.model_id.version,
+                       "outcome": "promoted" if result.get("promoted") else "rejected",
+                       "decision": (result.get("decision") or {}).get("reasons"),
+                       "slices": measure_round(plain, serving.draft, run_.logs_dir, rows, run_.params,
+                                               config.min_path_prob)})
+        rounds[-1]["seconds"] = time.perf_counter() - started
+        print(table(rounds), flush=True)
+    return rounds
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    os.environ["DRAFTWHEEL_HOME"] = str(Path(args.home).resolve())
+    from draftwheel.home import apply_offline_defaults, state_dir
+
+    apply_offline_defaults()
+    started = time.perf_counter()
+    rounds = run(args)
+    out = state_dir() / "rounds"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rounds.json").write_text(json.dumps({"args": vars(args), "rounds": rounds}, indent=2))
+    png = plot(rounds, out / "rounds.png")
+    _log(args, rounds, [out / "rounds.json", png])
+    print(f"\n{table(rounds)}\n\nwall time {time.perf_counter() - started:.0f} s; {out / 'rounds.json'}")
+
+
+def _log(args: argparse.Namespace, rounds: list[dict[str, Any]], files: list[Path]) -> None:
+    from draftwheel.tracking import get_tracker
+
+    tracker = get_tracker(True)
+    with tracker.run("rounds", tags={"benchmark": "rounds"}):
+        tracker.log_params({k: str(v) for k, v in vars(args).items()})
+        for r in rounds:
+            metrics = {f"{name}.{key}": figs[key] for name, figs in r["slices"].items()
+                       for key in ("served_speedup", "alone_speedup", "served_mal", "alone_mal")}
+            metrics["pooled.served_speedup"] = pooled(r["slices"], "served_speedup")
+            tracker.log_metrics(metrics, step=r["round"])
+        for path in files:
+            tracker.log_artifact(path)
+
+
+if __name__ == "__main__":
+    main()
