@@ -209,8 +209,8 @@ def _status(args: argparse.Namespace) -> int:
         rows = registry.status_rows()
         print(json.dumps(rows, indent=2) if args.json else registry.format_table(rows))
         if not args.json:
-            print(suffix_index_line())
             print(corpus_line())
+            print(suffix_index_line())
         return 0
 
     return _registry_command(action)

@@ -101,6 +101,23 @@ def test_shadow_gate_registers_and_promotes(home, toy_models, tmp_path, capsys):
 
 
 
+def test_status_shows_the_retained_corpus(home, capsys):
+    from datasets import Dataset
+
+    from draftwheel.home import state_dir
+    from mining.corpus import CorpusPolicy, retain
+    from mining.outputs import DISTILL
+
+    assert run("status") == 0
+    assert "retained corpus: empty" in capsys.readouterr().out
+    rows = [{"prompt": p, "completion": "x", "prompt_token_ids": [1], "completion_token_ids": [2], "slice": s,
+             "weight": 1.0, "served_residual": [1.0]} for p, s in (("a", "code"), ("b", "code"), ("c", "sql"))]
+    Dataset.from_list(rows, features=DISTILL).save_to_disk(str(state_dir() / "mined"))
+    retain(state_dir() / "corpus", state_dir() / "mined", CorpusPolicy())
+    assert run("status") == 0
+    assert "retained corpus: 3 rows (code 2, sql 1)" in capsys.readouterr().out
+
+
 def test_status_shows_the_suffix_index_the_server_wrote(home, capsys):
     from serving.serving_state import serving_dir, write_suffix_stats
     from serving.suffix import SuffixIndex
