@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 SLICES = ("chat", "code", "sql", "tools")
+CHAT_HELD_OUT = Path(__file__).resolve().parent / "prompts" / "chat_heldout.jsonl"
 NEW_SLICE = "tools"
 
 
@@ -41,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--home", required=True, help="the state dir of this arm ($DRAFTWHEEL_HOME)")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--requests", type=int, default=16, help="served requests per active slice per round")
+    parser.add_argument("--chat-requests", type=int, default=8,
+                        help="chat requests per round (the chat workload has few prompts the v0 did not learn from)")
     parser.add_argument("--eval", type=int, default=8, help="held-out prompts per slice")
     parser.add_argument("--new-slice-at", type=int, default=3, help="the round the tools slice first appears")
     parser.add_argument("--max-new-tokens", type=int, default=40)
@@ -58,13 +61,18 @@ def prompts(args: argparse.Namespace, exclude: set[str]) -> dict[str, Any]:
 
     seen, rows = set(exclude), {}
     for name in SLICES:
-        rows[f"eval/{name}"] = fresh_prompts(name, args.eval, args.seed + 1000, seen)
+        if name == "chat" and CHAT_HELD_OUT.is_file():  # chat prompts no draft was trained on
+            rows["eval/chat"] = [{"prompt": json.loads(line)["prompt"], "slice": "chat"}
+                                 for line in CHAT_HELD_OUT.read_text().splitlines()[:args.eval]]
+        else:
+            rows[f"eval/{name}"] = fresh_prompts(name, args.eval, args.seed + 1000, seen)
         seen |= {row["prompt"] for row in rows[f"eval/{name}"]}
     for r in range(1, args.rounds + 1):
         active = [s for s in SLICES if s != NEW_SLICE or r >= args.new_slice_at]
         rows[f"round/{r}"] = []
         for name in active:
-            served = fresh_prompts(name, args.requests, args.seed + r, seen)
+            n = args.chat_requests if name == "chat" else args.requests
+            served = fresh_prompts(name, n, args.seed + r, seen)
             seen |= {row["prompt"] for row in served}
             rows[f"round/{r}"] += served
     return rows
