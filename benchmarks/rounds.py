@@ -107,6 +107,20 @@ def measure_round(plain: Any, champion: Any, logs: Path, rows: dict[str, Any], p
     return {name: figures(measure(engines, rows[f"eval/{name}"], params)) for name in SLICES}
 
 
+def gate_summary(report_path: str | None) -> dict[str, Any]:
+    """The round's challenger against its champion in the gate's replay (whether promoted or not): the
+    relative change as served (the gated metric, with its interval) and of the draft alone's mean
+    accepted length, over all replayed prompts."""
+    if not report_path or not Path(report_path).is_file():
+        return {}
+    report = json.loads(Path(report_path).read_text())
+    overall = report["overall"]
+    alone = [overall[arm].get("draft_alone", {}).get("mean_accepted_length") for arm in ("champion", "challenger")]
+    return {"served_change": overall["relative"]["mean"], "served_ci": [overall["relative"]["ci_low"],
+                                                                       overall["relative"]["ci_high"]],
+            "alone_mal_change": alone[1] / alone[0] - 1.0 if all(alone) else None}
+
+
 def pooled(row: dict[str, dict[str, Any]], key: str) -> float:
     """The mean of a figure over the slices measured (each slice weighs alike)."""
     return sum(figs[key] for figs in row.values()) / len(row)
@@ -119,9 +133,13 @@ def table(rounds: list[dict[str, Any]]) -> str:
         for name, f in r["slices"].items():
             lines.append(f"{r['round']:>5} {r['champion']:>8} {name:<7} {f['served_speedup']:>6.2f}x "
                          f"{f['alone_speedup']:>6.2f}x {f['served_mal']:>10.2f} {f['alone_mal']:>9.2f}  {f['identical']}")
+        gate = r.get("gate") or {}
+        challenger = (f"; its challenger in the gate: as served {gate['served_change']:+.1%} "
+                      f"[{gate['served_ci'][0]:+.1%}, {gate['served_ci'][1]:+.1%}], draft alone MAL "
+                      f"{gate['alone_mal_change']:+.1%}") if gate.get("alone_mal_change") is not None else ""
         lines.append(f"{r['round']:>5} {r['champion']:>8} {'pooled':<7} {pooled(r['slices'], 'served_speedup'):>6.2f}x "
                      f"{pooled(r['slices'], 'alone_speedup'):>6.2f}x   ({r.get('seconds', 0):.0f} s: "
-                     f"{r.get('outcome', 'before any round')})")
+                     f"{r.get('outcome', 'before any round')}{challenger})")
     return "\n".join(lines)
 
 
@@ -191,6 +209,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         rounds.append({"round": r, "champion": serving.draft.model_id.version,
                        "outcome": "promoted" if result.get("promoted") else "rejected",
                        "decision": (result.get("decision") or {}).get("reasons"),
+                       "gate": gate_summary(result.get("report_path")),
                        "slices": measure_round(plain, serving.draft, run_.logs_dir, rows, run_.params,
                                                config.min_path_prob)})
         rounds[-1]["seconds"] = time.perf_counter() - started
