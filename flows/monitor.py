@@ -31,8 +31,8 @@ from draftwheel.registry_names import CHAMPION_URI, TARGET_SHA_TAG
 from flows import tasks
 from flows.flywheel import FlywheelConfig, flywheel
 from flows.served import SliceStats, VersionTally, acceptance_by_slice, delivered_gain, delivered_metrics, is_drafted
-from serving.records import AcceptanceRecord, RecordError, parse_record
-from serving.sink import iter_lines
+from serving.records import AcceptanceRecord
+from serving.sink import log_files, valid_records
 
 
 @dataclass
@@ -180,11 +180,7 @@ def decide(records: list[AcceptanceRecord], config: MonitorConfig,
 def read_records(logs_dir: str | Path) -> Iterator[AcceptanceRecord]:
     """Valid records under `logs_dir`, in write order. Bad lines are skipped here: quarantining them is
     mining's job, the monitor only reads."""
-    for _path, _number, line in iter_lines(logs_dir):
-        try:
-            yield parse_record(line)
-        except RecordError:
-            continue
+    return valid_records(log_files(logs_dir))
 
 
 @flow(name="monitor")

@@ -46,8 +46,8 @@ from serving.greedy_check import greedy_divergence
 from serving.models import LoadedModel, load_model
 from serving.params import SamplingParams
 from serving.precision import resolve_dtype
-from serving.records import AcceptanceRecord
 from serving.served_cost import StepCost, draft_cost_ratio, measure_row_costs, served_speedup
+from serving.sink import log_files, valid_records
 from serving.suffix import ReadOnlyIndex, SuffixConfig, SuffixIndex, target_key
 
 log = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ def served_index(engine: Engine, requests: list[ShadowRequest], config: ShadowCo
         return index
     replayed = {tuple(engine.encode(r.prompt, r.chat)[1]) for r in requests}
     excluded = 0
-    for record in _log_records(logs):
+    for record in valid_records(log_files(logs)):
         if tuple(record.prompt_token_ids) in replayed or target_key(record.target_id) != index.target:
             excluded += 1
             continue
@@ -194,17 +194,6 @@ def served_index(engine: Engine, requests: list[ShadowRequest], config: ShadowCo
     log.info("shadow: suffix index from %s: %d requests (%d left out: replayed prompts or another target)",
              logs, index.requests, excluded)
     return index
-
-
-def _log_records(logs: Path) -> Iterator[AcceptanceRecord]:
-    from serving.records import RecordError, parse_record
-    from serving.sink import iter_lines
-
-    for _, _, line in iter_lines(logs):
-        try:
-            yield parse_record(line)
-        except RecordError:
-            continue
 
 
 def _as_loaded(spec: str | Path | LoadedModel) -> LoadedModel:

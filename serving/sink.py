@@ -72,6 +72,19 @@ def read_lines(path: Path) -> Iterator[tuple[int, str]]:
                 yield number, line.rstrip("\n")
 
 
+def valid_records(files: list[Path]) -> Iterator[AcceptanceRecord]:
+    """The acceptance records of `files` that parse (serving.records.parse_record), in order. Bad lines
+    are skipped here: quarantining and counting them is mining's job; readers that only look do not."""
+    from serving.records import RecordError, parse_record
+
+    for path in files:
+        for _, line in read_lines(path):
+            try:
+                yield parse_record(line)
+            except RecordError:
+                continue
+
+
 def iter_lines(log_dir: str | Path, prefix: str = "acceptance") -> Iterator[tuple[Path, int, str]]:
     """Yield `(file, line_number, line)` for every non-empty line of every log file, in write order."""
     for path in log_files(log_dir, prefix):

@@ -43,7 +43,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from serving.acceptance import acceptance_rate
-from serving.records import AcceptanceRecord, ModelId, RecordError, parse_record
+from serving.records import AcceptanceRecord, ModelId
 
 _KEY_BITS = 21  # a token id must fit in 21 bits (vocabularies up to 2M) to pack 3 of them in one int64
 _SEP = -1  # between sequences and after the end of the buffer: never equal to a token
@@ -371,21 +371,12 @@ class SuffixIndex:
                   max_bytes: int | None = None) -> SuffixIndex:
         """Built from an acceptance-log dir in write order, bad lines skipped; with `max_bytes`, only the
         newest files whose sizes (on disk) sum to at most that, and always the newest one (a bound on start-up)."""
-        from serving.sink import log_files, read_lines
+        from serving.sink import log_files, valid_records
 
         files = log_files(log_dir)
         if max_bytes is not None:
             files = newest_within(files, max_bytes)
-
-        def records() -> Iterable[AcceptanceRecord]:
-            for path in files:
-                for _, line in read_lines(path):
-                    try:
-                        yield parse_record(line)
-                    except RecordError:
-                        continue
-
-        return cls.from_records(records(), target, config)
+        return cls.from_records(valid_records(files), target, config)
 
 
 class ReadOnlyIndex:
