@@ -1,0 +1,52 @@
+"""benchmarks/rounds.py's own logic, without models: the prompt plan (held-out prompts never served, the
+new slice only from its round, no prompt twice), the gate summary of a shadow report and the table."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture()
+def rounds(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location("rounds", BENCHMARKS / "rounds.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_plan_holds_out_its_eval_prompts_and_adds_the_new_slice_late(rounds):
+    args = rounds.parse_args(["--home", "unused", "--rounds", "3", "--requests", "4", "--chat-requests", "2",
+                              "--eval", "3", "--new-slice-at", "2"])
+    rows = rounds.prompts(args, exclude=set())
+    served = [row["prompt"] for r in (1, 2, 3) for row in rows[f"round/{r}"]]
+    held_out = [row["prompt"] for name in rounds.SLICES for row in rows[f"eval/{name}"]]
+    assert len(set(served)) == len(served) and not set(served) & set(held_out)
+    assert all(len(rows[f"eval/{name}"]) == 3 for name in rounds.SLICES)
+    assert {row["slice"] for row in rows["round/1"]} == {"chat", "code", "sql"}
+    assert {row["slice"] for row in rows["round/2"]} == {"chat", "code", "sql", "tools"}
+    assert sum(row["slice"] == "chat" for row in rows["round/3"]) == 2
+
+
+def test_gate_summary_and_table(rounds, tmp_path):
+    report = {"overall": {"relative": {"mean": 0.05, "ci_low": 0.01, "ci_high": 0.09},
+                          "champion": {"draft_alone": {"mean_accepted_length": 1.2}},
+                          "challenger": {"draft_alone": {"mean_accepted_length": 1.5}}}}
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    gate = rounds.gate_summary(str(tmp_path / "report.json"))
+    assert gate["served_change"] == 0.05 and gate["served_ci"] == [0.01, 0.09]
+    assert gate["alone_mal_change"] == pytest.approx(0.25)
+    assert rounds.gate_summary(None) == {} and rounds.gate_summary(str(tmp_path / "none.json")) == {}
+    figs = {"served_speedup": 2.0, "alone_speedup": 1.0, "served_mal": 3.0, "alone_mal": 1.2,
+            "identical": "8/8 served, 8/8 alone", "n": 8}
+    row = {"round": 1, "champion": "2", "slices": {"code": figs, "chat": {**figs, "served_speedup": 1.0}},
+           "outcome": "promoted", "gate": gate, "seconds": 300.0}
+    text = rounds.table([row])
+    assert "promoted; its challenger in the gate: as served +5.0% [+1.0%, +9.0%], draft alone MAL +25.0%" in text
+    assert rounds.pooled(row["slices"], "served_speedup") == 1.5
