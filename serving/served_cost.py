@@ -6,7 +6,7 @@ Xeon in bfloat16 a 5-row verify costs ~1.1 plain steps, on an AVX2 EPYC in float
 adds c per token it drafts (c: its per-token time over one plain step); the suffix index's proposals
 cost nothing measurable. So one request's modelled speed against plain decoding is
 
-    served_speedup = tokens its steps emitted / sum over steps of (row_cost[k + 1] + c * model-drafted k)
+    served_speedup = tokens its steps emitted / sum over steps of (cost(k + 1 rows) + c * model-drafted k)
 
 where plain decoding costs exactly one unit per token. The figure is a pure function of the logged
 steps and two measured constants, so two drafts replayed on the same prompts are compared without the
@@ -68,7 +68,7 @@ class StepCost:
     tokens: int
     """Tokens the verification steps emitted (accepted + the target's own token, per step)."""
     verify_cost: float
-    """Sum over steps of row_cost[k + 1] (plain steps: 1)."""
+    """Sum over steps of the cost of a verify over k + 1 rows, `row_costs[k]` (plain steps: 1)."""
     model_drafted: int
     """Tokens a draft model drafted (priced at c each)."""
 

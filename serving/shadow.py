@@ -187,10 +187,9 @@ def served_index(engine: Engine, requests: list[ShadowRequest], config: ShadowCo
     replayed = {tuple(engine.encode(r.prompt, r.chat)[1]) for r in requests}
     excluded = 0
     for record in valid_records(log_files(logs)):
-        if tuple(record.prompt_token_ids) in replayed or target_key(record.target_id) != index.target:
+        # add_record itself skips (False) a record of another target
+        if tuple(record.prompt_token_ids) in replayed or not index.add_record(record):
             excluded += 1
-            continue
-        index.add_record(record)
     log.info("shadow: suffix index from %s: %d requests (%d left out: replayed prompts or another target)",
              logs, index.requests, excluded)
     return index
