@@ -5,6 +5,7 @@
   serving tests).
 - `module_home`: a fresh state dir (`DRAFTWHEEL_HOME`) for one test module, so each module gets its own
   sqlite MLflow registry; MLflow initialises a store in seconds, so modules share one rather than tests.
+- `alias_bomb`: writes a config file whose one real field is a YAML alias bomb, for the commands' tests.
 """
 
 from __future__ import annotations
@@ -29,3 +30,17 @@ def module_home(tmp_path_factory):
         patch.delenv("MLFLOW_TRACKING_URI", raising=False)
         patch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         yield home
+
+
+@pytest.fixture
+def alias_bomb(tmp_path):
+    """`write(field)` -> a YAML file of a few hundred bytes whose `field` expands to 9**9 (~387M) strings:
+    nine levels, each a list of nine aliases of the level below. A loader that builds it runs out of
+    memory; a command must refuse it from the token stream."""
+    def write(field: str, name: str = "bomb.yaml"):
+        levels = [f"&l0 [{', '.join(['x'] * 9)}]"]
+        levels += [f"&l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
+        path = tmp_path / name
+        path.write_text(f"{field}: [{', '.join(levels)}]\n")
+        return path
+    return write

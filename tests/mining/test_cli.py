@@ -54,3 +54,12 @@ def test_missing_logs_are_one_line_naming_the_path(tmp_path, capsys):
     assert main(["mine", "--logs", str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert str(tmp_path / "nope") in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_alias_bomb_in_slices_is_one_line_naming_the_file(logs, tmp_path, capsys, alias_bomb):
+    """`slices:` holding 9**9 strings once expanded: refused from the token stream, before mining starts."""
+    bomb = alias_bomb("slices")
+    assert main(["mine", "--config", str(bomb), "--logs", str(logs), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert str(bomb) in err and "anchors and aliases" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()

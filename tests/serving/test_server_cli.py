@@ -220,3 +220,13 @@ def test_sigterm_drain_timeout_cuts_a_long_request_and_says_so(model_dirs, tmp_p
     assert proc.returncode == 0, output  # 0: not killed by the signal, so the log was closed
     assert not any('"finish_reason": "length"' in e for e in events), "the request was not cut"
     assert "1 request(s) in flight were cut" in output, output
+
+
+def test_an_alias_bomb_in_host_is_one_line_naming_the_file(capsys, alias_bomb, tmp_path):
+    """`host:` holding 9**9 strings once expanded: refused from the token stream, before any model or log."""
+    bomb = alias_bomb("host")
+    code, err = _serve_main(capsys, "--config", str(bomb), "--target", "/never/loaded",
+                            "--log-dir", str(tmp_path / "logs"))
+    line = _one_line(err)
+    assert code == 2 and str(bomb) in line and "anchors and aliases" in line
+    assert not (tmp_path / "logs").exists()
