@@ -109,10 +109,10 @@ class StepPace:
     of its draft steps (drafting + verify forward) against its plain steps (one target forward), both
     exponential moving averages weighted by tokens.
 
-    Why: `speedup` prices a draft step at 1 + k*c target forwards, but on this CPU a verify forward also
-    grows ~3 % per row (benchmarks/bench_tree_case.py) and each draft step has fixed costs (the eagle3 draft first takes in the target's
+    Why: `speedup` prices a draft step at 1 + k*c target forwards, but on a CPU a verify forward also
+    grows with its rows (~3 % of a step per row in bfloat16) and each draft step has fixed costs (the eagle3 draft first takes in the target's
     features of the confirmed tokens). At an acceptance of ~0.1 (the eagle3 v0 on sampled templated
-    traffic) the draft alone ran at 0.91x plain decoding (benchmarks/bench_suffix.py), and the hybrid
+    traffic) the draft alone ran at 0.91x plain decoding, and the hybrid
     drafted with it whenever the suffix index had nothing. The hybrid asks `draft_pays()` each step and
     otherwise verifies the index's proposal, or takes a plain step when there is none.
 
@@ -180,7 +180,7 @@ class PaceMemory:
     """The hybrid's `StepPace` per (slice, draft), carried from one request to the next: each request
     starts from a copy of the last finished one's (`resume`) and leaves its own (`keep`). A new draft
     (champion change) has a new key, so it starts fresh. Holds the `max_keys` most recently kept.
-    `factory` builds a fresh pace (default `StepPace()`; benchmarks/ab_pace.py compares settings)."""
+    `factory` builds a fresh pace (default `StepPace()`; another factory tries other pace settings)."""
 
     def __init__(self, max_keys: int = 256, factory: Callable[[], StepPace] | None = None):
         self.max_keys = max_keys

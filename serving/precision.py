@@ -51,9 +51,8 @@ def resolve_dtype(name: str, device: str = "cpu") -> "torch.dtype":
 def resolve_bf16(value: "bool | str", device: str = "cpu") -> bool:
     """A trainer's `bf16` switch as a bool: True/False as given, `auto` -> bfloat16 autocast only where it
     is fast: a CUDA GPU that supports it (trainer device `auto`), or a CPU with AMX-BF16. On an AVX2-only
-    CPU (2-core AMD EPYC) bfloat16 autocast made a batched SmolLM2 forward 7x slower and a whole
-    training step of the draft 25x slower than float32 (benchmarks/bf16_speed.py), so `auto` keeps
-    float32 there.
+    CPU, without bfloat16 matrix units, autocast made a batched SmolLM2 forward 7x slower and a whole
+    training step of the draft 25x slower than float32, so `auto` keeps float32 there.
     Raises ValueError naming the `bf16` field for anything else."""
     if isinstance(value, str):
         lowered = value.strip().lower()

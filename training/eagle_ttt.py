@@ -234,8 +234,8 @@ def served_walk(step_logits: list[torch.Tensor], reference: torch.Tensor, draft:
     the prefill emits the first answer token, the first chain is anchored at the slot that pairs the last
     prompt position with it, k is cut to the tokens left less one, and the last token is a plain step.
     mask[B, T] (prompt_loss off) marks the answer's positions [P-1, T-2]; reference as `chain_acceptance`.
-    On issue 13's live code prompts this walk gave the engine's own mean accepted length on 15 of 16
-    requests exactly (benchmarks/served_vs_implied.py), where the implied figure was 10 % higher.
+    On live code prompts this walk gave the engine's own mean accepted length on 15 of 16 requests
+    exactly, where the implied figure was 10 % higher.
     """
     steps = len(step_logits)
     guesses = torch.stack([draft.draft_to_target[logits.argmax(-1)] for logits in step_logits]).tolist()  # [k][B][n]

@@ -160,7 +160,7 @@ def test_configs_refuse_an_unknown_dtype_naming_the_field():
 
 def test_resolve_bf16_auto_follows_the_cpu(monkeypatch):
     """`bf16: auto` trains in bfloat16 only where it is fast: on an AVX2-only CPU bfloat16 autocast
-    was 7-37x slower than float32 (benchmarks/bf16_speed.py)."""
+    was 7-37x slower than float32."""
     assert resolve_bf16(True) is True and resolve_bf16(False) is False
     assert resolve_bf16("true") is True and resolve_bf16("False") is False
     for has_amx in (True, False):

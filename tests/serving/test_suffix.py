@@ -186,31 +186,3 @@ def test_read_only_view_proposes_but_learns_nothing():
     view.check_target(mine)
     with pytest.raises(ValueError, match="suffix index"):
         view.check_target(other)
-
-
-def test_replay_suffix_follows_the_recorded_continuation(monkeypatch):
-    """benchmarks/replay_suffix.py: a proposal's accepted length is its common prefix with the recorded
-    output; a repeated answer is drafted from the log, an unseen one takes plain steps."""
-    import importlib.util
-    from pathlib import Path
-
-    benchmarks = Path(__file__).resolve().parents[2] / "benchmarks"
-    monkeypatch.syspath_prepend(str(benchmarks))
-    spec = importlib.util.spec_from_file_location("replay_suffix", benchmarks / "replay_suffix.py")
-    replay_suffix = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(replay_suffix)
-    answer = list(range(100, 120))
-    traces = {"log": [[[1, 2, 3], answer]], "verify_s_by_rows": {"1": 1.0, "17": 2.0},
-              "repeated": [[[1, 2, 3], answer]],
-              "unseen": [[[1, 2, 3], list(range(200, 220))]]}
-    config = SuffixConfig(max_spec_tokens=4)
-    repeated = replay_suffix.replay(traces, "repeated", config)
-    # After the prefill's token, (3, 100) continues the logged answer: each step drafts 4 tokens (the last
-    # one 3, the room left) and all are accepted: 19 tokens in 4 steps.
-    assert repeated["acceptance"] == 1.0 and repeated["steps"] == 1 + 4 and repeated["speed_vs_plain"] > 2.0
-    unseen = replay_suffix.replay(traces, "unseen", config)
-    assert unseen["no_proposal"] == unseen["steps"] - 1 and unseen["speed_vs_plain"] == 1.0
-    name, parsed = replay_suffix.parse_variant("short:max_spec_tokens=2,min_token_prob=0.5")
-    assert name == "short" and parsed.max_spec_tokens == 2 and parsed.min_token_prob == 0.5
-    with pytest.raises(TypeError, match="bogus"):
-        replay_suffix.parse_variant("bad:bogus=1")

@@ -714,24 +714,6 @@ def test_a_rebuilt_vocabulary_ranks_the_warm_starts_data_too():
     assert info["vocab"] == "kept" and kept.draft_to_target.tolist() == list(range(8))
 
 
-def test_eval_transfer_scores_drafts_on_other_code(trained, toy_models, tmp_path, capsys):
-    """benchmarks/eval_transfer.py: the target's greedy answers to code prompts, each draft's chains on them."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "eval_transfer.py"
-    spec = importlib.util.spec_from_file_location("eval_transfer", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    out, _ = trained
-    module.main([str(out), "--target", str(toy_models["target"]), "--n", "3", "--max-new-tokens", "8",
-                 "--k", "3", "--cache", str(tmp_path)])
-    line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line.startswith(f"{out}: implied mean accepted length") and "(k=3, 3 prompts)" in line
-    mal = float(line.split("length ")[1].split()[0])
-    assert 1.0 <= mal <= 4.0
-
-
 def test_an_epoch_sees_the_mined_set_passes_times_up_to_the_cap():
     mined = list(range(10))
     uncapped, picked = mined_epoch(mined, passes=4, cap=0, seed=0)
