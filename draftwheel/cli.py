@@ -2,6 +2,7 @@
 
 Each stage package owns its commands in a light `cli` module exposing `register(subparsers)`; heavy
 imports (torch, transformers, mlflow, prefect) happen inside the command functions so `--help` is fast.
+Exit codes follow `draftwheel.exit_codes`: 2 for an input the user can fix, 1 when the work failed.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import importlib
 import sys
 
 from draftwheel.config import ConfigError
+from draftwheel.exit_codes import USAGE
 from draftwheel.home import apply_offline_defaults
 from draftwheel.tracking import ArtifactError
 
@@ -42,15 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
+        return USAGE
     try:
         result = args.func(args)
     except ConfigError as exc:
         print(f"draftwheel {args.command}: config error: {exc}", file=sys.stderr)
-        return 2
+        return USAGE
     except ArtifactError as exc:  # a registry version serving/training cannot use: its files are gone
         print(f"draftwheel {args.command}: {exc}", file=sys.stderr)
-        return 2
+        return USAGE
     return int(result or 0)
 
 

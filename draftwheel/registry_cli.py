@@ -62,7 +62,9 @@ def register(subparsers: Any) -> None:
 
 
 def _registry_command(action: Any) -> int:
-    """Run an action: a refusal or unusable version is one line and exit 2, a registry failure exit 1."""
+    """Run an action: a refusal or unusable version is one line and exit 2, a registry failure exit 1
+    (`draftwheel.exit_codes`)."""
+    from draftwheel.exit_codes import FAILURE, USAGE
     from draftwheel.locks import LockedError
     from draftwheel.registry import PromotionRefused
     from draftwheel.tracking import ArtifactError, RegistryError
@@ -71,10 +73,10 @@ def _registry_command(action: Any) -> int:
         return action()
     except (PromotionRefused, ArtifactError, FileNotFoundError) as exc:
         print(f"draftwheel: {exc}", file=sys.stderr)
-        return 2
+        return USAGE
     except (RegistryError, LockedError) as exc:
         print(f"draftwheel: {exc}", file=sys.stderr)
-        return 1
+        return FAILURE
 
 
 def apply_decision(report: dict[str, Any], challenger: str, promote_now: bool,

@@ -3,7 +3,9 @@
 Without `--schedule` a command runs its flow once (against Prefect's temporary local server unless
 PREFECT_API_URL points at a real one). With `--schedule CRON` it serves a Prefect deployment that a
 running `prefect server start` triggers on that schedule. Prefect, torch and MLflow are imported inside
-the command functions so `draftwheel --help` stays fast.
+the command functions so `draftwheel --help` stays fast. Exit codes follow `draftwheel.exit_codes`: 2 for a
+config or setup the user can fix (checked before anything runs), 1 when a stage failed or another run holds
+the lock.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import argparse
 import json
 import sys
 from typing import Any
+
+from draftwheel.exit_codes import FAILURE, USAGE
 
 
 def _add_config_args(parser: argparse.ArgumentParser, default_file: str, example: str) -> None:
@@ -66,7 +70,7 @@ def _serve(flow_obj: Any, args: argparse.Namespace) -> int:
               f"  export PREFECT_API_URL=http://127.0.0.1:4200/api\n"
               f"(Prefect's temporary server only lives as long as one command, so it cannot run schedules.)",
               file=sys.stderr)
-        return 2
+        return USAGE
     flow_obj.serve(name=f"draftwheel-{args.command}", cron=args.schedule,
                    parameters={"config_path": args.config, "overrides": list(args.overrides)},
                    entrypoint_type=EntrypointType.MODULE_PATH)
@@ -80,17 +84,17 @@ def _run_scheduled_flow(args: argparse.Namespace, flow_obj: Any, config_cls: typ
     from flows.flywheel import StageError
 
     if not _check_config(args, config_cls):
-        return 2
+        return USAGE
     if args.schedule:
         return _serve(flow_obj, args)
     try:
         result = flow_obj(args.config, list(args.overrides))
     except StageError as exc:
         print(f"draftwheel {args.command}: {failure}: {exc}. The champion is unchanged.", file=sys.stderr)
-        return 1
+        return FAILURE
     except LockedError as exc:
         print(f"draftwheel {args.command}: {exc}. Nothing ran.", file=sys.stderr)
-        return 1
+        return FAILURE
     print(json.dumps(summarise(result), indent=2))
     return 0
 
@@ -114,6 +118,6 @@ def _demo(args: argparse.Namespace) -> int:
     from flows.demo import DemoConfig, demo
 
     if not _check_config(args, DemoConfig):
-        return 2
+        return USAGE
     demo(args.config, list(args.overrides))
     return 0

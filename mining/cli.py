@@ -2,6 +2,8 @@
 
 Heavy imports (torch, transformers, datasets) happen inside the command functions so that
 `draftwheel --help` stays fast. The work itself lives in `mining.replay_workload` and `mining.pipeline`.
+Errors are one line; the exit code follows `draftwheel.exit_codes` (2: an input the user can fix, 1: the
+run failed).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from draftwheel.exit_codes import FAILURE, USAGE, fail
 from serving.precision import CHOICES as PRECISIONS
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "mining.yaml"
@@ -69,13 +72,12 @@ def _traffic_command(args: argparse.Namespace) -> int:
         params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, k=args.k)
         draft = None if args.draft == "none" else (args.draft or DEFAULT_DRAFT_URI)
         engine = Engine.from_paths(args.target or str(default_target_dir()), draft, dtype=resolve_dtype(args.dtype))
-    except (ValueError, FileNotFoundError, OSError, RuntimeError) as exc:
-        print(f"draftwheel traffic: {exc}", file=sys.stderr)
-        return 1
+    except (ValueError, OSError, RuntimeError) as exc:
+        return fail("traffic", exc)
     summary = run_traffic(engine, workload, args.log_dir or logs_dir(), params, chat=True,
                           progress=not args.no_progress)
     print(json.dumps(summary, indent=2))
-    return 0 if summary["requests"] else 1
+    return 0 if summary["requests"] else FAILURE
 
 
 def _mine_command(args: argparse.Namespace) -> int:
@@ -90,17 +92,13 @@ def _mine_command(args: argparse.Namespace) -> int:
         config = load_config(MiningConfig, args.config, overrides)
     except ValueError as exc:  # ConfigError, or a value MiningConfig.__post_init__ refuses (names the field)
         print(f"draftwheel mine: config error: {exc}", file=sys.stderr)
-        return 2
+        return USAGE
     if config.tokenizer is None and default_target_dir().is_dir():  # as the flywheel: the target's tokenizer
         config = dataclasses.replace(config, tokenizer=str(default_target_dir()))
     try:
         manifest = mine(args.logs or logs_dir(), args.out or mined_dir(), config)
-    except OSError as exc:  # missing logs or tokenizer dir, unwritable out: the message names the path
-        print(f"draftwheel mine: {exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:
-        print(f"draftwheel mine: {exc}", file=sys.stderr)
-        return 1
+    except (OSError, ValueError) as exc:  # missing logs or tokenizer dir, unwritable out: names the path
+        return fail("mine", exc)
     counts = manifest["counts"]
     print(json.dumps({"out": str(args.out or mined_dir()), "counts": counts,
                       "redactions": manifest["redactions"]["total"]}, indent=2))

@@ -2,7 +2,8 @@
 
 Thin wrappers around `serving.engine.Engine` and `serving.bench.run_bench`; torch and transformers
 are imported inside the command functions so `draftwheel --help` stays fast. Default target and
-draft come from `serving.reference` (the reference target dir and the registry champion).
+draft come from `serving.reference` (the reference target dir and the registry champion). Errors are one
+line; the exit code follows `draftwheel.exit_codes` (2: an input the user can fix, 1: the run failed).
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
+from draftwheel.exit_codes import fail
 from serving.precision import CHOICES as PRECISIONS
 
 
@@ -96,11 +97,6 @@ def _load_engine(args: argparse.Namespace, with_draft: bool, medusa: str | None 
                              min_path_prob=args.min_path_prob)
 
 
-def _fail(command: str, exc: Exception) -> int:
-    print(f"draftwheel {command}: {exc}", file=sys.stderr)
-    return 1
-
-
 def _generate_command(args: argparse.Namespace) -> int:
     from serving.params import SamplingParams
 
@@ -111,7 +107,7 @@ def _generate_command(args: argparse.Namespace) -> int:
         engine = _load_engine(args, with_draft=not args.no_draft)
         completion, = engine.generate([args.prompt], params, slice="cli", chat=args.chat)
     except (ValueError, OSError, RuntimeError) as exc:
-        return _fail("generate", exc)
+        return fail("generate", exc)
     if args.json:
         print(json.dumps(dataclasses.asdict(completion), ensure_ascii=False, indent=2))
     else:
@@ -150,7 +146,7 @@ def _bench_command(args: argparse.Namespace) -> int:
             result = run_bench(engine, prompts, args.max_new_tokens, k=args.k, chat=args.chat,
                                assistant=assistant, prompt_lookup_tokens=args.prompt_lookup_tokens)
     except (ValueError, OSError, RuntimeError) as exc:
-        return _fail("bench", exc)
+        return fail("bench", exc)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
@@ -169,7 +165,7 @@ def _export_command(args: argparse.Namespace) -> int:
             raise ValueError(f"{args.uri} ({src}) is not an eagle3 draft: only eagle3 drafts export to speculators")
         out = export_speculators(src, args.out)
     except (ValueError, OSError, Eagle3FormatError) as exc:
-        return _fail("export", exc)
+        return fail("export", exc)
     print(out)
     return 0
 

@@ -5,10 +5,14 @@
   serving tests).
 - `module_home`: a fresh state dir (`DRAFTWHEEL_HOME`) for one test module, so each module gets its own
   sqlite MLflow registry; MLflow initialises a store in seconds, so modules share one rather than tests.
+- `read_only_dir`: a directory nobody can create entries in, for the unwritable-output tests.
 - `alias_bomb`: writes a config file whose one real field is a YAML alias bomb, for the commands' tests.
 """
 
 from __future__ import annotations
+
+import os
+import subprocess
 
 import pytest
 import torch
@@ -44,3 +48,16 @@ def alias_bomb(tmp_path):
         path.write_text(f"{field}: [{', '.join(levels)}]\n")
         return path
     return write
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory nobody can create entries in, root included (chattr +i), or skip; unlocked afterwards."""
+    path = tmp_path / "locked"
+    path.mkdir()
+    os.chmod(path, 0o555)
+    if os.geteuid() == 0 and subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("running as root without chattr: no directory is read-only")
+    yield path
+    subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+    os.chmod(path, 0o755)

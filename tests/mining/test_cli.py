@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-
 import pytest
 
 from draftwheel.cli import main
@@ -29,22 +26,9 @@ def test_bad_config_values_are_one_line_naming_the_field(logs, tmp_path, capsys,
     assert field in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def _read_only_dir(path):
-    """A directory nobody can create entries in, root included (chattr +i), or skip."""
-    path.mkdir()
-    os.chmod(path, 0o555)
-    if os.geteuid() == 0 and subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
-        pytest.skip("running as root without chattr: no directory is read-only")
-    return path
-
-
-def test_an_unwritable_out_dir_is_one_line_naming_the_path(logs, tmp_path, capsys):
-    locked = _read_only_dir(tmp_path / "locked")
-    try:
-        code = main(["mine", "--logs", str(logs), "--out", str(locked / "out"), "--set", "plot=false"])
-    finally:
-        subprocess.run(["chattr", "-i", str(locked)], capture_output=True)
-        os.chmod(locked, 0o755)
+def test_an_unwritable_out_dir_is_one_line_naming_the_path(logs, capsys, read_only_dir):
+    locked = read_only_dir
+    code = main(["mine", "--logs", str(logs), "--out", str(locked / "out"), "--set", "plot=false"])
     err = capsys.readouterr().err
     assert code == 2 and str(locked / "out") in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1

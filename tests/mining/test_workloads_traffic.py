@@ -110,4 +110,4 @@ def test_traffic_and_mine_commands(tmp_path, toy_models, capsys):
                  "--set", "plot=false", "--set", "holdout_fraction=0.34"])
     assert code == 0 and json.loads(capsys.readouterr().out)["counts"]["kept"] == 3
     assert (tmp_path / "out" / "manifest.json").is_file()
-    assert main(["traffic", "--workload", "nope", "--target", str(target)]) == 1
+    assert main(["traffic", "--workload", "nope", "--target", str(target)]) == 2

@@ -56,9 +56,9 @@ def test_generate_json_and_missing_model(dirs, tmp_path, capsys, monkeypatch):
     completion = json.loads(capsys.readouterr().out)
     assert len(completion["token_ids"]) <= 6 and completion["record"]["mode"] == "draft"
     assert completion["record"]["slice"] == "cli"
-    assert main(["generate", "--prompt", "x", "--target", str(tmp_path / "missing"), "--no-draft"]) == 1
+    assert main(["generate", "--prompt", "x", "--target", str(tmp_path / "missing"), "--no-draft"]) == 2
     assert "not a model directory" in capsys.readouterr().err
-    assert main(["generate", "--prompt", "x", "--target", str(target), "--no-draft", "--top-p", "0"]) == 1
+    assert main(["generate", "--prompt", "x", "--target", str(target), "--no-draft", "--top-p", "0"]) == 2
     assert "top_p" in capsys.readouterr().err
 
 

@@ -277,7 +277,7 @@ def test_export_cli_copies_checks_and_reloads(pair, engine, tmp_path, capsys):
     assert [c.token_ids for c in exported] == [c.token_ids for c in engine.generate(PROMPTS[:3], params)]
     # A non-eagle3 dir and a corrupted mask are refused with one line naming the problem.
     capsys.readouterr()
-    assert main(["export", "--uri", str(target_dir), "--out", str(tmp_path / "x")]) == 1
+    assert main(["export", "--uri", str(target_dir), "--out", str(tmp_path / "x")]) == 2
     assert "not an eagle3 draft" in capsys.readouterr().err
     weights = load_file(str(out / "model.safetensors"))
     weights["t2d"] = torch.zeros_like(weights["t2d"])
@@ -286,3 +286,16 @@ def test_export_cli_copies_checks_and_reloads(pair, engine, tmp_path, capsys):
     save_file(weights, str(out / "model.safetensors"))
     with pytest.raises(Eagle3FormatError, match="d2t/t2d"):
         check_export(out)
+
+
+def test_export_to_a_read_only_path_is_one_line_and_exit_2_as_mine(pair, tmp_path, capsys, read_only_dir):
+    """An output path that cannot be written is an input the user can fix: exit 2 and one line naming it,
+    the code `draftwheel mine --out` gives the same error (draftwheel.exit_codes)."""
+    from draftwheel.cli import main
+
+    tokenizer, _, draft = pair
+    stored = save_eagle3(draft, tmp_path / "stored", tokenizer)
+    capsys.readouterr()
+    assert main(["export", "--uri", str(stored), "--out", str(read_only_dir / "out")]) == 2
+    err = capsys.readouterr().err
+    assert str(read_only_dir / "out") in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
