@@ -3,7 +3,9 @@
 `load_model(spec)` accepts a local model dir, a Hugging Face hub id, or a registry URI
 `models:/NAME@ALIAS` (resolved by `draftwheel.tracking`, imported lazily so serving stays free of
 MLflow unless a registry URI is used). It does not download anything in tests: hub ids are only
-resolved when given explicitly, and hub access follows HF_HUB_OFFLINE.
+resolved when given explicitly, and hub access follows HF_HUB_OFFLINE. Weights are read from safetensors
+only: a dir without them is refused before anything in it is opened, since a pickle checkpoint
+(`pytorch_model.bin`) runs code when it is loaded.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from serving.records import ModelId
 
 REGISTRY_PREFIX = "models:/"
 TARGET_SHA_TAG = "target_sha256"  # registry tag on a draft version: weights_sha256 of its target
+
+
+class UnsafeWeightsError(ValueError):
+    """A model dir whose weights are not safetensors: nothing in it is loaded."""
 
 
 class IncompatibleModelsError(ValueError):
@@ -61,6 +67,17 @@ def resolve_spec(spec: str | Path) -> Path:
     return _resolve(str(spec))[0]
 
 
+def require_safetensors(path: Path, spec: str) -> None:
+    """Refuse a model dir without safetensors weights before any loader opens its files: transformers
+    would otherwise fall back to unpickling `pytorch_model.bin`, and a crafted pickle runs code."""
+    if any(path.glob("*.safetensors")):
+        return
+    names = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
+    found = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "") or "nothing"
+    raise UnsafeWeightsError(f"model {spec!r}: {path} has no .safetensors weights (found: {found}); "
+                             "pickle weights are never loaded: save the model with safetensors")
+
+
 def load_model(spec: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> LoadedModel:
     """Load a causal LM and its tokenizer from a local dir, a hub id or `models:/NAME@ALIAS`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -70,13 +87,14 @@ def load_model(spec: str | Path, device: str = "cpu", dtype: torch.dtype = torch
     path, model_id, tags = _resolve(str(spec))
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"model {spec!r}: {path} has no config.json")
+    require_safetensors(path, str(spec))
     kind = "eagle3" if is_eagle3_dir(path) else "lm"
     if kind == "eagle3":
         model = load_eagle3(path).to(device=device, dtype=dtype)
         if model.c.target_sha256 and "target_sha256" not in tags:
             tags = {**tags, TARGET_SHA_TAG: model.c.target_sha256}
     else:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     model_id = model_id or ModelId(name=path.resolve().name)
     model_id.sha256 = weights_sha256(path)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import pickle
+import shutil
+from pathlib import Path
+
 import pytest
 
 from serving.toy import tiny_pair
@@ -11,3 +16,27 @@ from serving.toy import tiny_pair
 def dirs(tmp_path_factory):
     """(target_dir, draft_dir): an independent random tiny target and draft sharing one tokenizer."""
     return tiny_pair(tmp_path_factory.mktemp("pair"))
+
+
+class _TouchOnLoad:
+    """Unpickling this object runs `touch MARKER`: the code a crafted checkpoint smuggles in."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.fixture
+def pickle_draft(dirs, tmp_path):
+    """(dir, marker): the draft's config and tokenizer beside a `pytorch_model.bin` whose unpickling would
+    create `marker`, and no safetensors weights."""
+    evil, marker = tmp_path / "pickle-draft", tmp_path / "unpickled"
+    evil.mkdir()
+    for item in dirs[1].iterdir():
+        if item.is_file() and item.suffix != ".safetensors":
+            shutil.copy(item, evil / item.name)
+    with open(evil / "pytorch_model.bin", "wb") as handle:
+        pickle.dump({"model.embed_tokens.weight": _TouchOnLoad(marker)}, handle, protocol=2)
+    return evil, marker

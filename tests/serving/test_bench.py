@@ -120,3 +120,15 @@ def test_bench_medusa_mode_reports_its_cost(dirs, tmp_path, capsys, monkeypatch)
     result = json.loads(capsys.readouterr().out)
     assert result["draft_kind"] == "medusa" and result["greedy_identical"] == "1/1" == result["greedy_identical_vs_plain"]
     assert result["hf_assisted_tokens_per_s"] is None and result["draft_cost_c"] > 0
+
+
+def test_generate_refuses_a_pickle_draft_in_one_line(dirs, pickle_draft, tmp_path, capsys, monkeypatch):
+    """A draft dir holding only `pytorch_model.bin` (a crafted `__reduce__`): exit 2, one line naming the
+    dir and the refusal, and the pickle's code never runs."""
+    monkeypatch.setenv("DRAFTWHEEL_HOME", str(tmp_path / "home"))
+    evil, marker = pickle_draft
+    capsys.readouterr()
+    code = main(["generate", "--prompt", "x", "--target", str(dirs[0]), "--draft", str(evil), "--dtype", "float32"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("draftwheel")]
+    assert code == 2 and len(lines) == 1 and str(evil) in lines[0] and "no .safetensors weights" in lines[0]
+    assert not marker.exists()

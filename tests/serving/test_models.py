@@ -7,7 +7,7 @@ import torch
 
 from serving import reference
 from serving.engine import Engine
-from serving.models import IncompatibleModelsError, check_compatible, load_model, weights_sha256
+from serving.models import IncompatibleModelsError, UnsafeWeightsError, check_compatible, load_model, weights_sha256
 from serving.toy import build_tokenizer, save_model, tiny_llama
 
 
@@ -102,3 +102,16 @@ def test_registry_uri_loads_version_with_tags(dirs, tmp_path, monkeypatch):
     assert draft.model_id.sha256 == weights_sha256(draft_dir) == draft.tags["weights_sha256"]
     assert draft.tags["target_sha256"] == target.model_id.sha256
     Engine(target, draft)  # trained for this target: accepted
+
+
+def test_a_pickle_checkpoint_is_refused_before_it_is_opened(dirs, pickle_draft, monkeypatch):
+    """A dir with only `pytorch_model.bin` is refused from its file list: nothing unpickles it, so the
+    code its `__reduce__` carries never runs (torch.load is never even called)."""
+    evil, marker = pickle_draft
+    opened = []
+    monkeypatch.setattr(torch, "load", lambda *args, **kwargs: opened.append(args))
+    with pytest.raises(UnsafeWeightsError, match=r"no \.safetensors weights .*pytorch_model\.bin"):
+        load_model(evil)
+    with pytest.raises(UnsafeWeightsError):
+        Engine.from_paths(dirs[0], evil)
+    assert not opened and not marker.exists()

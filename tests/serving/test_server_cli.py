@@ -230,3 +230,13 @@ def test_an_alias_bomb_in_host_is_one_line_naming_the_file(capsys, alias_bomb, t
     line = _one_line(err)
     assert code == 2 and str(bomb) in line and "anchors and aliases" in line
     assert not (tmp_path / "logs").exists()
+
+
+def test_a_pickle_draft_stops_serve_in_one_line(capsys, pickle_draft, model_dirs, tmp_path):
+    """serve with a draft dir holding only a crafted `pytorch_model.bin`: exit 2, one line naming the draft,
+    and the pickle's code never runs."""
+    evil, marker = pickle_draft
+    code, err = _serve_main(capsys, "--target", str(model_dirs[0]), "--draft", str(evil),
+                            "--log-dir", str(tmp_path / "logs"))
+    line = _one_line(err)
+    assert code == 2 and f"draft {evil}" in line and "no .safetensors weights" in line and not marker.exists()
