@@ -9,6 +9,7 @@ E(k) / (1 + k*c). Pure Python, no torch: testable on its own.
 from __future__ import annotations
 
 import copy
+import random
 import threading
 from collections import OrderedDict
 from typing import Callable, Hashable
@@ -37,12 +38,13 @@ def index_beats_draft(score: float, a: float, k: int, n_index: int = 0, c: float
 def suffix_drafts(score: float, match_len: int, draft_pays: bool, a: float, k: int, n_index: int = 0,
                   c: float = 0.0, row_cost: Callable[[int], float] | None = None) -> bool:
     """The hybrid's choice for a step that has an index proposal: verify it rather than the draft
-    model's? Always when drafting with the model does not pay (the proposal then replaces a plain step);
-    otherwise when it promises more tokens per unit of cost (`index_beats_draft`), except on a one-token
-    match: the request's own part proposes after a single shared token (serving.suffix,
+    model's? When drafting with the model does not pay, the proposal competes with a plain step (one
+    token for one unit): it is verified when its 1 + `score` tokens beat its verify rows' cost. Otherwise
+    when it promises more tokens per unit of cost than the draft (`index_beats_draft`), except on a
+    one-token match: the request's own part proposes after a single shared token (serving.suffix,
     `request_min_match`), evidence good enough to beat a plain step but not a draft that pays."""
     if not draft_pays:
-        return True
+        return (1.0 + score) / (row_cost or (lambda n: 1.0))(n_index + 1) > 1.0
     return match_len > 1 and index_beats_draft(score, a, k, n_index, c, row_cost)
 
 
@@ -105,75 +107,81 @@ class ScoreCalibration:
 
 
 class StepPace:
-    """Whether drafting with the model pays in this request, by its own clock: seconds per emitted token
-    of its draft steps (drafting + verify forward) against its plain steps (one target forward), both
-    exponential moving averages weighted by tokens.
+    """Whether drafting with the model pays in this request: the tokens its draft steps emit per unit of
+    cost, against a plain step's one token per unit (a unit is one 1-row target forward).
 
-    Why: `speedup` prices a draft step at 1 + k*c target forwards, but on a CPU a verify forward also
-    grows with its rows (~3 % of a step per row in bfloat16) and each draft step has fixed costs (the eagle3 draft first takes in the target's
-    features of the confirmed tokens). At an acceptance of ~0.1 (the eagle3 v0 on sampled templated
-    traffic) the draft alone ran at 0.91x plain decoding, and the hybrid
-    drafted with it whenever the suffix index had nothing. The hybrid asks `draft_pays()` each step and
-    otherwise verifies the index's proposal, or takes a plain step when there is none.
+    A draft step over k+1 verify rows costs `clock.cost(k + 1) * (1 + draft_s / verify_s)` units: the
+    verify forward's cost by rows (`VerifyClock`, fitted on this machine) and the drafting time as a
+    share of that same step's verify time. Both times come from one step, so a change in machine load
+    between steps scales them alike and cancels; no plain step is ever timed for the comparison (the
+    wall-clock pace this replaces compared draft steps with plain steps taken at other moments, and on
+    a marginal draft its answer flipped with the machine's load: the same champion measured 1.06x and
+    1.22x plain on the same chat prompts).
 
-    The plain pace is measured by one plain step after `warmup` draft steps, and only when the draft
-    emits fewer than `1 + margin` tokens per step (a draft that clearly pays never spends a step on the
-    comparison). While plain steps win, a draft step explores after `explore` skipped steps, so a draft
-    that recovers is noticed; each exploration that finds plain steps still winning doubles that wait,
-    up to `max_explore` (on templated traffic at temperature 0.7 the eagle3 v0's explorations accepted
-    ~9 % of their tokens: each one cost more than the step it replaced). An exploring step drafts at
-    most `explore_k` tokens (`cap`): its question is whether the draft's first token now lands, and on a
-    CPU where each verify row costs 15-27 % of a step (the AVX2 VM) a full-k exploration that fails
-    costs two steps; at k = 1 it costs about a third of one. A draft that pays at k = 1 is back to
-    drafting at full k from the next step. Explorations that cheap can wait up to `max_explore` = 64
-    skipped steps (was 32): the pace outlives the request (`PaceMemory`), so that is one or two requests
-    of a slice.
+    The decision weighs the evidence by its uncertainty (Thompson sampling): the draft's speed ratio
+    r = tokens / units is estimated from discounted sums over its draft steps (a ratio estimator, with
+    its standard error from the steps' spread and their effective number); each step draws r from
+    N(r_hat, se^2) and drafts when the draw beats 1. A draft that clearly pays drafts on every step; one
+    that clearly loses almost never; a marginal or little-measured one drafts on a share of steps that
+    matches the odds it pays. Evidence ages: each step the draft sits out discounts it by `age_decay`,
+    and the error never falls below `prior_se / sqrt(weight of evidence)`, so a draft shut out for long
+    is tried again now and then (about one step in 30 for one whose every token is rejected), which is
+    how a draft that recovers is noticed. The first `warmup` draft steps of a pace always draft. The
+    draws use the pace's own seeded generator, never the request's, so sampled output is unaffected.
 
     One `StepPace` follows one (slice, draft) pair across requests (`PaceMemory`), so a new request
     starts from what the last one measured instead of paying the warm-up again.
     """
 
-    def __init__(self, warmup: int = 3, explore: int = 8, decay: float = 0.8, margin: float = 0.25,
-                 max_explore: int = 64, explore_k: int = 1):
-        self.warmup, self.explore, self.decay, self.margin = warmup, explore, decay, margin
-        self.max_explore, self.explore_k = max_explore, explore_k
-        self.wait = explore  # skipped steps before the next exploring draft step
-        self.exploring = False  # the last `draft_pays` said yes only to explore
-        self._draft = [0.0, 0.0, 0.0]  # discounted seconds, tokens and steps of draft steps
-        self._plain = [0.0, 0.0]  # discounted seconds and tokens (= steps) of plain steps
+    def __init__(self, warmup: int = 3, decay: float = 0.95, age_decay: float = 0.99, prior_se: float = 0.2,
+                 seed: int = 0):
+        self.warmup, self.decay, self.age_decay, self.prior_se = warmup, decay, age_decay, prior_se
+        # discounted sums over draft steps: weight, weight^2, tokens, units, tokens^2, units^2, tokens*units
+        self._sums = [0.0] * 7
         self.draft_steps = 0
-        self.skipped = 0  # "no" answers since `draft_pays` last said yes (the step may then still go to the index)
-        self.clock = VerifyClock()  # verify cost by rows, for the hybrid's index-or-draft choice
+        self.skipped = 0  # steps since `draft_pays` last said yes (the step may then still go to the index)
+        self.clock = VerifyClock()  # verify cost by rows: the unit of every comparison here
+        self._rng = random.Random(seed)
+
+    @property
+    def ratio(self) -> float:
+        """The draft's emitted tokens per unit of cost (plain decoding: 1.0); 0 before any draft step."""
+        _, _, tokens, units, *_ = self._sums
+        return tokens / units if units else 0.0
+
+    @property
+    def standard_error(self) -> float:
+        """Of `ratio`: the spread of tokens - ratio * units over the draft steps, by their effective number."""
+        w, w2, tokens, units, tt, uu, tu = self._sums
+        if not units or w2 <= 0:
+            return float("inf")
+        r = tokens / units
+        spread = max(tt - 2 * r * tu + r * r * uu, 0.0) / w  # weighted mean squared residual per step
+        effective = w * w / w2
+        return max((spread / effective) ** 0.5 / (units / w), self.prior_se / w ** 0.5)
 
     def draft_pays(self) -> bool:
-        """Draft with the model this step? A "no" counts as a skipped step (for exploration)."""
-        seconds, tokens, steps = self._draft
-        self.exploring = False
-        if self.draft_steps < self.warmup:
-            pays = True
-        elif not self._plain[1]:  # no plain step measured: take one only when the draft looks marginal
-            pays = tokens / steps > 1.0 + self.margin
-        elif seconds / tokens <= self._plain[0] / self._plain[1]:
-            pays, self.wait = True, self.explore
-        else:
-            pays = self.exploring = self.skipped >= self.wait
-            if pays:  # an exploring step; if plain steps still win after it, the next one waits longer
-                self.wait = min(2 * self.wait, self.max_explore)
+        """Draft with the model this step? A "no" counts as a skipped step."""
+        pays = self.draft_steps < self.warmup or self._rng.gauss(self.ratio, self.standard_error) > 1.0
         self.skipped = 0 if pays else self.skipped + 1
+        if not pays:  # the evidence ages: the ratio stays, its weight (and so its certainty) shrinks
+            a = self.age_decay
+            self._sums = [x * f for x, f in zip(self._sums, (a, a * a, a, a, a, a, a))]
         return pays
 
-    def cap(self, k: int) -> int:
-        """The draft length for this step: at most `explore_k` on an exploring step, else k."""
-        return min(k, self.explore_k) if self.exploring else k
+    def units(self, rows: int, draft_s: float, verify_s: float) -> float:
+        """What a draft step cost, in 1-row target forwards (class docstring)."""
+        return self.clock.cost(rows) * (1.0 + draft_s / max(verify_s, 1e-9))
 
-    def drafted(self, seconds: float, tokens: int) -> None:
-        """A draft step took `seconds` (drafting + verify forward) and emitted `tokens`."""
-        self._draft = [self.decay * old + new for old, new in zip(self._draft, (seconds, tokens, 1))]
+    def drafted(self, tokens: int, rows: int, draft_s: float, verify_s: float) -> None:
+        """A draft step emitted `tokens` from a verify over `rows` rows, after `draft_s` seconds drafting
+        and `verify_s` verifying."""
+        u = self.units(rows, draft_s, verify_s)
+        d, d2 = self.decay, self.decay ** 2
+        w, w2, t, un, tt, uu, tu = self._sums
+        self._sums = [d * w + 1, d2 * w2 + 1, d * t + tokens, d * un + u, d * tt + tokens * tokens,
+                      d * uu + u * u, d * tu + tokens * u]
         self.draft_steps += 1
-
-    def plain(self, seconds: float) -> None:
-        """A plain step (one target forward, one token) took `seconds`."""
-        self._plain = [self.decay * old + new for old, new in zip(self._plain, (seconds, 1))]
 
 
 class PaceMemory:

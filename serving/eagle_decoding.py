@@ -14,7 +14,8 @@ the target's p (serving.verify) stays exact. Greedy output equals the target's.
 Hybrid (mode `hybrid` with an eagle3 draft): each step first asks `propose` (the suffix index,
 serving.suffix_decoding) for a proposal and verifies it instead of drafting when its score beats the
 draft's expected accepted length, or whenever drafting does not pay in this request by its own clock
-(`serving.adaptive.StepPace`); with no proposal then, the step is a plain target step. Such steps leave
+(`serving.adaptive.StepPace`: its tokens per unit of verify cost, weighed with their uncertainty); with
+no proposal worth its verify rows then, the step is a plain target step. Such steps leave
 the draft cache alone; the positions they confirm join the pending slots, so the draft's next step
 consumes their target features together.
 """
@@ -103,8 +104,6 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
         # The index may propose past k (up to its max_spec_tokens): long verbatim spans are its strength.
         proposal = propose(context, req.out.remaining - 1) if propose else None
         use_draft = pace.draft_pays() if pace else True
-        if pace:
-            k = pace.cap(k)  # an exploring step drafts little (StepPace)
         from_suffix = bool(proposal and proposal.tokens) and suffix_drafts(
             calibration.scaled(proposal.score), proposal.match_len, use_draft, estimate.a, k,
             len(proposal.tokens), estimate.c, pace.clock.cost if pace else None)
@@ -133,8 +132,6 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
         if not by_model:  # the draft consumed nothing this step: these slots queue behind the pending ones
             if from_suffix:
                 calibration.update(proposal.score, accepted)
-            else:
-                pace.plain(target.last_forward_s)
             features = torch.cat([features, new_features[: accepted + 1]])
             slot_tokens = torch.cat([slot_tokens, emitted])
         else:
@@ -143,7 +140,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
             # a step whose draft took in the whole prompt says nothing about the draft's per-token cost c
             estimate.update(k, accepted, draft_s, 0.0 if prefills_draft else target.last_forward_s)
             if pace and not prefills_draft:
-                pace.drafted(draft_s + target.last_forward_s, accepted + 1)
+                pace.drafted(accepted + 1, k + 1, draft_s, target.last_forward_s)
         last = int(emitted[-1])
         req.timed_step(draft_s, target.last_forward_s)
         source = SOURCE if by_model else "suffix" if from_suffix else None

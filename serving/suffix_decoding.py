@@ -84,8 +84,6 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
         proposal = best_proposal(context, room, local, index)
         k_model = min(model_a.next_k() if params.adaptive_k else params.k, room)
         draft_pays = draft is not None and k_model > 0 and pace.draft_pays()
-        if draft_pays:
-            k_model = pace.cap(k_model)  # an exploring step drafts little (StepPace)
         use_model = draft_pays and not (proposal.tokens and suffix_drafts(
             calibration.scaled(proposal.score), proposal.match_len, draft_pays, model_a.a, k_model,
             len(proposal.tokens), model_a.c, pace.clock.cost))
@@ -116,11 +114,9 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
             # a step whose draft took in the whole prompt says nothing about the draft's per-token cost c
             model_a.update(k, accepted, draft_s, 0.0 if prefills_draft else target.last_forward_s)
             if not prefills_draft:
-                pace.drafted(draft_s + target.last_forward_s, accepted + 1)
+                pace.drafted(accepted + 1, k + 1, draft_s, target.last_forward_s)
         elif proposal.tokens:
             calibration.update(proposal.score, accepted)
-        elif pace and pending.shape[0] == 1:  # a plain step of the hybrid (not the prefill)
-            pace.plain(target.last_forward_s)
         emitted_list = emitted.tolist()
         context.extend(emitted_list)
         local.extend(emitted_list)

@@ -145,27 +145,19 @@ def test_hybrid_with_suffix_index_greedy_identical(pair, min_path_prob):
 
 
 class EveryThirdStepDrafts:
-    """A stand-in for serving.adaptive.StepPace with a fixed pattern: draft, skip, skip, draft, ...;
-    with `explore_k`, every drafting step is an exploring one, capped at that many tokens."""
+    """A stand-in for serving.adaptive.StepPace with a fixed pattern: draft, skip, skip, draft, ..."""
 
-    def __init__(self, explore_k: int | None = None):
+    def __init__(self):
         from serving.adaptive import VerifyClock
 
         self.calls = 0
-        self.explore_k = explore_k
         self.clock = VerifyClock()
 
     def draft_pays(self) -> bool:
         self.calls += 1
         return self.calls % 3 == 1
 
-    def cap(self, k: int) -> int:
-        return min(k, self.explore_k) if self.explore_k else k
-
-    def drafted(self, seconds: float, tokens: int) -> None:
-        pass
-
-    def plain(self, seconds: float) -> None:
+    def drafted(self, tokens: int, rows: int, draft_s: float, verify_s: float) -> None:
         pass
 
 
@@ -185,22 +177,6 @@ def test_hybrid_takes_plain_steps_when_drafting_does_not_pay(pair, monkeypatch):
     assert any(a.k == 0 and b.source == "eagle3" for c in completions
                for a, b in zip(c.record.steps, c.record.steps[1:]))
     assert any(s.k > 1 for s in steps if s.source == "eagle3")
-
-
-def assert_explorations_draft_one_token(engine: Engine, target, source: str, monkeypatch) -> None:
-    """Every drafting step exploring with `explore_k` 1: each draft step of `source` drafts one token,
-    and greedy output stays the target's. Shared by both hybrid loops' tests."""
-    monkeypatch.setattr(engine.paces, "resume", lambda key: EveryThirdStepDrafts(explore_k=1))
-    completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=30, k=3), mode="hybrid")
-    for completion in completions:
-        assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 30), completion.prompt
-    drafted = [s.k for c in completions for s in c.record.steps if s.source == source]
-    assert drafted and all(k == 1 for k in drafted)
-
-
-def test_hybrid_exploring_steps_draft_one_token(pair, monkeypatch):
-    """An exploring draft step (StepPace.cap) drafts at most `explore_k` tokens."""
-    assert_explorations_draft_one_token(hybrid_engine(pair, []), pair[1], "eagle3", monkeypatch)
 
 
 def test_hybrid_sampled_tokens_follow_target_distribution(pair, two_token_sequences):

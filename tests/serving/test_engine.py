@@ -5,6 +5,7 @@ The draft is the target with Gaussian noise on its output head, so acceptance is
 """
 
 import copy
+import random
 
 import pytest
 import torch
@@ -343,73 +344,79 @@ def test_hybrid_uses_one_token_matches_only_in_place_of_plain_steps():
     assert not suffix_drafts(score=0.9, match_len=4, draft_pays=True, a=0.6, k=5)  # the draft's 1.37 wins
 
 
-def test_step_pace_drops_a_draft_that_costs_more_than_it_brings():
+def feed(pace, steps: int, tokens, rows: int = 5, draft_s: float = 0.1, verify_s: float = 1.0) -> list[bool]:
+    """`steps` steps of `pace`: each draft step it allows emits `tokens(i)`; returns the choices."""
+    choices = []
+    for i in range(steps):
+        pays = pace.draft_pays()
+        choices.append(pays)
+        if pays:
+            pace.drafted(tokens(i), rows, draft_s, verify_s)
+    return choices
+
+
+def test_step_pace_keeps_a_draft_that_pays_and_drops_one_that_does_not():
+    """Units: a 5-row verify costs 1 + 0.05 * 4 = 1.2 (the clock's prior slope) and drafting a tenth of
+    it more, 1.32 units. 2-3 tokens a step is ~1.9 tokens per unit: it drafts on every step. One token
+    a step (0.76 per unit, a draft whose every token is rejected) loses: after the warm-up it drafts on
+    a few per cent of steps (the draws whose optimistic tail beats 1), not never, so a recovery shows."""
     from serving.adaptive import StepPace
 
     good = StepPace()
-    for _ in range(50):  # 2.5 tokens per step at 1.3 plain steps: drafting pays, no step spent checking
-        assert good.draft_pays()
-        good.drafted(1.3, 3 if good.draft_steps % 2 else 2)
+    assert all(feed(good, 100, lambda i: 2 + i % 2))
+    assert good.ratio == pytest.approx(2.5 / 1.32, rel=0.05)
 
-    bad = StepPace(warmup=3, explore=8)
-    choices = []
-    for step in range(40):
-        pays = bad.draft_pays()
-        choices.append(pays)
-        if pays:
-            bad.drafted(1.2, 1)  # one token per step (the correction) at 1.2 plain steps
-        else:
-            bad.plain(1.0)
-    assert choices[:3] == [True] * 3  # warm-up; then one plain step to compare, and plain wins:
-    assert choices[3:11] == [False] * 8 and choices[11] is True  # after 8 plain steps, one draft step explores
-    assert sum(choices) <= 3 + 40 // 9 + 1
-
-    recovering = StepPace(warmup=3, explore=2)
-    for _ in range(3):
-        recovering.draft_pays()
-        recovering.drafted(1.2, 1)
-    recovering.draft_pays()
-    recovering.plain(1.0)
-    while not recovering.draft_pays():
-        recovering.plain(1.0)
-    for _ in range(3):
-        recovering.drafted(1.2, 4)  # the draft now emits 4 tokens per step
-    assert recovering.draft_pays() and recovering.draft_pays()  # it drafts on every step again
+    bad = StepPace(warmup=3)
+    choices = feed(bad, 400, lambda i: 1)
+    assert choices[:3] == [True] * 3 and bad.ratio == pytest.approx(1 / 1.32)
+    assert 0 < sum(choices[3:]) < 0.05 * 397
 
 
-def test_step_pace_explores_less_often_while_plain_steps_keep_winning():
+def test_step_pace_notices_a_draft_that_recovers():
     from serving.adaptive import StepPace
 
-    pace = StepPace(warmup=3, explore=4, max_explore=16)
-    choices = []
-    for _ in range(80):
-        pays = pace.draft_pays()
-        choices.append(pays)
-        pace.drafted(1.2, 1) if pays else pace.plain(1.0)
-    explores = [i for i, pays in enumerate(choices) if pays][3:]  # after the warm-up
-    gaps = [b - a - 1 for a, b in zip([2] + explores, explores)]  # plain steps before each exploring one
-    assert gaps == [4, 8, 16, 16, 16]
-    for _ in range(3):  # the draft recovers: once it wins, it drafts every step and the wait resets
-        pace.drafted(1.2, 4)
-    assert pace.draft_pays() and pace.wait == 4
+    pace = StepPace()
+    feed(pace, 200, lambda i: 1)
+    assert not all(feed(pace, 20, lambda i: 1))
+    choices = feed(pace, 300, lambda i: 4)  # the draft now emits 4 tokens a step
+    assert sum(choices[-50:]) == 50  # once its draws show it, it drafts on every step again
 
 
-def test_step_pace_caps_only_exploring_steps():
-    """Warm-up steps and steps where the draft pays draft at full k; exploring ones at `explore_k`."""
+def test_step_pace_weighs_a_marginal_draft_by_the_odds_it_pays():
+    """Around break-even the evidence is uncertain: the share of steps drafted follows the estimated
+    odds that the draft pays, rising with the draft's true speed (Thompson sampling)."""
     from serving.adaptive import StepPace
 
-    pace = StepPace(warmup=2, explore=2, explore_k=1)
-    caps = []
-    for _ in range(12):
-        pays = pace.draft_pays()
-        caps.append(pace.cap(5) if pays else None)
-        pace.drafted(1.2, 1) if pays else pace.plain(1.0)
-    assert caps[:2] == [5, 5]  # warm-up
-    explored = [c for c in caps[2:] if c is not None]
-    assert explored and all(c == 1 for c in explored)  # plain steps win: every draft step explores
-    for _ in range(3):
-        pace.drafted(1.2, 4)  # it recovers
-    assert pace.draft_pays() and pace.cap(5) == 5
+    def share(mean_tokens: float) -> float:
+        pace, noise = StepPace(), random.Random(1)  # tokens: 1 + a binomial count, mean `mean_tokens`
+        choices = feed(pace, 600, lambda i: 1 + sum(noise.random() < (mean_tokens - 1) / 4 for _ in range(4)))
+        return sum(choices[100:]) / 500
+
+    shares = [share(m) for m in (1.1, 1.32, 1.6)]  # 0.83, 1.0 and 1.21 tokens per unit
+    assert shares[0] < 0.15 and shares[2] > 0.9 and shares[0] < shares[1] < shares[2], shares
+
+
+def test_step_pace_is_unmoved_by_machine_load_and_deterministic_by_seed():
+    """Costs are the drafting time over the same step's verify time: a machine twice as slow for both
+    leaves the ratio alone. The draws come from the pace's own seeded generator."""
+    from serving.adaptive import StepPace
+
+    fast, slow = StepPace(), StepPace()
+    noise = random.Random(2)
+    tokens = [1 + noise.randrange(4) for _ in range(200)]
+    assert feed(fast, 200, tokens.__getitem__) == feed(slow, 200, tokens.__getitem__, draft_s=0.2, verify_s=2.0)
+    assert fast.ratio == pytest.approx(slow.ratio)
+
+
+def test_suffix_proposal_replaces_a_plain_step_only_when_it_beats_one():
+    """With drafting ruled out, a 16-token proposal costs 1 + 0.05 * 16 = 1.8 units: it must promise
+    more than 0.8 accepted tokens to beat a plain step's one token per unit."""
+    from serving.adaptive import suffix_drafts
+
+    cost = lambda rows: 1.0 + 0.05 * (rows - 1)  # noqa: E731
+    assert suffix_drafts(0.9, 4, False, a=0.5, k=4, n_index=16, row_cost=cost)
+    assert not suffix_drafts(0.7, 4, False, a=0.5, k=4, n_index=16, row_cost=cost)
+    assert suffix_drafts(0.3, 4, False, a=0.5, k=4, n_index=2, row_cost=cost)  # 1.3 tokens for 1.1 units
 
 
 def test_pace_memory_resumes_a_copy_per_key_and_keeps_the_newest_keys():
@@ -420,18 +427,18 @@ def test_pace_memory_resumes_a_copy_per_key_and_keeps_the_newest_keys():
     assert first.draft_steps == 0
     for _ in range(4):
         first.draft_pays()
-        first.drafted(1.2, 1)
+        first.drafted(1, 5, 0.1, 1.0)
     memory.keep("chat", first)
     again = memory.resume("chat")
-    assert again is not first and again.draft_steps == 4 and again._draft == first._draft  # no warm-up again
-    again.drafted(1.0, 5)
+    assert again is not first and again.draft_steps == 4 and again.ratio == first.ratio  # no warm-up again
+    again.drafted(5, 5, 0.1, 1.0)
     assert memory.resume("chat").draft_steps == 4  # a resumed copy changes nothing until it is kept
     assert memory.resume("sql").draft_steps == 0
     memory.keep("sql", memory.resume("sql"))
     memory.keep("code", memory.resume("code"))
     assert len(memory) == 2 and memory.resume("chat").draft_steps == 0  # the oldest key was dropped
-    custom = PaceMemory(factory=lambda: StepPace(max_explore=32, explore_k=5))
-    assert custom.resume("chat").max_explore == 32 and custom.resume("chat").explore_k == 5
+    custom = PaceMemory(factory=lambda: StepPace(warmup=7))
+    assert custom.resume("chat").warmup == 7
 
 
 def test_adaptive_k_in_engine_logs_each_step_k(engine, pair):

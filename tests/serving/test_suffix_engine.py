@@ -78,13 +78,6 @@ def test_hybrid_takes_plain_steps_when_drafting_does_not_pay(pair, monkeypatch):
     assert any(s.k == 0 and s.source is None for s in steps) and any(s.source == "draft" for s in steps)
 
 
-def test_hybrid_exploring_steps_draft_one_token(pair, monkeypatch):
-    """As in the eagle3 hybrid (test_eagle): an exploring step of the LM-draft hybrid drafts one token."""
-    from tests.serving.test_eagle import assert_explorations_draft_one_token
-
-    assert_explorations_draft_one_token(make_engine(pair), pair[1], "draft", monkeypatch)
-
-
 def test_finished_request_makes_the_next_identical_one_cheap(pair):
     """Updating as requests finish: a repeat of a finished request is drafted from its own record and
     accepted almost whole (greedy), in a few verification steps."""
