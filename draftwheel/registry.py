@@ -194,8 +194,9 @@ def _shadow_cell(raw: str) -> str:
 
 def _delivered_cell(raw: str) -> str:
     """Per slice: live mean accepted length as champion, its change against the previous champion and the
-    change's confidence interval (absent in tags written before it was measured); where the requests were
-    served otherwise than by the draft alone (the hybrid), also the figure over every step, as served."""
+    change's confidence interval (absent in tags written before it was measured). Where the requests were
+    served otherwise than by the draft alone (the hybrid), the figure over every step, as served, leads
+    and the draft's own steps follow in brackets: what users got first."""
     try:
         gain = json.loads(raw) if raw else None
     except json.JSONDecodeError:
@@ -209,12 +210,14 @@ def _delivered_cell(raw: str) -> str:
         change = "" if entry.get("mal_change") is None else f" {entry['mal_change']:+.0%}"
         if entry.get("mal_change_ci"):
             change += " [{:+.0%},{:+.0%}]".format(*entry["mal_change_ci"])
-        cell = f"{name} {entry['champion']['mean_accepted_length']:.2f}{change} n={entry['champion']['requests']}"
+        alone = f"{entry['champion']['mean_accepted_length']:.2f}{change}"
         served = gain.get("as_served", {}).get(name)
         if served and served["champion"] != entry["champion"]:
             as_served = "" if served.get("mal_change") is None else f" {served['mal_change']:+.0%}"
-            cell += f" (as served {served['champion']['mean_accepted_length']:.2f}{as_served})"
-        cells.append(cell)
+            cells.append(f"{name} as served {served['champion']['mean_accepted_length']:.2f}{as_served} "
+                         f"n={entry['champion']['requests']} (draft alone {alone})")
+        else:
+            cells.append(f"{name} {alone} n={entry['champion']['requests']}")
     return "; ".join(cells) or "-"
 
 

@@ -70,6 +70,20 @@ def test_promote_rollback_status(home, tmp_path, capsys):
     assert tracking.aliases() == {"champion": v1, "previous": v2}
 
 
+def test_status_leads_with_the_gain_as_served(home, tmp_path):
+    """A hybrid champion's delivered cell: the figure over every step (as users got it) first, the draft's
+    own steps in brackets."""
+    version = tracking.register_draft(fake_model_dir(tmp_path / "v", b"w"), {TARGET_SHA_TAG: "ab" * 32})
+    alone = {"champion": {"requests": 10, "acceptance_rate": 0.5, "mean_accepted_length": 1.5},
+             "previous": {"requests": 9, "acceptance_rate": 0.25, "mean_accepted_length": 1.0}, "mal_change": 0.5}
+    served = {"champion": {"requests": 10, "acceptance_rate": 0.6, "mean_accepted_length": 2.8},
+              "previous": {"requests": 9, "acceptance_rate": 0.6, "mean_accepted_length": 2.9}, "mal_change": -0.04}
+    registry.record_delivered(version, {"champion": version, "previous": None, "slices": {"code": alone},
+                                        "as_served": {"code": served}})
+    delivered = {row["version"]: row["delivered"] for row in registry.status_rows()}
+    assert delivered[version] == "code as served 2.80 -4% n=10 (draft alone 1.50 +50%)"
+
+
 def test_shadow_gate_registers_and_promotes(home, toy_models, tmp_path, capsys):  # noqa: F811
     models, holdout, _ = toy_models
     target, good, bad = (str(models[n].path) for n in ("target", "good", "bad"))
