@@ -3,8 +3,8 @@
 Files are split into contiguous groups scanned by worker processes (`python -m mining.first_pass JOB`:
 fresh interpreters, so nothing is inherited by accident and callers need no `__main__` guard); each
 writes its own index and quarantine part, and the parts are merged in file order, so the result is
-identical whatever the number of workers. One group runs in-process. Per line: skip
-blanks, validate (`serving.records.read_record`, token ids against the vocabulary when it is known),
+identical whatever the number of workers. One group runs in-process. Per line: count a line over
+the length limit (`scan_lines` quarantined it unread), skip blanks, validate (`serving.records.read_record`, token ids against the vocabulary when it is known),
 quarantine bad lines with their position, apply the
 time and slice filters, skip requests the suffix tier served well (`skip_suffix_served_above`), compute the request's stats, and append one index row. Selection, text and
 outputs are later stages' business.
@@ -71,6 +71,8 @@ def scan_group(files: list[Path], first_file: int, scratch: Path, part: int, con
             lines = 0
             for number, offset, line in scan_lines(path, quarantine):
                 lines += 1
+                if line is None:  # over the line-length limit: quarantined unread by scan_lines
+                    continue
                 if line.isspace():
                     counts["blank"] += 1
                     continue

@@ -2,10 +2,11 @@
 
 Lines are validated by `serving.records.read_record`, the one definition of log schema v1 (this
 module keeps no copy of it). `scan_lines` streams lines from plain and gzip files with their line
-number and byte offset, so memory does not depend on file size; `fetch_lines` re-reads selected lines
-later. A file that cannot be opened (a symlink loop, no permission) is quarantined as a whole, never
-fatal. `Quarantine` writes bad lines (scrubbed, cut) with kind, reason and position. Deciding what to
-do with good records is the caller's.
+number and byte offset, so memory depends neither on file size nor on line length: a line longer than
+`serving.sink.MAX_LINE_BYTES` (8 MiB) is read in bounded chunks, dropped and quarantined as `too_long`.
+`fetch_lines` re-reads selected lines later. A file that cannot be opened (a symlink loop, no permission)
+is quarantined as a whole, never fatal. `Quarantine` writes bad lines (scrubbed, cut) with kind, reason and
+position. Deciding what to do with good records is the caller's.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import IO
 
 from mining.pii import Scrubber
-from serving.sink import log_files
+from serving.sink import MAX_LINE_BYTES, Line, bounded_lines, log_files
 
 
 def list_log_files(logs: str | Path) -> list[Path]:
@@ -53,9 +54,11 @@ def file_size(path: Path) -> int:
         return 0
 
 
-def scan_lines(path: Path, quarantine: Quarantine) -> Iterator[tuple[int, int, bytes]]:
-    """Yield (line_number, byte_offset, line) for one file; an unreadable file (line 0) or a corrupt
-    gzip stream is quarantined, not raised."""
+def scan_lines(path: Path, quarantine: Quarantine,
+               max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, int, bytes | None]]:
+    """Yield (line_number, byte_offset, line) for one file. A line longer than `max_line_bytes` is
+    quarantined here as `too_long` and yielded as None (callers count it, never parse it); an unreadable
+    file (line 0) or a corrupt gzip stream is quarantined, not raised."""
     number, offset = 0, 0
     try:
         handle = _open(path)
@@ -64,11 +67,17 @@ def scan_lines(path: Path, quarantine: Quarantine) -> Iterator[tuple[int, int, b
         return
     try:
         with handle:
-            for number, line in enumerate(handle, start=1):
-                yield number, offset, line
-                offset += len(line)
+            for number, line in enumerate(bounded_lines(handle, max_line_bytes), start=1):
+                if line.too_long:
+                    quarantine.add(path, number, offset, "too_long",
+                                   f"line of {line.size} bytes, over the {max_line_bytes}-byte limit", line.data)
+                yield number, offset, None if line.too_long else line.data
+                offset += line.size
     except (EOFError, OSError, zlib.error) as exc:
         quarantine.add(path, number + 1, offset, "truncated", f"truncated or corrupt file: {exc}", b"")
+
+
+_EMPTY = Line(b"", 0, False)  # what a re-read past the end of a file finds
 
 
 def fetch_lines(path: Path, positions: Iterable[tuple[int, int]]) -> Iterator[tuple[int, bytes]]:
@@ -80,22 +89,22 @@ def fetch_lines(path: Path, positions: Iterable[tuple[int, int]]) -> Iterator[tu
         with open(path, "rb") as handle:
             for number, offset in wanted:
                 handle.seek(offset)
-                yield number, handle.readline()
+                yield number, next(bounded_lines(handle), _EMPTY).data
         return
     # gzip cannot seek cheaply: stream once and pick the wanted line numbers.
     numbers = {number for number, _ in wanted}
     last = wanted[-1][0]
     with gzip.open(path, "rb") as handle:
-        for number, line in enumerate(handle, start=1):
+        for number, line in enumerate(bounded_lines(handle), start=1):
             if number in numbers:
-                yield number, line
+                yield number, line.data
             if number >= last:
                 break
 
 
 class Quarantine:
     """quarantine.jsonl: one JSON object per bad line with file, line, offset, kind, reason and the
-    (scrubbed) text. Kinds: `serving.records.RecordError.kind`, `truncated`, `unreadable_file`."""
+    (scrubbed) text. Kinds: `serving.records.RecordError.kind`, `truncated`, `too_long`, `unreadable_file`."""
 
     def __init__(self, path: Path, scrubber: Scrubber | None, max_chars: int):
         self.path = path
@@ -106,7 +115,8 @@ class Quarantine:
 
     def add(self, file: Path, line: int, offset: int, kind: str, reason: str, raw: bytes) -> None:
         """One bad line (`line` 0: the whole file); `kind` groups reasons in the manifest."""
-        text = raw.decode("utf-8", errors="replace").rstrip("\n")[: self.max_chars]
+        # a UTF-8 character is at most 4 bytes: decode no more of a long line than the text can keep
+        text = raw[: 4 * self.max_chars + 1].decode("utf-8", errors="replace").rstrip("\n")[: self.max_chars]
         if self.scrubber is not None:
             text = self.scrubber.scrub(text)
         self.kinds[kind] += 1

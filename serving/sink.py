@@ -4,7 +4,8 @@ One `AcceptanceRecord.to_json()` per line in `<log_dir>/<prefix>.jsonl` (the act
 active file would grow past `max_bytes` it is closed, fsynced and renamed to
 `<prefix>.<seq:06d>.<UTC timestamp>.jsonl` (gzipped in the background when `compress=True`), so file
 names sort in write order and the active file is always the newest. `log_files()` lists them in
-that order; `iter_lines()` reads them (gzip included).
+that order; `iter_lines()` reads them (gzip included), and `bounded_lines()` is how every reader of the
+logs takes a line in: never more than `MAX_LINE_BYTES` of one line in memory.
 
 Durability: every line reaches the kernel with one `os.write` as soon as it is written, so a process
 crash loses at most the line being written; `fsync` runs every `flush_every` lines, on rotation and
@@ -30,7 +31,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from serving.metrics import Metrics
@@ -39,6 +40,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
+# The longest log line a reader takes in, newline excluded. A record the engine writes stays far below it (a
+# prompt is capped at `max_prompt_chars`, an output at `max_new_tokens`); a longer line is damage or a hostile
+# writer, and reading it whole would let one line take the reader's memory. Readers skip it unread (mining
+# quarantines it as `too_long`).
+MAX_LINE_BYTES = 8 * MiB
+_SKIP_CHUNK = MiB  # the rest of a too-long line is read and dropped this many bytes at a time
 _OPEN_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT  # RDWR: to read the last byte back
 
 
@@ -63,13 +70,35 @@ def log_files(log_dir: str | Path, prefix: str = "acceptance") -> list[Path]:
     return files + ([active] if active.exists() else [])
 
 
+class Line(NamedTuple):
+    """One line of a log file as `bounded_lines` read it."""
+
+    data: bytes
+    """The line, newline included; of a too-long line only its first `max_bytes + 1` bytes."""
+    size: int
+    """Its whole length in bytes, so byte offsets stay right past a skipped line."""
+    too_long: bool
+    """Longer than `max_bytes` (newline excluded): its rest was read in chunks and dropped."""
+
+
+def bounded_lines(handle: IO[bytes], max_bytes: int = MAX_LINE_BYTES) -> Iterator[Line]:
+    """Every line of a binary handle, holding at most `max_bytes + 1` bytes of any one line in memory."""
+    while data := handle.readline(max_bytes + 1):
+        size, tail = len(data), data
+        too_long = size > max_bytes and not data.endswith(b"\n")
+        while too_long and not tail.endswith(b"\n") and (tail := handle.readline(min(_SKIP_CHUNK, max_bytes + 1))):
+            size += len(tail)
+        yield Line(data, size, too_long)
+
+
 def read_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """Yield `(line_number, line)` for every non-empty line of one log file (plain or gzip)."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as handle:
-        for number, line in enumerate(handle, start=1):
-            if line.strip():
-                yield number, line.rstrip("\n")
+    """Yield `(line_number, line)` for every non-empty line of one log file (plain or gzip) within
+    `MAX_LINE_BYTES`; a longer line is skipped unread, as any other line no record parses from."""
+    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as handle:
+        for number, line in enumerate(bounded_lines(handle), start=1):
+            text = "" if line.too_long else line.data.decode("utf-8", errors="replace")
+            if text.strip():
+                yield number, text.rstrip("\n")
 
 
 def valid_records(files: list[Path]) -> Iterator[AcceptanceRecord]:

@@ -8,11 +8,11 @@ import copy
 import gzip
 import json
 import random
-
 import pytest
 
 from mining.pipeline import mine
-from mining.log_reader import list_log_files
+from mining.log_reader import Quarantine, list_log_files, scan_lines
+from serving.sink import MAX_LINE_BYTES
 from serving.records import RecordError, check_record, parse_record, record_from_dict
 from tests.mining.conftest import fast_config, make_record, write_lines
 
@@ -247,3 +247,32 @@ def test_requests_the_suffix_tier_served_well_are_skipped(tmp_path):
     assert "filtered_suffix" not in mine(tmp_path / "logs", tmp_path / "out2", fast_config())["counts"]
     with pytest.raises(ValueError, match="skip_suffix_served_above"):
         fast_config(skip_suffix_served_above=0.5)
+
+
+def test_a_line_over_the_limit_is_quarantined_as_too_long_with_its_position(tmp_path):
+    """A 1 MiB line under a 64 KiB limit: yielded as None and quarantined as `too_long` with its line,
+    offset and size; the lines around it come back whole, at their offsets."""
+    limit = 64 * 1024
+    good = [json.dumps(make_record(i, ts=1.7e9 + i)).encode() + b"\n" for i in range(3)]
+    huge = b'{"prompt": "' + b"x" * (1 << 20) + b'"}\n'
+    log = write_lines(tmp_path / "acceptance.jsonl", [good[0], huge, good[1], good[2]])
+    with Quarantine(tmp_path / "q.jsonl", None, 50) as quarantine:
+        lines = list(scan_lines(log, quarantine, max_line_bytes=limit))
+    assert [line for _, _, line in lines] == [good[0], None, good[1], good[2]]
+    assert [offset for _, offset, _ in lines] == [0, len(good[0]), len(good[0]) + len(huge),
+                                                  len(good[0]) + len(huge) + len(good[1])]
+    assert quarantine.kinds == {"too_long": 1}
+    entry = json.loads((tmp_path / "q.jsonl").read_text())
+    assert (entry["kind"], entry["line"], entry["offset"]) == ("too_long", 2, len(good[0]))
+    assert str(len(huge)) in entry["reason"] and len(entry["text"]) == 50
+
+def test_mine_quarantines_a_line_over_max_line_bytes_and_counts_it(tmp_path):
+    """A valid record whose prompt makes its line 9 MiB, past `MAX_LINE_BYTES` (8 MiB): counted among the
+    lines and as quarantined (`too_long`), never kept; the records around it are."""
+    huge = make_record(1, ts=1.7e9 + 1, prompt="y" * (9 << 20))
+    write_lines(tmp_path / "logs" / "acceptance.jsonl", [make_record(0, ts=1.7e9), huge, make_record(2, ts=1.7e9 + 2)])
+    assert len(json.dumps(huge)) > MAX_LINE_BYTES
+    manifest = mine(tmp_path / "logs", tmp_path / "out", fast_config())
+    counts = manifest["counts"]
+    assert (counts["lines"], counts["kept"], counts["quarantined"]) == (3, 2, 1)
+    assert manifest["quarantine_by_kind"] == {"too_long": 1}

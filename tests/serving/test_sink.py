@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 
 from serving.metrics import Metrics
 from serving.records import RecordError, parse_record
-from serving.sink import JsonlSink, iter_lines, log_files
+from serving.sink import MAX_LINE_BYTES, JsonlSink, bounded_lines, iter_lines, log_files, valid_records
 from tests.serving.test_metrics import make_record
 
 REPO = Path(__file__).resolve().parents[2]
@@ -206,3 +207,40 @@ def test_invalid_settings_are_rejected(tmp_path):
         JsonlSink(tmp_path, max_bytes=0)
     with pytest.raises(ValueError, match="flush_every"):
         JsonlSink(tmp_path, flush_every=0)
+
+
+class _ReadSpy(io.BytesIO):
+    """A binary handle that remembers the most bytes any one read handed out, and refuses to be iterated
+    (iteration reads a whole line, however long)."""
+
+    largest = 0
+
+    def readline(self, size=-1):
+        data = super().readline(size)
+        self.largest = max(self.largest, len(data))
+        return data
+
+    def __iter__(self):
+        raise AssertionError("lines must be read with a size limit")
+
+
+def test_bounded_lines_never_hold_more_than_the_limit_of_one_line():
+    """A 1 MiB line under a 1000-byte limit comes back flagged, cut to limit + 1 bytes, with its whole size;
+    a line of exactly the limit, and a last line without a newline, come back whole."""
+    exact, huge, last = b"a" * 1000 + b"\n", b"b" * (1 << 20) + b"\n", b"c" * 10
+    spy = _ReadSpy(exact + huge + last)
+    lines = list(bounded_lines(spy, max_bytes=1000))
+    assert [(line.size, line.too_long) for line in lines] == [(1001, False), (len(huge), True), (10, False)]
+    assert lines[0].data == exact and lines[1].data == huge[:1001] and lines[2].data == last
+    assert spy.largest <= 1001
+
+
+def test_readers_skip_a_line_over_max_line_bytes(tmp_path):
+    """`valid_records` (the suffix index, the shadow's served index, the monitor) and `iter_lines` skip a
+    9 MiB line unread and keep the records around it."""
+    records = [make_record([(4, 2)], request_id=f"r{i}") for i in range(2)]
+    with open(tmp_path / "acceptance.jsonl", "w") as handle:
+        handle.write(records[0].to_json() + "\n" + '{"prompt": "' + "z" * (9 << 20) + '"}\n' + records[1].to_json() + "\n")
+    assert [r.request_id for r in valid_records(log_files(tmp_path))] == ["r0", "r1"]
+    assert [number for _, number, _ in iter_lines(tmp_path)] == [1, 3]
+    assert MAX_LINE_BYTES == 8 * 1024 * 1024
