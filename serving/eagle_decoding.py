@@ -139,7 +139,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
             features, slot_tokens = new_features[: accepted + 1], emitted  # [a+1, 3H], [a+1]
             # a step whose draft took in the whole prompt says nothing about the draft's per-token cost c
             estimate.update(k, accepted, draft_s, 0.0 if prefills_draft else target.last_forward_s)
-            if pace and not prefills_draft:
+            if pace:  # the draft's prompt intake counts here: drafting at all in a request pays for it
                 pace.drafted(accepted + 1, k + 1, draft_s, target.last_forward_s)
         last = int(emitted[-1])
         req.timed_step(draft_s, target.last_forward_s)

@@ -113,8 +113,8 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
             draft.rollback(draft.length - (before + min(accepted, k - 1)))
             # a step whose draft took in the whole prompt says nothing about the draft's per-token cost c
             model_a.update(k, accepted, draft_s, 0.0 if prefills_draft else target.last_forward_s)
-            if not prefills_draft:
-                pace.drafted(accepted + 1, k + 1, draft_s, target.last_forward_s)
+            # the draft's prompt intake counts here: drafting at all in a request pays for it
+            pace.drafted(accepted + 1, k + 1, draft_s, target.last_forward_s)
         elif proposal.tokens:
             calibration.update(proposal.score, accepted)
         emitted_list = emitted.tolist()
