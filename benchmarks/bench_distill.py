@@ -1,7 +1,8 @@
-"""Benchmark: does one distillation round on shifted traffic raise acceptance on that slice?
+"""Does one distillation round on shifted traffic raise acceptance on that slice? (the `lm` draft kind)
 
-On the reference target (SmolLM2-135M-Instruct) and its v0 draft (`draftwheel bootstrap`, built if
-missing), in one run:
+On the reference target (SmolLM2-135M-Instruct) and a small-LM v0 draft (the target's first two layers
+with its embeddings and head, bootstrapped by `training.bootstrap` with `--boot`'s settings into its own
+model dir and not registered, so the state dir's champion is untouched), in one run:
 1. v0 acceptance rate and mean accepted length (k=4, greedy, through `serving.engine.Engine`) on a
    `chat` hold-out and a `code` hold-out (prompts disjoint from any training prompts);
 2. code traffic: the target's greedy completions of `code` workload prompts (top-k log-probs kept);
@@ -9,9 +10,11 @@ missing), in one run:
    cached by a forward pass (training tokens/s of each);
 4. one distillation round of v0 on that code traffic (configs/distill.yaml + overrides), timed;
 5. the candidate's acceptance on the same `code` and `chat` hold-outs.
-Prints the figures as ratios measured in this run and writes results/bench_distill.json.
+Prints the figures as ratios measured in this run.
 
-Run: `flock /tmp/draftwheel-heavy.lock .venv/bin/python benchmarks/bench_distill.py [--help]`.
+    .venv/bin/python benchmarks/bench_distill.py [distill overrides, e.g. loss=tvd]
+The JSON goes to --out (default $DRAFTWHEEL_HOME/benchmarks/bench_distill.json) and the run to MLflow;
+the v0, the traffic and the candidate stay under $DRAFTWHEEL_HOME.
 """
 
 from __future__ import annotations
@@ -19,16 +22,20 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 
+from bench_io import add_output_arguments, save
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# The small-LM v0 this benchmark distils (configs/bootstrap.yaml's eagle3 v0 is trained by `train eagle`).
+V0_LM = ["draft_kind=lm", "draft_name=bench-distill-v0-lm", "n_prompts=24", "max_new_tokens=48", "epochs=8",
+         "register=false"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--chat-holdout", type=int, default=10, help="chat hold-out prompts")
     parser.add_argument("--code-holdout", type=int, default=10, help="code hold-out prompts")
     parser.add_argument("--code-train", type=int, default=48, help="code prompts whose target completions train")
@@ -38,8 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--config", default=str(ROOT / "configs" / "distill.yaml"), help="distillation config")
     parser.add_argument("overrides", nargs="*", help="distill config overrides, key=value")
     parser.add_argument("--boot", action="append", default=[], metavar="KEY=VALUE",
-                        help="configs/bootstrap.yaml override (repeatable), e.g. a toy target for a dry run")
-    parser.add_argument("--out", default=str(ROOT / "results" / "bench_distill.json"))
+                        help="v0 bootstrap override (repeatable), after the small-LM v0's own: "
+                             + " ".join(V0_LM) + "; e.g. target=DIR for another target")
+    add_output_arguments(parser, "bench_distill")
     return parser.parse_args(argv)
 
 
@@ -96,7 +104,7 @@ def time_teacher_modes(args, base: list[str], distill_dir: Path, work: Path) -> 
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     from draftwheel import home
     from draftwheel.config import load_config
@@ -108,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     from training.target_completions import save_traffic, target_traffic
 
     home.apply_offline_defaults()
-    boot_config = load_config(BootstrapConfig, ROOT / "configs" / "bootstrap.yaml", args.boot)
+    boot_config = load_config(BootstrapConfig, ROOT / "configs" / "bootstrap.yaml", [*V0_LM, *args.boot])
     boot = bootstrap(boot_config)
     target = load_model(boot["target_dir"])
     v0 = load_model(boot["draft_dir"])
@@ -129,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     holdout_dir = holdout_from_completions(code_done, work / "code_holdout")
 
     # Training data is kept between runs (it is input, not a measurement); everything measured is redone.
-    traffic_dir = home.state_dir() / "bench_distill_traffic" / f"code-{args.code_train}-{args.max_new_tokens}"
+    traffic_dir = (home.state_dir() / "bench_distill_traffic"
+                   / f"code-{args.code_train}-{args.max_new_tokens}-{(target.model_id.sha256 or 'unhashed')[:12]}")
     distill_dir = traffic_dir / "distill"
     report["traffic_reused"] = distill_dir.is_dir()
     if not report["traffic_reused"]:
@@ -163,8 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     report["chat_mean_accepted_length_change"] = (report["after_chat"]["mean_accepted_length"]
                                                   / report["v0_chat"]["mean_accepted_length"] - 1.0)
     report["goal_met"] = report["code_mean_accepted_length_gain"] >= 0.30 and report["train_wall_s"] < 20 * 60
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2, default=str))
+    out = save("bench_distill", report, args)
     print(f"v0 chat: acceptance {report['v0_chat']['acceptance_rate']:.3f}, "
           f"mean accepted length {report['v0_chat']['mean_accepted_length']:.3f} (k={args.k})")
     print(f"code mean accepted length: {before:.3f} -> {after:.3f} "
@@ -173,9 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chat mean accepted length after: {report['after_chat']['mean_accepted_length']:.3f} "
           f"({report['chat_mean_accepted_length_change']:+.1%})")
     print(f"training: {report['train_wall_s']:.0f} s wall, {report['train']['train_tokens_per_s']:.0f} tokens/s; "
-          f"goal met: {report['goal_met']}; wrote {args.out}")
-    return 0
+          f"goal met: {report['goal_met']}; wrote {out}")
+    return report
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

@@ -2,11 +2,14 @@
 
 Generates logs with `mining.synthetic` (prompts of 100-400 tokens, outputs of 64-128 tokens built from
 k=4 verification steps, ~7 KB a line; 0.1% broken lines, 1% prompts with an e-mail address), rotated
-at 64 MiB like the serving sink, then runs `mining.pipeline.mine` with the default config (plus a toy tokenizer so
-preference pairs and re-tokenisation run) in a fresh child process per size, so each peak RSS is that
-run's alone. Prints records/s and peak RSS per size and the 1M/100k ratios; saves results/bench_mining.json.
+at 64 MiB like the serving sink, then runs `mining.pipeline.mine` with the default config (plus a toy
+tokenizer so preference pairs and re-tokenisation run) in a fresh child process per size, so each peak
+RSS is that run's alone. Prints records/s and peak RSS per size and the 1M/100k ratios.
 
-    flock /tmp/draftwheel-heavy.lock .venv/bin/python benchmarks/bench_mining.py [--sizes 100000 1000000]
+    .venv/bin/python benchmarks/bench_mining.py [--sizes 100000 1000000]
+The 1M-record logs take ~6 GiB under --workdir (default: a temporary dir in $DRAFTWHEEL_HOME, removed
+afterwards). The JSON goes to --out (default $DRAFTWHEEL_HOME/benchmarks/bench_mining.json) and the
+run to MLflow.
 """
 
 from __future__ import annotations
@@ -18,13 +21,13 @@ import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench_io import add_output_arguments, save
 
 ROTATE_BYTES = 64 * 2**20  # serving.sink.JsonlSink's default max_bytes
 
@@ -88,39 +91,61 @@ def child(logs: Path, out: Path, tokenizer: Path) -> None:
     }))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
-    parser.add_argument("--workdir", type=Path, default=ROOT / "results" / "tmp" / "bench_mining")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_mining.json")
-    parser.add_argument("--keep", action="store_true", help="keep the generated logs")
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000], help="records per run")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="where the logs and datasets go (default: a temporary dir in $DRAFTWHEEL_HOME)")
+    parser.add_argument("--keep", action="store_true", help="keep the generated logs and datasets")
+    add_output_arguments(parser, "bench_mining")
     parser.add_argument("--child", nargs=3, type=Path, metavar=("LOGS", "OUT", "TOKENIZER"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        child(*args.child)
-        return
+    return parser.parse_args(argv)
+
+
+def run(sizes: list[int], workdir: Path, keep: bool) -> list[dict]:
+    """Generate and mine each size in turn; one row of figures per size."""
     from serving.toy import build_tokenizer
 
-    tokenizer = args.workdir / "tokenizer"
+    tokenizer = workdir / "tokenizer"
     build_tokenizer().save_pretrained(tokenizer)
     runs = []
-    for n in args.sizes:
-        logs, out = args.workdir / f"n{n}" / "logs", args.workdir / f"n{n}" / "out"
-        shutil.rmtree(args.workdir / f"n{n}", ignore_errors=True)
+    for n in sizes:
+        logs, out = workdir / f"n{n}" / "logs", workdir / f"n{n}" / "out"
+        shutil.rmtree(workdir / f"n{n}", ignore_errors=True)
         gen_s = generate(logs, n)
         result = subprocess.run([sys.executable, __file__, "--child", str(logs), str(out), str(tokenizer)],
                                 check=True, capture_output=True, text=True)
-        run = {"size": n, "generate_s": round(gen_s, 1), **json.loads(result.stdout.strip().splitlines()[-1])}
-        runs.append(run)
-        print(f"{n:>9,} records: {run['records_per_s']:>8,} records/s wall ({run['records_per_cpu_s']:,} per CPU-s), "
-              f"peak RSS {run['peak_rss_total_mib']:,.0f} MiB (parent {run['peak_rss_mib']:,.0f} + "
-              f"{run['scan_workers']} x {run['worker_peak_rss_mib']:,.0f}), {run['log_bytes'] / 2**30:.2f} GiB of logs "
-              f"in {run['seconds']} s, load {run['load_avg_1m']:.1f}  {run['timings']}", flush=True)
-        if not args.keep:
-            shutil.rmtree(logs)
+        row = {"size": n, "generate_s": round(gen_s, 1), **json.loads(result.stdout.strip().splitlines()[-1])}
+        runs.append(row)
+        print(f"{n:>9,} records: {row['records_per_s']:>8,} records/s wall ({row['records_per_cpu_s']:,} per CPU-s), "
+              f"peak RSS {row['peak_rss_total_mib']:,.0f} MiB (parent {row['peak_rss_mib']:,.0f} + "
+              f"{row['scan_workers']} x {row['worker_peak_rss_mib']:,.0f}), {row['log_bytes'] / 2**30:.2f} GiB of logs "
+              f"in {row['seconds']} s, load {row['load_avg_1m']:.1f}  {row['timings']}", flush=True)
+        if not keep:
+            shutil.rmtree(workdir / f"n{n}")
+    return runs
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.child:
+        child(*args.child)
+        return {}
+    from draftwheel.home import state_dir
+
+    if args.workdir:
+        runs = run(args.sizes, args.workdir, args.keep)
+    else:
+        state_dir().mkdir(parents=True, exist_ok=True)
+        workdir = Path(tempfile.mkdtemp(prefix="bench_mining-", dir=state_dir()))
+        try:
+            runs = run(args.sizes, workdir, args.keep)
+        finally:
+            if not args.keep:
+                shutil.rmtree(workdir, ignore_errors=True)
     summary = {"runs": runs, "goal": {"records_per_s": 20_000, "peak_rss_total_mib": 1536},
-               "command": "flock /tmp/draftwheel-heavy.lock .venv/bin/python benchmarks/bench_mining.py "
-                          + " ".join(sys.argv[1:])}
+               "command": "benchmarks/bench_mining.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     if len(runs) >= 2:
         small, large = runs[0], runs[-1]
         summary["size_ratio"] = large["size"] / small["size"]
@@ -128,8 +153,9 @@ def main() -> None:
         summary["throughput_ratio"] = round(large["records_per_s"] / small["records_per_s"], 3)
         print(f"{summary['size_ratio']:.0f}x the records: peak RSS x{summary['rss_ratio']}, "
               f"throughput x{summary['throughput_ratio']}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(summary, indent=2) + "\n")
+    out = save("bench_mining", summary, args)
+    print(f"wrote {out}")
+    return summary
 
 
 if __name__ == "__main__":

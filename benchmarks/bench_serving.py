@@ -1,22 +1,23 @@
-"""Serving benchmark on two pairs, each measured in one run with `serving.bench.run_bench`.
+"""Serving benchmark on a constructed pair (a) and on the reference target (b), each in one run of
+`serving.bench.run_bench`: our plain and speculative decoding against HF `generate` on the same prompts.
 
 pair a: a constructed pair with acceptance exactly 1 (serving.toy.zero_extended_target): a 1-layer
-        SmolLM2-width draft (hidden 576; serving.toy's 384-token vocab, or SmolLM2's with
-        --vocab smollm2) and a 12-layer target whose extra 11 layers have zeroed output projections.
-        Reports both speedups, the measured draft/target cost ratio c, the theoretical speedup
-        E/(1 + k*c) with E = k + 1, and our speedup's ratio to it (wall clock and CPU time), plus the
-        measured cost of the (k+1)-token verify forward.
+        draft of width `--hidden` (serving.toy's 384-token vocabulary, or SmolLM2's with --vocab smollm2)
+        and a 12-layer target whose extra 11 layers have zeroed output projections. Reports both
+        speedups, the measured draft/target cost ratio c, the theoretical speedup E/(1 + k*c) with
+        E = k + 1, and our speedup's ratio to it (wall clock and CPU time), plus the measured cost of the
+        (k+1)-token verify forward. It needs no download: it measures the decoding loop and kernels.
 pair b: the reference target (SmolLM2-135M-Instruct) with a draft made of its first layers (same
-        tokenizer); reports greedy identity against HF generate and the speeds.
+        tokenizer); reports greedy identity against HF generate and the speeds, plus the adaptive-k run.
 run_bench runs HF generate on unpacked copies of the models (as users run it) and adds HF assisted on
 the engine's own prepacked models, so the kernels' share of the edge is reported too.
 
-Run it under the heavy lock so measurements do not overlap other heavy jobs (results/ has one JSON each):
-    flock /tmp/draftwheel-heavy.lock .venv/bin/python benchmarks/bench_serving.py --pair a
-    ... --pair a --vocab smollm2 --out results/bench_pair_a_smollm2_vocab.json
-    ... --pair a --hidden 128 --out results/bench_pair_a_hidden128.json
-    ... --pair b
-Writes results/bench_pair_a.json / results/bench_pair_b.json.
+Timings are only as quiet as the machine: run it alone.
+    .venv/bin/python benchmarks/bench_serving.py --pair a
+    .venv/bin/python benchmarks/bench_serving.py --pair a --vocab smollm2 --out pair_a_smollm2.json
+    .venv/bin/python benchmarks/bench_serving.py --pair b
+The JSON goes to --out (default $DRAFTWHEEL_HOME/benchmarks/bench_serving_<pair>.json) and the run to
+MLflow (benchmarks/bench_io.py).
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ import argparse
 import copy
 import json
 import time
-from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer
 
+from bench_io import add_output_arguments, save
 from draftwheel.home import apply_offline_defaults, models_dir
 from serving.adaptive import speedup
 from serving.bench import run_bench
@@ -40,7 +41,6 @@ from serving.params import SamplingParams
 from serving.reference import ensure_reference_target
 from serving.toy import build_tokenizer, tiny_llama, zero_extended_target
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
 PROMPTS = [
     "Write a Python function that reverses a linked list.",
     "Explain why the sky is blue in two sentences.",
@@ -69,6 +69,7 @@ def forward_seconds(model: torch.nn.Module, n_tokens: int, context: int = 64, re
 
 
 def pair_a(args: argparse.Namespace) -> dict:
+    prompts = PROMPTS[: args.n_prompts]
     if args.vocab == "smollm2":
         tokenizer = AutoTokenizer.from_pretrained(ensure_reference_target(models_dir()))
     else:
@@ -81,13 +82,13 @@ def pair_a(args: argparse.Namespace) -> dict:
     draft_s, target_s = forward_seconds(draft, 1), forward_seconds(target, 1)
     verify_s = forward_seconds(target, args.k + 1)
     c = draft_s["cpu"] / target_s["cpu"]  # CPU time: robust to other jobs on the shared cores
-    result = run_bench(engine, PROMPTS, args.max_new_tokens, k=args.k, chat=True, cpu_time=True)
+    result = run_bench(engine, prompts, args.max_new_tokens, k=args.k, chat=True, cpu_time=True)
     theory = speedup(1.0, args.k, c)  # E = k + 1 at acceptance 1
     result.update({
         "measured_c": c, "measured_c_wall": draft_s["wall"] / target_s["wall"],
         "draft_forward_s": draft_s, "target_forward_s": target_s, "target_verify_forward_s": verify_s,
         "verify_cost_vs_one_token": verify_s["cpu"] / target_s["cpu"],
-        # The textbook model prices the (k+1)-token verify like a 1-token forward; on this CPU it is not.
+        # The textbook model prices the (k+1)-token verify like a 1-token forward; on a CPU it is not.
         "theoretical_speedup_with_measured_verify_cost": (args.k + 1) / (verify_s["cpu"] / target_s["cpu"] + args.k * c),
         "vocab": f"{args.vocab} ({len(tokenizer)} tokens)", "hidden": args.hidden, "target_layers": 12, "draft_layers": 1,
         "theoretical_speedup": theory, "ratio_to_theory": result["speedup_vs_plain"] / theory,
@@ -108,11 +109,11 @@ def first_layers_draft(target: torch.nn.Module, n_layers: int) -> torch.nn.Modul
     return draft
 
 
-def adaptive_run(engine: Engine, max_new_tokens: int, k_max: int) -> dict:
+def adaptive_run(engine: Engine, prompts: list[str], max_new_tokens: int, k_max: int) -> dict:
     """Our speculative decoding with the adaptive-k controller on the same prompts: speed and chosen k."""
     params = SamplingParams(max_new_tokens=max_new_tokens, k=k_max, adaptive_k=True)
     start = time.perf_counter()
-    completions = engine.generate(PROMPTS, params, slice="bench", chat=True)
+    completions = engine.generate(prompts, params, slice="bench", chat=True)
     seconds = time.perf_counter() - start
     ks = [step.k for c in completions for step in c.record.steps]
     return {"adaptive_spec_tokens_per_s": sum(len(c.token_ids) for c in completions) / seconds,
@@ -124,37 +125,43 @@ def pair_b(args: argparse.Namespace) -> dict:
     target = load_model(ensure_reference_target(models_dir()))
     draft = first_layers_draft(target.model, args.draft_layers)
     engine = Engine(target, from_objects(draft, target.tokenizer, f"smollm2-first-{args.draft_layers}-layers"))
-    result = run_bench(engine, PROMPTS, args.max_new_tokens, k=args.k, chat=True, cpu_time=True)
-    result.update(adaptive_run(engine, args.max_new_tokens, k_max=8))
+    prompts = PROMPTS[: args.n_prompts]
+    result = run_bench(engine, prompts, args.max_new_tokens, k=args.k, chat=True, cpu_time=True)
+    result.update(adaptive_run(engine, prompts, args.max_new_tokens, k_max=8))
     result.update({"target": str(target.path), "target_sha256": target.model_id.sha256,
                    "draft": f"first {args.draft_layers} of {target.model.config.num_hidden_layers} target layers"})
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--pair", choices=["a", "b"], required=True)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--n-prompts", type=int, default=len(PROMPTS), help="how many of the 8 prompts to run")
     parser.add_argument("--draft-layers", type=int, default=4, help="pair b: target layers kept in the draft")
     parser.add_argument("--vocab", choices=["smollm2", "toy"], default="toy",
                         help="pair a: the SmolLM2 tokenizer (49152 tokens) or serving.toy's (384 tokens)")
     parser.add_argument("--hidden", type=int, default=576, help="pair a: model width (576 = SmolLM2-135M's)")
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads for all four methods (default 1: on a shared 2-core machine, "
-                             "multi-threaded kernels collapse when another job takes a core)")
-    parser.add_argument("--out", type=Path, help="result JSON (default results/bench_pair_<pair>.json)")
-    args = parser.parse_args()
+                        help="torch threads for all four methods (default 1: multi-threaded kernels slow down "
+                             "badly when another job takes a core)")
+    add_output_arguments(parser, "bench_serving_<pair>")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
     apply_offline_defaults()
     torch.set_num_threads(args.threads)
     start = time.time()
     result = pair_a(args) if args.pair == "a" else pair_b(args)
     result.update({"pair": args.pair, "torch_threads": torch.get_num_threads(), "wall_s": time.time() - start})
-    RESULTS.mkdir(exist_ok=True)
-    out = args.out or RESULTS / f"bench_pair_{args.pair}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = save(f"bench_serving_{args.pair}", result, args)
     print(json.dumps(result, indent=2))
     print(f"wrote {out}")
+    return result
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Suffix-tier benchmark (issue 12): plain, neural draft, suffix, hybrid and HF prompt lookup, one run.
+"""Suffix-tier benchmark: plain decoding, the neural draft, suffix, hybrid, the router and HF prompt
+lookup on the same prompts, in one run.
 
 Workloads (built here, seeded):
 - `repetitive`: templated requests whose answers share long spans, as agentic and SQL traffic do — SQL
@@ -7,18 +8,21 @@ Workloads (built here, seeded):
   measured requests use other values in the same templates.
 - `chat`: bench_serving's diverse prompts (nothing like them in the log).
 `router` is serving.router's LinUCB choosing per request among its arms (it starts untrained and learns
-over the run, so it pays its exploration here). Each measured prompt runs every method back to back on the same index state: the runs see the index
-read-only, and the prompt's own output is added once after all methods ran (as serving would have
-added it), so no method drafts from another method's output of the same prompt. Greedy outputs of all
-methods are compared with plain decoding (`greedy_identical`); sampled runs are timed only.
-Also measured: the index at `--index-requests` logged requests (default 100k; default bounds, so the
-oldest are evicted): its size, process RSS growth, update cost per request and proposal cost (µs).
+over the run, so it pays its exploration here). Each measured prompt runs every method back to back on
+the same index state: the runs see the index read-only, and the prompt's own output is added once after
+all methods ran (as serving would have added it), so no method drafts from another method's output of
+the same prompt. Greedy outputs of all methods are compared with plain decoding (`greedy_identical`);
+sampled runs are timed only. Also measured: the index at `--index-requests` logged requests (default
+100k; default bounds, so the oldest are evicted): its size, process RSS growth, update cost per request
+and proposal cost (µs).
 
-The reference run (minutes; run it alone, under the heavy lock; writes results/bench_suffix.json):
-    flock /tmp/draftwheel-heavy.lock .venv/bin/python benchmarks/bench_suffix.py
-Check that it works on tiny random models (seconds):
+The reference run (minutes on 2 CPU cores; run it alone):
+    .venv/bin/python benchmarks/bench_suffix.py --k 5 --min-path-prob 0.15 --measure 8 --chat 8 \\
+        --max-new-tokens 64
+On tiny random models (seconds; checks that it runs, measures nothing about real traffic):
     .venv/bin/python benchmarks/bench_suffix.py --model tiny --log-requests 6 --measure 3 --chat 2 \\
-        --max-new-tokens 24 --index-requests 2000 --out /tmp/bench_suffix_tiny.json
+        --max-new-tokens 24 --index-requests 2000
+The JSON goes to --out (default $DRAFTWHEEL_HOME/benchmarks/bench_suffix.json) and the run to MLflow.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ import numpy as np
 import psutil
 import torch
 
-from bench_serving import PROMPTS as CHAT_PROMPTS  # noqa: E402 - benchmarks/ is on sys.path as a script
-from bench_serving import RESULTS, first_layers_draft
+from bench_io import add_output_arguments, save
+from bench_serving import PROMPTS as CHAT_PROMPTS  # benchmarks/ is on sys.path when run as a script
+from bench_serving import first_layers_draft
 from draftwheel.home import apply_offline_defaults, models_dir
 from mining.workloads import templated_prompts
 from serving.engine import Engine
@@ -68,6 +73,8 @@ def routed(router: Router, engine: Engine, prompt: str, params: SamplingParams, 
     if completion.record.drafted_tokens:
         recent.append(completion.record.acceptance_rate)
     return completion
+
+
 def repetitive_prompts(n: int, seed: int) -> list[str]:
     """n templated requests (SQL over three schemas, JSON tool calls: mining.workloads)."""
     return templated_prompts(n, seed)
@@ -188,7 +195,8 @@ def index_scale(sequences: list[list[int]], n: int, vocab: int, seed: int = 0) -
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--model", choices=["reference", "tiny"], default="reference")
     parser.add_argument("--draft", default=DEFAULT_DRAFT_URI,
                         help="reference: the neural draft (dir or models:/ URI), or 'first-layers'")
@@ -205,11 +213,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lookup-tokens", type=int, default=10, help="HF prompt_lookup_num_tokens")
     parser.add_argument("--index-requests", type=int, default=100_000)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=RESULTS / "bench_suffix.json")
+    add_output_arguments(parser, "bench_suffix")
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     apply_offline_defaults()
     torch.set_num_threads(args.threads)
@@ -238,10 +246,10 @@ def main(argv: list[str] | None = None) -> None:
     result["index_scale"] = index_scale(sequences, args.index_requests,
                                         engine.target.model.config.vocab_size)
     result["wall_s"] = time.time() - wall
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    out = save("bench_suffix", result, args)
     print(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
+    return result
 
 
 if __name__ == "__main__":

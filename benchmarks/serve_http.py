@@ -8,12 +8,12 @@ the sequential HTTP run. Prints throughput ratios and how many outputs are ident
 paths. Separately: records/s of `JsonlSink` with an fsync per record against the default batch of 32,
 and the sink's cost per request relative to the mean request latency.
 
-    flock /tmp/draftwheel-heavy.lock .venv/bin/python benchmarks/serve_http.py --pair reference
-    flock /tmp/draftwheel-heavy.lock .venv/bin/python benchmarks/serve_http.py --pair toy
+    .venv/bin/python benchmarks/serve_http.py --pair reference
+    .venv/bin/python benchmarks/serve_http.py --pair toy
 
 `reference`: the reference target (SmolLM2-135M-Instruct) with a draft made of its first 2 layers.
 `toy`: tiny random models (serving.toy): a fast engine, where HTTP overhead is most visible.
-Writes results/serve_http_<pair>.json.
+The JSON goes to --out (default $DRAFTWHEEL_HOME/benchmarks/serve_http_<pair>.json) and the run to MLflow.
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "results"
+from bench_io import add_output_arguments, save
 # The same prompts as the engine benchmark, so the two sets of figures compare.
-from bench_serving import PROMPTS  # noqa: E402 - benchmarks/ is on sys.path when run as a script
+from bench_serving import PROMPTS  # benchmarks/ is on sys.path when run as a script
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def save_pair(pair: str, root: Path) -> tuple[Path, Path]:
@@ -84,7 +85,7 @@ def start_server(target: Path, draft: Path, log_dir: Path) -> tuple[subprocess.P
             time.sleep(0.5)
 
 
-def measure_paths(engine, url: str, max_new_tokens: int, rounds: int) -> dict:
+def measure_paths(engine, url: str, prompts: list[str], max_new_tokens: int, rounds: int) -> dict:
     import openai
 
     from serving.params import SamplingParams
@@ -113,15 +114,15 @@ def measure_paths(engine, url: str, max_new_tokens: int, rounds: int) -> dict:
     paths = {"inproc": inproc, "http": http, "http_stream": stream}
     for name, fn in paths.items():  # warm-up
         start = time.perf_counter()
-        fn(PROMPTS[0])
+        fn(prompts[0])
         if name != "inproc":
             http_walls.append((name, time.perf_counter() - start))
     # Each prompt runs on every path back to back (so load drift hits all paths alike); the time per
     # prompt and path is the median over `rounds`, which drops bursts from other jobs on the machine.
-    times: dict[str, list[list[float]]] = {name: [[] for _ in PROMPTS] for name in paths}
+    times: dict[str, list[list[float]]] = {name: [[] for _ in prompts] for name in paths}
     outputs: dict[str, list[tuple[str, int]]] = {name: [] for name in paths}
     for _ in range(rounds):
-        for i, prompt in enumerate(PROMPTS):
+        for i, prompt in enumerate(prompts):
             for name, fn in paths.items():
                 start = time.perf_counter()
                 out = fn(prompt)
@@ -133,13 +134,13 @@ def measure_paths(engine, url: str, max_new_tokens: int, rounds: int) -> dict:
     seconds = {name: sum(statistics.median(t) for t in per_prompt) for name, per_prompt in times.items()}
     tokens = {name: sum(n for _, n in outs) for name, outs in outputs.items()}
     identical = sum(outputs["inproc"][i] == outputs["http"][i] == outputs["http_stream"][i]
-                    for i in range(len(PROMPTS)))
+                    for i in range(len(prompts)))
     result = {f"{name}_tokens_per_s": tokens[name] / s for name, s in seconds.items()}
     result.update({"http_vs_inproc": result["http_tokens_per_s"] / result["inproc_tokens_per_s"],
                    "stream_vs_inproc": result["http_stream_tokens_per_s"] / result["inproc_tokens_per_s"],
-                   "identical_outputs": f"{identical}/{len(PROMPTS)}", "generated_tokens": tokens["inproc"],
+                   "identical_outputs": f"{identical}/{len(prompts)}", "generated_tokens": tokens["inproc"],
                    "inproc_median_latency_s": statistics.median(inproc_latencies), "_http_walls": http_walls})
-    result.update(measure_concurrency(http, tokens["http"] / seconds["http"]))
+    result.update(measure_concurrency(http, prompts, tokens["http"] / seconds["http"]))
     return result
 
 
@@ -155,9 +156,9 @@ def http_overheads(walls: list[tuple[str, float]], records: list[dict]) -> dict:
     return result
 
 
-def measure_concurrency(http, sequential_tokens_per_s: float, clients: int = 4) -> dict:
+def measure_concurrency(http, prompts: list[str], sequential_tokens_per_s: float, clients: int = 4) -> dict:
     """The same prompts from `clients` threads at once: the server queues them; compare throughput."""
-    queue, counts, lock = list(PROMPTS), [], threading.Lock()
+    queue, counts, lock = list(prompts), [], threading.Lock()
 
     def worker() -> None:
         while True:
@@ -174,17 +175,18 @@ def measure_concurrency(http, sequential_tokens_per_s: float, clients: int = 4) 
     for thread in threads:
         thread.join()
     rate = sum(counts) / (time.perf_counter() - start)
-    return {"concurrent_clients": clients, "concurrent_completed": f"{len(counts)}/{len(PROMPTS)}",
+    return {"concurrent_clients": clients, "concurrent_completed": f"{len(counts)}/{len(prompts)}",
             "concurrent_tokens_per_s": rate, "concurrent_vs_sequential": rate / sequential_tokens_per_s}
 
 
-def measure_sink(record: str, n: int = 2000) -> dict:
-    """records/s writing `n` copies of one real record line, fsync per record vs per 32."""
+def measure_sink(record: str, n: int = 2000, where: Path | None = None) -> dict:
+    """records/s writing `n` copies of one real record line, fsync per record vs per 32, on the disk of
+    `where` (default the state dir, where serving's logs live)."""
     from serving.records import parse_record
     from serving.sink import JsonlSink, iter_lines
 
     def rate(flush_every: int) -> float:
-        with tempfile.TemporaryDirectory(dir=ROOT) as tmp:  # the repo's disk, where logs would live
+        with tempfile.TemporaryDirectory(dir=where) as tmp:
             sink = JsonlSink(tmp, flush_every=flush_every)
             start = time.perf_counter()
             for _ in range(n):
@@ -194,18 +196,31 @@ def measure_sink(record: str, n: int = 2000) -> dict:
             assert sum(1 for _, _, line in iter_lines(tmp) if parse_record(line)) == n
             return n / elapsed
 
+    if where is None:
+        from draftwheel.home import state_dir
+
+        where = state_dir()
+    where.mkdir(parents=True, exist_ok=True)
     each, batched = rate(1), rate(32)
     return {"sink_records_per_s_fsync_each": each, "sink_records_per_s_fsync_32": batched,
             "fsync_batching_speedup": batched / each}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--pair", choices=["reference", "toy"], default="reference")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3, help="repeats per prompt and path (median taken)")
+    parser.add_argument("--n-prompts", type=int, default=len(PROMPTS), help="how many of the 8 prompts to run")
+    parser.add_argument("--sink-records", type=int, default=2000, help="records per sink measurement")
     parser.add_argument("--threads", type=int, default=1, help="torch threads in the client and in the server")
-    args = parser.parse_args()
+    add_output_arguments(parser, "serve_http_<pair>")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by the server process
     import torch
 
@@ -217,7 +232,7 @@ def main() -> None:
     from serving.serve_config import ServeConfig
 
     apply_offline_defaults()
-    RESULTS.mkdir(exist_ok=True)
+    prompts = PROMPTS[: args.n_prompts]
     with tempfile.TemporaryDirectory() as tmp:
         target, draft = save_pair(args.pair, Path(tmp))
         serve = ServeConfig()  # the in-process engine decodes as the server does: its dtype and chain cut
@@ -225,24 +240,24 @@ def main() -> None:
         proc, url = start_server(target, draft, Path(tmp, "logs"))
         try:
             load_before = os.getloadavg()[0]
-            result = measure_paths(engine, url, args.max_new_tokens, args.rounds)
+            result = measure_paths(engine, url, prompts, args.max_new_tokens, args.rounds)
             result["load_avg_1m_before_after"] = [load_before, os.getloadavg()[0]]
         finally:
             proc.terminate()
             proc.wait(timeout=60)
         lines = Path(tmp, "logs", "acceptance.jsonl").read_text().splitlines()
     result.update(http_overheads(result.pop("_http_walls"), [json.loads(line) for line in lines]))
-    result.update(measure_sink(lines[-1]))
+    result.update(measure_sink(lines[-1], args.sink_records))
     result["mean_request_latency_s"] = statistics.mean(json.loads(line)["latency_s"] for line in lines)
     result["sink_cost_vs_request_latency"] = 1 / result["sink_records_per_s_fsync_32"] / result["mean_request_latency_s"]
-    result.update({"pair": args.pair, "draft": draft.name, "prompts": len(PROMPTS), "rounds": args.rounds,
+    result.update({"pair": args.pair, "draft": draft.name, "prompts": len(prompts), "rounds": args.rounds,
                    "torch_threads": args.threads,
                    "max_new_tokens": args.max_new_tokens, "server_logged_requests": len(lines)})
-    out = RESULTS / f"serve_http_{args.pair}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = save(f"serve_http_{args.pair}", result, args)
     for key, value in result.items():
         print(f"{key:32s} {value:.4g}" if isinstance(value, float) else f"{key:32s} {value}")
     print(f"wrote {out}")
+    return result
 
 
 if __name__ == "__main__":

@@ -1,48 +1,85 @@
-"""Shadow replay of one round, in this process vs in worker processes, one after the other in one run
-(`ShadowConfig.workers`, serving.shadow). Prints both replay times, their ratio, and whether every
+"""Shadow replay in this process vs in worker processes, one after the other in one run: does
+`ShadowConfig.workers` pay on this machine? Prints both replay times, their ratio, and whether every
 request's accepted lengths, tokens and the gate's verdict came out the same.
 
-    flock /tmp/draftwheel-heavy.lock .venv/bin/python benchmarks/shadow_workers.py \\
-        --champion <registry>/1 --challenger <registry>/2 --holdout <flywheel run>/datasets/holdout
+Workers share out the prompts of the draft-alone replay (mode draft), so both runs replay that way
+(`suffix_tier=false`: with the suffix tier the replay stays in one process, because the hybrid's step
+pace carries from one request of a slice to the next). Each replay process loads the models itself,
+so workers pay only once there are enough prompts to amortise that start (serving.shadow).
+
+    .venv/bin/python benchmarks/shadow_workers.py --champion DIR --challenger DIR \\
+        --holdout $DRAFTWHEEL_HOME/datasets/holdout
+A shared machine's speed drifts during a run: run it a second time with --workers-first.
+The JSON goes to --out (default $DRAFTWHEEL_HOME/benchmarks/shadow_workers.json) and the run to MLflow.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
-from draftwheel.home import apply_offline_defaults
-from serving.gate import ShadowConfig
-from serving.reference import default_target_dir
-from serving.shadow import replay_figures, run_shadow
+from bench_io import add_output_arguments, save
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--champion", required=True, help="champion draft dir")
-    parser.add_argument("--challenger", required=True, help="challenger draft dir")
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from draftwheel.config import add_override_arguments
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--champion", required=True, help="champion draft: dir or models:/NAME@ALIAS")
+    parser.add_argument("--challenger", required=True, help="challenger draft: dir or models:/NAME@ALIAS")
     parser.add_argument("--holdout", required=True, help="a mined holdout/ dataset dir")
     parser.add_argument("--target", default=None, help="target model dir (default: the reference target)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes of the other replay")
-    parser.add_argument("--workers-first", action="store_true",
-                        help="replay with the workers first (the VM's speed drifts: run both orders)")
-    args = parser.parse_args()
-    apply_offline_defaults()
-    target = args.target or str(default_target_dir())
+    parser.add_argument("--workers-first", action="store_true", help="replay with the workers first")
+    parser.add_argument("--config", type=Path, default=None, help="ShadowConfig YAML (default configs/shadow.yaml)")
+    add_override_arguments(parser, "include_canary=false")
+    add_output_arguments(parser, "shadow_workers")
+    return parser.parse_args(argv)
+
+
+def compare(champion: str, challenger: str, target: str, holdout: str, config: Any, workers: int,
+            workers_first: bool = False) -> dict[str, Any]:
+    """Replay in one process and in `workers` processes (in the order asked); times and whether they agree."""
+    from serving.shadow import replay_figures, run_shadow
+
     reports, seconds = {}, {}
-    for workers in ((args.workers, 1) if args.workers_first else (1, args.workers)):
+    for n in ((workers, 1) if workers_first else (1, workers)):
         start = time.perf_counter()
-        reports[workers] = run_shadow(args.champion, args.challenger, target, args.holdout,
-                                      ShadowConfig(workers=workers))
-        seconds[workers] = time.perf_counter() - start
-        print(f"workers={workers}: {seconds[workers]:.1f} s (replay {reports[workers]['replay_seconds']:.1f} s), "
-              f"{len(reports[workers]['requests'])} requests, promote {reports[workers]['decision']['promote']}",
-              flush=True)
-    alone, shared = reports[1], reports[args.workers]
-    same = replay_figures(alone) == replay_figures(shared) and alone["decision"] == shared["decision"]
-    print(f"speed-up {alone['replay_seconds'] / shared['replay_seconds']:.2f}x (replay), "
-          f"{seconds[1] / seconds[args.workers]:.2f}x (wall); figures and verdict identical: {same}")
+        reports[n] = run_shadow(champion, challenger, target, holdout, replace(config, workers=n))
+        seconds[n] = time.perf_counter() - start
+        print(f"workers={n}: {seconds[n]:.1f} s (replay {reports[n]['replay_seconds']:.1f} s), "
+              f"{len(reports[n]['requests'])} requests, promote {reports[n]['decision']['promote']}", flush=True)
+    alone, shared = reports[1], reports[workers]
+    return {"requests": len(alone["requests"]), "workers": workers, "workers_first": workers_first,
+            "replay_s_one_process": alone["replay_seconds"], "replay_s_workers": shared["replay_seconds"],
+            "wall_s_one_process": seconds[1], "wall_s_workers": seconds[workers],
+            "replay_speedup": alone["replay_seconds"] / shared["replay_seconds"],
+            "wall_speedup": seconds[1] / seconds[workers],
+            "figures_identical": replay_figures(alone) == replay_figures(shared),
+            "verdict_identical": alone["decision"]["promote"] == shared["decision"]["promote"]}
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    from draftwheel.config import load_config, stage_config_path
+    from draftwheel.home import apply_offline_defaults
+    from serving.gate import ShadowConfig
+    from serving.reference import default_target_dir
+
+    apply_offline_defaults()
+    path = str(args.config) if args.config else (stage_config_path("", "shadow") or None)
+    config = load_config(ShadowConfig, path, [*args.overrides, "suffix_tier=false"])
+    result = compare(args.champion, args.challenger, args.target or str(default_target_dir()), args.holdout,
+                     config, args.workers, args.workers_first)
+    out = save("shadow_workers", result, args)
+    print(f"speed-up {result['replay_speedup']:.2f}x (replay), {result['wall_speedup']:.2f}x (wall); figures "
+          f"identical: {result['figures_identical']}, verdict identical: {result['verdict_identical']}; wrote {out}")
+    return result
+
+
+if __name__ == "__main__":  # workers are spawned processes: they import this module again
     main()

@@ -1,24 +1,21 @@
 """benchmarks/rounds.py's own logic, without models: the prompt plan (held-out prompts never served, the
-new slice only from its round, no prompt twice), the gate summary of a shadow report and the table."""
+new slice only from its round, no prompt twice), the gate summary of a shadow report, the table and the
+plot. A real round needs the reference target and minutes; the flywheel it runs is tested in tests/flows."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture()
-def rounds(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location("rounds", BENCHMARKS / "rounds.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def rounds(load_benchmark):
+    return load_benchmark("rounds")
+
+
+def test_help(rounds, help_text):
+    assert "--residual-floor" in help_text(rounds)
 
 
 def test_the_plan_holds_out_its_eval_prompts_and_adds_the_new_slice_late(rounds):
@@ -50,3 +47,10 @@ def test_gate_summary_and_table(rounds, tmp_path):
     text = rounds.table([row])
     assert "promoted; its challenger in the gate: as served +5.0% [+1.0%, +9.0%], draft alone MAL +25.0%" in text
     assert rounds.pooled(row["slices"], "served_speedup") == 1.5
+
+
+def test_plot_draws_both_panels(rounds, tmp_path):
+    figs = {"served_speedup": 2.0, "alone_speedup": 1.0, "served_mal": 3.0, "alone_mal": 1.2, "identical": "", "n": 8}
+    rounds_ = [{"round": r, "champion": "1", "slices": {name: figs for name in rounds.SLICES}} for r in (0, 1)]
+    path = rounds.plot(rounds_, tmp_path / "rounds.png")
+    assert path.stat().st_size > 1000
