@@ -77,13 +77,13 @@ class DemoConfig:
                                                                 "continue_to=192"])
     """On top of the shipped configs/<trainer>.yaml: twice a default round's epochs and learning rate, five
     passes over the mined code per epoch (4 by default) with two rehearsal sequences per mined one (as the
-    default; with one, the demo's round lost 5 % of chat and prose on the probe, with two 2.5 % and 1.6 %:
-    docs/results.md, "Demo"), unrolled 3 steps (the default; `ttt_steps=3` keeps the demo's round fixed
+    default; with one, the demo's round lost 5 % of chat and prose on the probe, with two 2.5 % and 1.6 %),
+    unrolled 3 steps (the default; `ttt_steps=3` keeps the demo's round fixed
     if that changes), without prompt variants or renames and with outputs continued to 192 tokens (the
     demo's round as measured; with variants it would train on about three times the sequences,
     docs/training.md). Judged
-    on code prompts from other stdlib files than the round's (what the demo's table measures;
-    docs/results.md): implied MAL 1.453 against 1.413 with 3 passes and 4 steps, in the same training
+    on code prompts from other stdlib files than the round's (what the demo's table measures):
+    implied MAL 1.453 against 1.413 with 3 passes and 4 steps, in the same training
     time; the gate on the round's own hold-out measured +37.0 % with these, +35.4 % with those."""
     shadow_overrides: list[str] = field(default_factory=lambda: ["max_new_tokens=32", "min_requests=6"])
     """On top of configs/shadow.yaml: shorter replays. The canary set stays in, so the gate also weighs

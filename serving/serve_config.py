@@ -42,7 +42,7 @@ class ServeConfig:
     min_path_prob: float = 0.25
     """eagle3 drafts: stop a chain once the draft's own probability of it falls below this (0 = always k
     tokens). Lossless either way; on the reference target k=4 with 0.25 gave 1.49x plain vs 1.42x for a
-    fixed k=3 (docs/results.md)."""
+    fixed k=3."""
     adaptive_k: bool = False
     default_max_tokens: int = 256
     """max_tokens when the request gives none (clamped to the context left after the prompt)."""
@@ -70,7 +70,7 @@ class ServeConfig:
     start-up, updated as requests finish), so modes suffix and hybrid draft from it (hybrid takes either
     draft kind), and serve requests that name no mode in mode hybrid. On by default: hybrid was as fast
     as the draft alone or faster in the suffix benchmark's last runs and ~1.6x faster on the demo's code
-    prompts (docs/serving.md, docs/results.md). The monitor and mining judge
+    prompts (docs/serving.md). The monitor and mining judge
     only the draft's own steps of a hybrid request (serving.records.draft_steps)."""
     suffix_max_requests: int = 50_000
     """Suffix index bound: most requests kept (oldest evicted first)."""

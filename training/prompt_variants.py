@@ -1,8 +1,8 @@
 """Prompt variants: more requests of a mined slice, made from the requests the round has.
 
-A round sees few requests of a new slice (issue 13: 80 code requests), and what it gains is bounded by
+A round sees few requests of a new slice (80 code requests on the shifted workload), and what it gains is bounded by
 how much of the slice it has seen: twice the traffic bought 7 points of live gain, four epochs on the
-same traffic under 1 (docs/results.md). A request whose message runs over several lines, cut one or more
+same traffic under 1. A request whose message runs over several lines, cut one or more
 lines short, is another request of the same kind -- the same function with one body line fewer, the
 same list with one item fewer -- and the target's greedy answer to it is more of what serving will be
 asked to draft: new positions on the target's own path, for the price of generating them. The trainer
