@@ -13,7 +13,7 @@ the target's p (serving.verify) stays exact. Greedy output equals the target's.
 
 Hybrid (mode `hybrid` with an eagle3 draft): each step first asks `propose` (the suffix index,
 serving.suffix_decoding) for a proposal and verifies it instead of drafting when its score beats the
-draft's expected accepted length, or whenever drafting does not pay in this request by its own clock
+draft's expected accepted length, or whenever drafting does not pay in this slice
 (`serving.adaptive.StepPace`: its tokens per unit of verify cost, weighed with their uncertainty); with
 no proposal worth its verify rows then, the step is a plain target step. Such steps leave
 the draft cache alone; the positions they confirm join the pending slots, so the draft's next step
