@@ -5,7 +5,7 @@ It reads the most recent acceptance records from the serving logs and triggers `
 threshold, or (b) the target's weights sha256 no longer matches the one the champion was trained for.
 After a round whose challenger the gate rejected against the current champion, it holds the trigger
 until `retrigger_after_requests` drafted requests were served since that verdict: on the same logs the
-flywheel would train the same challenger again (measured on issue 13's shift: a second round on 40 more
+flywheel would train the same challenger again (measured on a shift to code: a second round on 40 more
 requests gained +1.9 % [-3.6 %, +6.7 %] and was rejected, 9.7 minutes of CPU for nothing).
 It also reports the delivered gain: the champion's live acceptance rate and mean accepted length per
 slice against the previous champion's (records carry `draft_id.version`), logged to an MLflow run

@@ -156,7 +156,7 @@ def same_mix_change(pairs: list[tuple[SliceStats, SliceStats]]) -> float | None:
     """Relative change in mean accepted length from the previous champion to the champion over the slices
     both served, `pairs` = [(champion's, previous') per slice]: the previous champion's per-slice figures
     weighted by the champion's own verification steps per slice. For one slice, the plain ratio; for
-    several, traffic that shifted between slices does not pass for a gain (issue 13: v1 served chat at
+    several, traffic that shifted between slices does not pass for a gain (a shift to code: v1 served chat at
     2.83 and code at 1.11, v2 served only code, and the raw overall ratio read +27 % where code gained +37 %)."""
     return _at_champions_mix(pairs, lambda s: s.accepted + s.steps, lambda s: s.steps, lambda s: s.mean_accepted_length)
 

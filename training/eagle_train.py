@@ -42,6 +42,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from draftwheel import home
 from draftwheel.config import to_dict
+from draftwheel.registry_names import CHAMPION_URI
 from draftwheel.tracking import get_tracker
 from serving.eagle import Eagle3Config, Eagle3Draft, default_aux_layer_ids, save_eagle3, vocab_from_counts
 from serving.precision import resolve_bf16
@@ -63,7 +64,7 @@ COLUMNS = ("prompt_token_ids", "completion_token_ids")
 class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     """EAGLE-3 draft training; see configs/eagle.yaml for the defaults with comments."""
 
-    student: str = "models:/draftwheel-draft@champion"  # starting draft: an eagle3 dir/URI warm-starts; other kinds start fresh
+    student: str = CHAMPION_URI  # starting draft: an eagle3 dir/URI warm-starts; other kinds start fresh
     target: str = ""             # target model dir / models:/ URI; "" = the reference target in the state dir
     dataset: str = ""            # distill/ dataset dir; "" = <state>/datasets/distill
     holdout: str = ""            # holdout/ dataset dir; "" = sibling of dataset, if any
@@ -74,6 +75,7 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     ttt_decay: float = 0.8       # weight of unroll step s is ttt_decay**s
     ttt_chain_share: float = 1.0  # share of slots (a fresh random sample each batch) unrolled past step 0
     teacher_temperature: float = 1.0  # the target's distribution is learned at this temperature (< 1: sharpened)
+    acceptance_weight: float = 0.0  # add this times the rejection chance 1 - sum min(p, q) to each step's KL (0 = KL alone)
     prompt_loss: bool = True     # also learn positions inside the prompt (more signal; serving sees prompts too)
     residual_floor: float = 1.0  # weight of a mined answer token the served stack drafted and had accepted (mining.residual);
                                  # what it missed weighs 1. 1.0 = every position alike (uniform)
@@ -107,6 +109,8 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
                        f"must be in (0, 1], got {self.ttt_chain_share}")
         common.require(self.teacher_temperature > 0.0, "teacher_temperature",
                        f"must be > 0, got {self.teacher_temperature}")
+        common.require(self.acceptance_weight >= 0.0, "acceptance_weight",
+                       f"must be >= 0, got {self.acceptance_weight}")
         common.require(self.continue_to >= 0, "continue_to", f"must be >= 0, got {self.continue_to}")
         common.require(0.0 <= self.residual_floor <= 1.0, "residual_floor",
                        f"must be in [0, 1], got {self.residual_floor}")
@@ -235,7 +239,7 @@ def revocab(draft: Eagle3Draft, counts: torch.Tensor, size: int, target: Any, eo
 
 def generation_model(target: Any, bf16: bool) -> Any:
     """The target for batched generation: a copy with its linear layers prepacked for oneDNN, as serving
-    runs it (serving.prepack: MKL re-packs every weight on each of decoding's small calls; issue 13's
+    runs it (serving.prepack: MKL re-packs every weight on each of decoding's small calls; a shifted-code round's
     round continuations took 74.1 s instead of 97.1 s, the same tokens for 82/82), in bfloat16 with `bf16`
     (~1.9x faster on AMX CPUs, and the precision serving runs with dtype: auto). With neither to do (a
     GPU target in float32) it is the model itself: no second copy in memory."""
@@ -447,7 +451,7 @@ class EagleDataset(torch.utils.data.Dataset):
 # Batch widths are padded up to a multiple of this. A step whose width differs from the last ones costs
 # far more than a step of a width already seen (most likely oneDNN's per-shape kernels and its bounded
 # cache of them; a larger cache alone won back less), and a batch's width could take any of ~300 values.
-# 80 steps of issue 13's round: 53.7 s at any width, 41.1 s padded to 32 (16: 40.1 s, 64: 41.9 s), though
+# 80 steps of a shifted-code round: 53.7 s at any width, 41.1 s padded to 32 (16: 40.1 s, 64: 41.9 s), though
 # padding adds positions. Padded positions are masked and sit after every real one, so they change no
 # loss or gradient.
 PAD_TO_MULTIPLE = 32
@@ -478,10 +482,12 @@ class EagleTrainer(Trainer):
     """A Trainer whose loss is the unrolled (training-time test) distillation loss."""
 
     def __init__(self, *args: Any, lm_head_weight: torch.Tensor = None, ttt_steps: int = 4, ttt_decay: float = 0.8,
-                 ttt_chain_share: float = 1.0, teacher_temperature: float = 1.0, **kwargs: Any):
+                 ttt_chain_share: float = 1.0, teacher_temperature: float = 1.0, acceptance_weight: float = 0.0,
+                 **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.lm_head_weight, self.ttt_steps, self.ttt_decay = lm_head_weight, ttt_steps, ttt_decay
         self.ttt_chain_share, self.teacher_temperature = ttt_chain_share, teacher_temperature
+        self.acceptance_weight = acceptance_weight
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         draft = self.accelerator.unwrap_model(model)
@@ -490,7 +496,7 @@ class EagleTrainer(Trainer):
         with self.accelerator.autocast():
             loss, logits = unrolled_loss(draft, inputs["input_ids"], inputs["aux"], inputs["hidden"], inputs["mask"],
                                          self.lm_head_weight, self.ttt_steps, self.ttt_decay, self.ttt_chain_share,
-                                         self.teacher_temperature, inputs.get("weight"))
+                                         self.teacher_temperature, inputs.get("weight"), self.acceptance_weight)
         return (loss, {"logits": logits[0]}) if return_outputs else loss
 
 
@@ -650,7 +656,7 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
     rehearsal_seqs = load_sequences(*source) if rehearsing else None
     # A new vocabulary is ranked by the outputs of the mined data and of the data the warm start learned
     # from: ranked by the mined data alone, the old slices' tokens only filled the leftover rows in no
-    # particular order, and issue 13's round dropped 8 % of the prose canary's tokens (0.891 -> 0.807).
+    # particular order, and a shifted-code round dropped 8 % of the prose canary's tokens (0.891 -> 0.807).
     rank_counts = counts + output_counts(rehearsal_seqs, vocab) if rehearsing else counts
     draft, vocab_info = prepare_draft(config, target, counts, sorted(eos), warm, rank_counts)
     info.update(vocab_info)
@@ -692,7 +698,8 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
     trainer = EagleTrainer(model=draft, args=args, train_dataset=train_set, data_collator=collate,
                            callbacks=callbacks, lm_head_weight=target.model.get_output_embeddings().weight.detach(),
                            ttt_steps=config.ttt_steps, ttt_decay=config.ttt_decay,
-                           ttt_chain_share=config.ttt_chain_share, teacher_temperature=config.teacher_temperature)
+                           ttt_chain_share=config.ttt_chain_share, teacher_temperature=config.teacher_temperature,
+                           acceptance_weight=config.acceptance_weight)
     with tracker.run("train-eagle", nested=True, tags={"stage": "eagle", "draft_kind": "eagle3"}):
         tracker.log_params({**to_dict(config), "params_trainable": sum(p.numel() for p in draft.parameters())})
         result = trainer.train()  # the ChainCallback puts back the epoch best for the gate at the end

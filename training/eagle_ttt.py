@@ -146,7 +146,7 @@ class _SoftCrossEntropy(torch.autograd.Function):
 
 def ttt_loss(step_logits: list[torch.Tensor], teacher_logp: torch.Tensor, mask: torch.Tensor,
              decay: float, slots: torch.Tensor | None = None,
-             weights: torch.Tensor | None = None) -> tuple[torch.Tensor, list[float]]:
+             weights: torch.Tensor | None = None, acceptance_weight: float = 0.0) -> tuple[torch.Tensor, list[float]]:
     """Forward KL from the target to the draft per unroll step, weighted decay**s, averaged over tokens.
 
     step_logits: `unroll`'s output (past step 0 over `slots`, if given); teacher_logp[B, T, Vd] with
@@ -158,6 +158,11 @@ def ttt_loss(step_logits: list[torch.Tensor], teacher_logp: torch.Tensor, mask: 
     KL(p || q) = cross-entropy(p, q) - entropy(p): the cross-entropy is one fused call with
     probability targets (`_SoftCrossEntropy`), and the entropy, which no parameter changes, is
     computed once for all steps.
+
+    `acceptance_weight` > 0 adds that times `rejection(q, p)` = 1 - sum min(p, q) per position: the
+    probability that speculative sampling rejects the draft's token there, the quantity serving pays
+    for. KL asks the draft to cover all of p; this term asks only for the overlap, so a draft too small
+    to match p everywhere spends its capacity where acceptance is won (DistillSpec's TVD objective).
     """
     n = step_logits[0].shape[1]
     with torch.no_grad():
@@ -173,6 +178,8 @@ def ttt_loss(step_logits: list[torch.Tensor], teacher_logp: torch.Tensor, mask: 
         target = chains[scored] + 1 + s
         ce = _SoftCrossEntropy.apply(logits[:, scored], teacher_p[:, target])  # [B, chains scored]
         kl, m = ce - entropy[:, target], mask[:, target].float()
+        if acceptance_weight:
+            kl = kl + acceptance_weight * rejection(logits[:, scored], teacher_p[:, target])
         if weights is not None:
             m = m * weights[:, target]
         step_loss = (kl * m).sum() / m.sum().clamp_min(1.0)
@@ -181,20 +188,30 @@ def ttt_loss(step_logits: list[torch.Tensor], teacher_logp: torch.Tensor, mask: 
     return total / sum(step_weights(len(per_step), decay)), per_step
 
 
+def rejection(logits: torch.Tensor, teacher_p: torch.Tensor) -> torch.Tensor:
+    """1 - sum over the vocabulary of min(p, q), q = softmax(logits)[..., Vd], p = teacher_p[..., Vd]: the
+    chance speculative sampling rejects a token drafted from q where the target samples from p (0 when
+    q = p, 1 when they share no token). Per position, shape [...]."""
+    q = torch.softmax(logits.float(), dim=-1)
+    return 1.0 - torch.minimum(q, teacher_p.float()).sum(-1)
+
+
 def unrolled_loss(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, hidden: torch.Tensor,
                   mask: torch.Tensor, lm_head_weight: torch.Tensor, steps: int, decay: float,
                   chain_share: float = 1.0, temperature: float = 1.0,
-                  weights: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                  weights: torch.Tensor | None = None,
+                  acceptance_weight: float = 0.0) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """One batch's training loss: the draft unrolled `steps` times (past step 0 on a fresh random
     `chain_share` of the chains), scored against the target's distribution over the draft vocabulary
     (from its final hidden states[B, T, H]) at `temperature` (below 1: sharpened toward its argmax,
     which is all that greedy acceptance asks of the draft), each position weighed by `weights`[B, T]
-    (optional, see `ttt_loss`). Returns (loss, per-step logits)."""
+    (optional, see `ttt_loss`), plus `acceptance_weight` times the rejection chance (`ttt_loss`).
+    Returns (loss, per-step logits)."""
     slots = chain_slots(input_ids.shape[1] - 1, chain_share, input_ids.device)
     logits = unroll(draft, input_ids, aux, steps, slots)
     with torch.no_grad():
         teacher = teacher_log_probs(hidden, lm_head_weight.to(hidden.device), draft, temperature)
-    loss, _ = ttt_loss(logits, teacher, mask, decay, slots, weights)
+    loss, _ = ttt_loss(logits, teacher, mask, decay, slots, weights, acceptance_weight)
     return loss, logits
 
 

@@ -13,7 +13,7 @@ Only the user message is cut, inside the chat template's frame; a closing ``` fe
 left with fewer than MIN_LINES lines give none, so one-line requests (most chat and prose) give none.
 
 Renames (`renamed_message`): the same request with every name its code defines swapped for names other
-requests of the slice define. The target's answers restate the request's code (issue 13: 64 % of the
+requests of the slice define. The target's answers restate the request's code (a shift to code: 64 % of the
 code answers' positions), and a draft trained on few requests learns their identifiers, which live
 traffic does not repeat; on a renamed request those positions can be drafted only by copying.
 Regular expressions, not Python's tokenizer: the requests are often cut mid-statement.

@@ -33,7 +33,7 @@ def _decode_batch(model: Any, prompt_ids: list[list[int]], pad_id: int, eos_ids:
                   logits: bool = False, layers: Sequence[int] | None = None) -> list[dict[str, Any]]:
     """Greedy decoding of a left-padded batch in which a row leaves the batch (and the KV cache,
     `Cache.batch_select_indices`) as soon as it ends: an EOS, or `limits[i]` new tokens. HF's generate
-    decodes every row until the last one ends; on issue 13's round continuations that was ~40 % of
+    decodes every row until the last one ends; on a shifted-code round's continuations that was ~40 % of
     the row-steps, and a decoding step costs about the same per row at any batch size.
 
     Per row: "tokens" (up to and including an EOS); with `logits`, "logits" [S, V], the raw logits

@@ -1,4 +1,4 @@
-"""The registry's failure paths (probes of issue 10) through the command line, on a real sqlite registry:
+"""The registry's failure paths through the command line, on a real sqlite registry:
 promote refuses versions serving would refuse, alias moves are all or nothing and take turns under a
 file lock, status shows aliases pointing at versions the registry lost and versions whose files are gone.
 Its own module, hence its own state dir and registry: the alias histories here start empty.

@@ -173,7 +173,7 @@ def hybrid(version: str, steps: list[tuple[str | None, int, int]], i: int = 0) -
 def test_delivered_gain_as_served_counts_every_step_of_hybrid_requests():
     """The draft's own figure counts its steps; the user's speed comes from every step. In the hybrid
     the suffix index drafts most code steps, so a draft that doubled its own figure may move the request's
-    little (issue 13's round: +42 % on its own steps, +1-3 % as served)."""
+    little (a shifted-code round: +42 % on its own steps, +1-3 % as served)."""
     from flows.served import VersionTally, delivered_gain, delivered_metrics
 
     v1 = [hybrid("1", [("suffix", 4, 3), ("suffix", 4, 3), ("eagle3", 4, 0), (None, 0, 0)], i) for i in range(3)]

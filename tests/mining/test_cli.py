@@ -1,5 +1,5 @@
 """`draftwheel mine` on bad input: one line naming the field or the path, exit code 2, no traceback
-(issue 10, probe 9). The successful command is covered in test_workloads_traffic.py."""
+(a hostile probe). The successful command is covered in test_workloads_traffic.py."""
 
 from __future__ import annotations
 

@@ -192,7 +192,7 @@ def _line(**changes) -> bytes:
     return json.dumps(make_record(99, **changes)).encode()
 
 
-# Issue 10, probes 2 and 3: each of these beside good logs aborted `draftwheel mine` or was kept.
+# Hostile probes: each of these beside good logs aborted `draftwheel mine` or was kept.
 @pytest.mark.parametrize("bad, kind", [
     (_line().replace(b'"prompt": "', b'"prompt": "\xff', 1), "not_json"),  # invalid UTF-8 in a string
     (b'{"a":' * 2000 + b"1" + b"}" * 2000, "not_json"),                      # nesting past the recursion limit

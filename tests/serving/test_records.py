@@ -59,7 +59,7 @@ def test_huge_integer_timestamp_is_a_record_error():
         parse_record(line)
 
 
-# Issue 10, probe 3: impossible counts used to pass validation and reach the mining manifest.
+# A hostile probe: impossible counts used to pass validation and reach the mining manifest.
 @pytest.mark.parametrize("mutate, reason", [
     (lambda d: d.update(accepted_tokens=-3), "'accepted_tokens' = -3, must be >= 0"),
     (lambda d: d.update(drafted_tokens=-5), "'drafted_tokens' = -5, must be >= 0"),

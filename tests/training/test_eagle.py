@@ -135,6 +135,31 @@ def test_ttt_loss_is_the_masked_weighted_forward_kl():
     assert float(loss) == pytest.approx(sum(w * e for w, e in zip(weights, expected)) / sum(weights), rel=1e-5)
 
 
+def test_rejection_is_one_minus_the_overlap_of_draft_and_target():
+    """0 where the draft's q equals the target's p, 1 where they share no token, and in between the mass
+    of q that sampling would reject: q = (0.5, 0.5, 0), p = (1, 0, 0) keeps 0.5."""
+    from training.eagle_ttt import rejection
+
+    p = torch.tensor([[0.7, 0.2, 0.1], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1], [1e-9, 1.0, 1e-9], [0.5, 0.5, 1e-12]]))
+    assert rejection(logits, p).tolist() == pytest.approx([0.0, 1.0, 0.5], abs=1e-6)
+
+
+def test_acceptance_weight_adds_the_weighted_rejection_chance_and_its_gradient():
+    from training.eagle_ttt import rejection
+
+    torch.manual_seed(1)
+    teacher = torch.log_softmax(torch.randn(2, 5, 7), -1)  # [B, T, Vd]
+    logits = [torch.randn(2, 4, 7, requires_grad=True)]
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    kl, _ = ttt_loss(logits, teacher, mask, decay=0.8)
+    both, _ = ttt_loss(logits, teacher, mask, decay=0.8, acceptance_weight=2.0)
+    expected = 2.0 * rejection(logits[0], teacher[:, 1:].exp()).mean()
+    assert float(both - kl) == pytest.approx(float(expected), rel=1e-5)
+    (grad,) = torch.autograd.grad(both - kl, logits)
+    assert float(grad.abs().sum()) > 0  # the term trains the draft, not only reports
+
+
 def test_teacher_temperature_sharpens_the_target_toward_its_argmax():
     """Greedy acceptance asks only for the target's argmax: below temperature 1 the distribution the
     draft learns keeps that argmax, puts more mass on it, and tends to the one-hot argmax, so the
