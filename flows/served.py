@@ -94,8 +94,9 @@ def acceptance_by_slice(records: Iterable[AcceptanceRecord]) -> dict[str, SliceS
 class VersionTally:
     """Counts, per draft version (of the registered model `name`), as records stream past: the draft's own
     steps of the records it drafted (`by_version`), and every step of every record served with it
-    (`as_served`). The two differ for the hybrid, where the suffix index drafts most steps on code (issue
-    13: a round that raised the draft's own mean accepted length by 42 % moved the hybrid's by 1-3 %)."""
+    (`as_served`). The two differ for the hybrid, where the suffix index drafts most steps on code (on a
+    shift to code, a round that raised the draft's own mean accepted length by 42 % moved the hybrid's
+    by 1-3 %)."""
 
     def __init__(self, name: str, versions: Iterable[str]):
         self.name = name

@@ -205,7 +205,7 @@ def test_delivered_as_served_equals_the_drafts_own_figure_in_draft_mode():
     assert gain["as_served"]["code"] == gain["slices"]["code"]
 
 
-def test_status_shows_the_as_served_figure_only_where_it_differs():
+def test_status_leads_with_the_as_served_figure_only_where_it_differs():
     import json
 
     from draftwheel.registry import _delivered_cell
@@ -214,7 +214,7 @@ def test_status_shows_the_as_served_figure_only_where_it_differs():
     tally = VersionTally("draftwheel-draft", ["1", "2"])
     list(tally.watch([hybrid("1", [("suffix", 4, 3), ("eagle3", 4, 0)]), hybrid("2", [("suffix", 4, 3), ("eagle3", 4, 2)])]))
     cell = _delivered_cell(json.dumps(delivered_gain(tally, "2", "1")))
-    assert cell == "code 3.00 +200% n=1 (as served 3.50 +40%)"
+    assert cell == "code as served 3.50 +40% n=1 (draft alone 3.00 +200%)"
     tally = VersionTally("draftwheel-draft", ["1", "2"])
     list(tally.watch(served_by("1", "code", 2, 4) + served_by("2", "code", 6, 4)))
     assert "as served" not in _delivered_cell(json.dumps(delivered_gain(tally, "2", "1")))
