@@ -1,8 +1,10 @@
 """The `monitor` flow: watch served acceptance and start the flywheel when the champion falls behind.
 
 It reads the most recent acceptance records from the serving logs and triggers `flywheel` when
-(a) the acceptance rate over a window of recent requests, overall or on one slice, is below its
-threshold, or (b) the target's weights sha256 no longer matches the one the champion was trained for.
+(a) as served, the mean accepted length over every step of the champion's recent requests (suffix
+index, draft and plain steps: what users get), overall or on one slice, is below its threshold, (b) the
+draft's own acceptance rate over a window of recent requests, overall or on one slice, is below its
+threshold, or (c) the target's weights sha256 no longer matches the one the champion was trained for.
 After a round whose challenger the gate rejected against the current champion, it holds the trigger
 until `retrigger_after_requests` drafted requests were served since that verdict: on the same logs the
 flywheel would train the same challenger again (measured on a shift to code: a second round on 40 more
@@ -10,7 +12,7 @@ requests gained +1.9 % [-3.6 %, +6.7 %] and was rejected, 9.7 minutes of CPU for
 It also reports the delivered gain: the champion's live acceptance rate and mean accepted length per
 slice against the previous champion's (records carry `draft_id.version`), logged to an MLflow run
 `monitor` and stored on the champion's registry version, where `draftwheel status` shows it.
-The decision logic is plain functions (`window`, `acceptance_by_slice`, `decide`) tested without
+The decision logic is plain functions (`windows`, `acceptance_by_slice`, `decide`) tested without
 Prefect; the flow only gathers inputs, decides and calls the flywheel. It never trains or promotes by
 itself.
 """
@@ -30,7 +32,8 @@ from draftwheel.config import load_config
 from draftwheel.registry_names import CHAMPION_URI, TARGET_SHA_TAG
 from flows import tasks
 from flows.flywheel import FlywheelConfig, flywheel
-from flows.served import SliceStats, VersionTally, acceptance_by_slice, delivered_gain, delivered_metrics, is_drafted
+from flows.served import (DRAFTING_MODES, SliceStats, VersionTally, acceptance_by_slice, delivered_gain,
+                          delivered_metrics, is_drafted, served_by_slice)
 from serving.records import AcceptanceRecord
 from serving.sink import log_files, valid_records
 
@@ -47,6 +50,12 @@ class MonitorConfig:
     """Also ignore records older than this many seconds (0 = no age limit)."""
     min_requests: int = 16
     """Fewer records than this in the window (overall, or in a slice) is too little evidence to act on."""
+    min_served_mal: float = 1.3
+    """Trigger when a slice's mean accepted length as served is below this: over every step of the
+    champion's latest requests (suffix-index, draft and plain steps), what users get. Checked first.
+    Under 1.3 tokens a verify step, the hybrid is barely faster than plain decoding (0 = off)."""
+    slice_min_served_mal: dict = field(default_factory=dict)
+    """Per-slice thresholds overriding `min_served_mal`, e.g. {chat: 1.5}."""
     min_acceptance: float = 0.5
     """Trigger when the window's acceptance rate (accepted / drafted tokens) is below this."""
     slice_min_acceptance: dict = field(default_factory=dict)
@@ -87,6 +96,10 @@ class MonitorConfig:
             raise ValueError(f"delivered_confidence must be in (0, 1), got {self.delivered_confidence!r}")
         if self.retrigger_after_requests < 0:
             raise ValueError(f"retrigger_after_requests must be >= 0, got {self.retrigger_after_requests}")
+        for name, value in [("min_served_mal", self.min_served_mal), *self.slice_min_served_mal.items()]:
+            if not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
+                label = name if name == "min_served_mal" else f"slice_min_served_mal.{name}"
+                raise ValueError(f"{label} must be a finite number >= 0, got {value!r}")
         for name, value in [("min_acceptance", self.min_acceptance), *self.slice_min_acceptance.items()]:
             if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
                 label = name if name == "min_acceptance" else f"slice_min_acceptance.{name}"
@@ -110,31 +123,50 @@ class MonitorDecision:
     """Keyed by slice, plus "overall"."""
     held: str = ""
     """Why reasons that would trigger did not (a rejected round on the same evidence); "" = not held."""
+    served: dict[str, SliceStats] = field(default_factory=dict)
+    """As served: every step of the champion's latest requests, keyed by slice, plus "overall"."""
 
     def summary(self) -> dict:
         return {
             "trigger": self.trigger, "reasons": self.reasons, "held": self.held,
+            "served_mal": {k: round(s.mean_accepted_length, 4) for k, s in self.served.items()},
+            "served_requests": {k: s.requests for k, s in self.served.items()},
             "acceptance": {k: round(s.acceptance_rate, 4) for k, s in self.stats.items()},
             "requests": {k: s.requests for k, s in self.stats.items()},
         }
 
 
-def window(records: Iterable[AcceptanceRecord], config: MonitorConfig, now: float | None = None,
-           champion_sha: str | None = None) -> list[AcceptanceRecord]:
-    """The most recent records that say something about the draft (oldest first): drafted ones, and hybrid
-    ones the step pace served with plain steps (`paced_out`); bounded by count and age; memory stays O(window)."""
+def windows(records: Iterable[AcceptanceRecord], config: MonitorConfig, now: float | None = None,
+            champion_sha: str | None = None) -> tuple[list[AcceptanceRecord], list[AcceptanceRecord]]:
+    """In one pass, oldest first, each bounded by count and age (memory stays O(window)):
+    - the most recent records that say something about the draft: drafted ones, and hybrid ones the
+      step pace served with plain steps (`paced_out`);
+    - the most recent records served with a draft (any drafting mode, whatever drafted their steps):
+      the as-served window."""
     now = time.time() if now is None else now
+    drafted: list[tuple[float, int, AcceptanceRecord]] = []
+    served: list[tuple[float, int, AcceptanceRecord]] = []
 
-    def keep(record: AcceptanceRecord) -> bool:
-        if not (is_drafted(record) or paced_out(record)):
-            return False
+    def push(heap: list, item: tuple[float, int, AcceptanceRecord]) -> None:
+        (heapq.heappush if len(heap) < config.window_requests else heapq.heappushpop)(heap, item)
+
+    for seq, record in enumerate(records):
         draft_sha = record.draft_id.sha256 if record.draft_id else None
         if config.champion_only and champion_sha and draft_sha != champion_sha:
-            return False
-        return config.window_seconds <= 0 or now - record.ts <= config.window_seconds
+            continue
+        if config.window_seconds > 0 and now - record.ts > config.window_seconds:
+            continue
+        if record.mode in DRAFTING_MODES and record.draft_id is not None:
+            push(served, (record.ts, seq, record))
+        if is_drafted(record) or paced_out(record):
+            push(drafted, (record.ts, seq, record))
+    return [r for *_, r in sorted(drafted)], [r for *_, r in sorted(served)]
 
-    newest = heapq.nlargest(config.window_requests, filter(keep, records), key=lambda r: r.ts)
-    return newest[::-1]
+
+def window(records: Iterable[AcceptanceRecord], config: MonitorConfig, now: float | None = None,
+           champion_sha: str | None = None) -> list[AcceptanceRecord]:
+    """The first of `windows`: the most recent records that say something about the draft."""
+    return windows(records, config, now, champion_sha)[0]
 
 
 def paced_out(record: AcceptanceRecord) -> bool:
@@ -147,17 +179,26 @@ def paced_out(record: AcceptanceRecord) -> bool:
 
 def decide(records: list[AcceptanceRecord], config: MonitorConfig,
            target_sha: str | None = None, champion_target_sha: str | None = None,
-           rejection: dict[str, Any] | None = None) -> MonitorDecision:
+           rejection: dict[str, Any] | None = None,
+           served_records: list[AcceptanceRecord] | None = None) -> MonitorDecision:
     """Trigger on low acceptance (overall / per slice, with enough evidence) or a changed target. Low
     acceptance is held when `rejection` (`draftwheel.registry.last_rejection` for this champion) is newer
     than all but fewer than `retrigger_after_requests` of the window's records. A changed target always
     triggers: the rejected round trained for the old one."""
     stats = acceptance_by_slice(records)
+    served = served_by_slice(served_records or [])
     reasons = []
     target_changed = bool(config.check_target_sha and target_sha and champion_target_sha
                           and target_sha != champion_target_sha)
     if target_changed:
         reasons.append(f"target weights changed: sha256 {target_sha[:12]} != champion's {champion_target_sha[:12]}")
+    for name, entry in served.items():  # what users get, first
+        if name != "overall" and not config.per_slice:
+            continue
+        floor = config.slice_min_served_mal.get(name, config.min_served_mal)
+        if entry.requests >= config.min_requests and entry.mean_accepted_length < floor:
+            reasons.append(f"as served: mean accepted length {entry.mean_accepted_length:.2f} < {floor} on {name} "
+                           f"over the last {entry.requests} requests")
     for name, entry in stats.items():
         if name != "overall" and not config.per_slice:
             continue
@@ -174,7 +215,7 @@ def decide(records: list[AcceptanceRecord], config: MonitorConfig,
             held = (f"v{rejection['version']} was rejected against this champion "
                     f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(rejection['created']))} UTC; "
                     f"{since} of {needed} new requests served since")
-    return MonitorDecision(trigger=bool(reasons) and not held, reasons=reasons, stats=stats, held=held)
+    return MonitorDecision(trigger=bool(reasons) and not held, reasons=reasons, stats=stats, held=held, served=served)
 
 
 def read_records(logs_dir: str | Path) -> Iterator[AcceptanceRecord]:
@@ -199,11 +240,14 @@ def run_monitor(config: MonitorConfig) -> dict[str, Any]:
     name = tracking.parse_model_uri(config.champion_uri)[0]
     previous = registry.previous_version(name) if config.delivered_gain else None
     tally = VersionTally(name, [champion["version"], *([previous] if previous else [])])
-    records = window(tally.watch(read_records(logs_dir)), config, champion_sha=champion["sha256"])
+    records, served = windows(tally.watch(read_records(logs_dir)), config, champion_sha=champion["sha256"])
     rejection = registry.last_rejection(champion["version"], name) if config.retrigger_after_requests else None
-    decision = decide(records, config, target_sha, champion["tags"].get(TARGET_SHA_TAG), rejection)
+    decision = decide(records, config, target_sha, champion["tags"].get(TARGET_SHA_TAG), rejection, served)
+    mals = ", ".join(f"{k} {s.mean_accepted_length:.2f} (n={s.requests})" for k, s in decision.served.items()
+                     if s.requests)
     rates = ", ".join(f"{k} {s.acceptance_rate:.3f} (n={s.requests})" for k, s in decision.stats.items())
-    print(f"monitor: champion v{champion['version']}, acceptance {rates}", flush=True)
+    print(f"monitor: champion v{champion['version']}, as served mean accepted length {mals or '-'}; "
+          f"draft acceptance {rates}", flush=True)
     if decision.held:
         print(f"monitor: HELD ({'; '.join(decision.reasons)}): {decision.held}", flush=True)
     else:

@@ -91,6 +91,14 @@ def acceptance_by_slice(records: Iterable[AcceptanceRecord]) -> dict[str, SliceS
     return stats
 
 
+def served_by_slice(records: Iterable[AcceptanceRecord]) -> dict[str, SliceStats]:
+    """Per slice and "overall", every step of each request: the figures as served."""
+    stats: dict[str, SliceStats] = {"overall": SliceStats(every_step=True)}
+    for record in records:
+        _count(stats, record, every_step=True)
+    return stats
+
+
 class VersionTally:
     """Counts, per draft version (of the registered model `name`), as records stream past: the draft's own
     steps of the records it drafted (`by_version`), and every step of every record served with it

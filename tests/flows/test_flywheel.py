@@ -25,6 +25,7 @@ from serving.engine import Engine
 from serving.models import weights_sha256
 from serving.params import SamplingParams
 from serving.sink import JsonlSink
+from tests.conftest import make_champion
 from tests.flows.toy_world import build_models, register_drafts, word_salads
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -38,7 +39,7 @@ def world(tmp_path_factory, prefect_server, one_torch_thread):
         patch.setenv("DRAFTWHEEL_HOME", str(root / "home"))
         dirs = build_models(root)
         versions = register_drafts(dirs, ("bad", "good"))
-        tracking.promote(versions["bad"])
+        make_champion(versions["bad"])
         logs = root / "logs"
         with JsonlSink(logs) as sink:
             engine = Engine.from_paths(dirs["target"], CHAMPION_URI, sink=sink)
@@ -79,7 +80,7 @@ def last_run(world, name):
 
 
 def test_flywheel_promotes_a_better_candidate(world):
-    tracking.promote(world["versions"]["bad"])
+    make_champion(world["versions"]["bad"])
     result = run_flywheel(world, source="good")
     assert result["promoted"], result["decision"]
     aliases = tracking.aliases()
@@ -112,7 +113,7 @@ def test_flywheel_promotes_a_better_candidate(world):
 
 
 def test_flywheel_refuses_a_worse_candidate(world):
-    tracking.promote(world["versions"]["good"])
+    make_champion(world["versions"]["good"])
     result = run_flywheel(world, source="bad")
     assert not result["promoted"]
     assert any(reason.startswith("FAIL") for reason in result["decision"]["reasons"])
@@ -125,7 +126,7 @@ def test_flywheel_refuses_a_worse_candidate(world):
 
 
 def test_a_failed_stage_leaves_the_champion_and_fails_the_run(world):
-    tracking.promote(world["versions"]["bad"])
+    make_champion(world["versions"]["bad"])
     before = tracking.aliases()
     with pytest.raises(StageError, match="out of memory") as info:
         run_flywheel(world, trainer="tests.flows.toy_trainers:broken")
@@ -150,14 +151,16 @@ def test_flywheel_config_file_and_validation(tmp_path):
 def test_monitor_flow_reads_the_logs_and_triggers_or_not(world):
     from flows.monitor import monitor
 
-    tracking.promote(world["versions"]["bad"])  # the champion that served the logged traffic
+    make_champion(world["versions"]["bad"])  # the champion that served the logged traffic
     common = [f"logs_dir={world['logs']}", f"target={world['dirs']['target']}", "run_flywheel=false",
               "window_requests=16", "min_requests=4"]
     low = monitor(None, common + ["min_acceptance=0.5"])
     assert low["decision"]["trigger"] and low["decision"]["requests"]["overall"] == 16
-    assert not monitor(None, common + ["min_acceptance=0.0"])["decision"]["trigger"]
+    assert not monitor(None, common + ["min_acceptance=0.0", "min_served_mal=0"])["decision"]["trigger"]
+    slow = monitor(None, common + ["min_acceptance=0.0", "min_served_mal=10"])["decision"]  # as served, checked first
+    assert slow["trigger"] and slow["reasons"][0].startswith("as served: mean accepted length")
     # A new champion has served nothing yet: the old champion's records are not held against it.
-    tracking.promote(world["versions"]["good"])
+    make_champion(world["versions"]["good"])
     fresh = monitor(None, common + ["min_acceptance=0.5"])
     assert not fresh["decision"]["trigger"] and fresh["decision"]["requests"]["overall"] == 0
     # Serving a different target than the champion was trained for triggers on its own.
@@ -166,10 +169,10 @@ def test_monitor_flow_reads_the_logs_and_triggers_or_not(world):
 
 
 def test_training_is_cached_on_unchanged_data_and_config(world):
-    tracking.promote(world["versions"]["bad"])
+    make_champion(world["versions"]["bad"])
     calls = world["root"] / "calls.txt"
     first = run_flywheel(world, source="good", extra=[f"calls={calls}"])
-    tracking.promote(world["versions"]["bad"])  # same champion, same logs, same config
+    make_champion(world["versions"]["bad"])  # same champion, same logs, same config
     second = run_flywheel(world, source="good", extra=[f"calls={calls}"])
     assert len(calls.read_text().splitlines()) == 1  # the second run reused the candidate
     assert second["candidate_dir"] == first["candidate_dir"] and second["promoted"]
@@ -177,9 +180,9 @@ def test_training_is_cached_on_unchanged_data_and_config(world):
 
 def test_status_prints_every_version_the_flywheel_created(world, capsys):
     """Probe 1: `draftwheel status` crashed (JSONDecodeError) after any flywheel run."""
-    tracking.promote(world["versions"]["bad"])
+    make_champion(world["versions"]["bad"])
     promoted = run_flywheel(world, source="good")
-    tracking.promote(world["versions"]["good"])
+    make_champion(world["versions"]["good"])
     rejected = run_flywheel(world, source="bad")
     capsys.readouterr()
     assert main(["status"]) == 0
@@ -209,8 +212,8 @@ def test_a_second_run_on_the_same_state_dir_is_refused(world):
 def test_no_promotion_against_a_champion_that_moved_during_the_run(world):
     """Probe 5: a promotion made while this run trained (here by hand, mid-training) is not overridden by
     a candidate gated against the old champion; `previous` stays a version that served."""
-    tracking.promote(world["versions"]["good"])
-    tracking.promote(world["versions"]["bad"])  # champion bad, previous good
+    make_champion(world["versions"]["good"])
+    make_champion(world["versions"]["bad"])  # champion bad, previous good
     with pytest.raises(StageError, match="gated against champion version") as info:
         run_flywheel(world, source="good", extra=[f"promote={world['versions']['good']}"])
     assert info.value.stage == "promote"
@@ -232,7 +235,7 @@ def _replay_sensitive(world, **kw):
 
 
 def test_a_slice_only_rejection_is_retried_once_with_more_replay(world):
-    tracking.promote(world["versions"]["bad"])
+    make_champion(world["versions"]["bad"])
     result = _replay_sensitive(world)
     first, second = result["attempts"]
     assert first["decision"]["failed_checks"] == ["slice"] and first["decision"]["blocking_slices"] == ["chat", "code"]
@@ -250,7 +253,7 @@ def test_a_slice_only_rejection_is_retried_once_with_more_replay(world):
 
 
 def test_retries_stop_at_max_retries_and_the_report_names_the_blocking_slices(world):
-    tracking.promote(world["versions"]["bad"])
+    make_champion(world["versions"]["bad"])
     result = _replay_sensitive(world, settings=["max_retries=0"])
     assert not result["promoted"] and len(result["attempts"]) == 1
     assert result["blocking_slices"] == ["chat", "code"] and result["attempts"][0]["next"] == "stop: max_retries reached"
@@ -266,7 +269,7 @@ def test_monitor_reports_the_delivered_gain_after_a_promotion(world, tmp_path, c
     logs = tmp_path / "logs"
     with JsonlSink(logs) as sink:
         for champion in ("bad", "good"):  # bad served, then good was promoted and served
-            tracking.promote(world["versions"][champion])
+            make_champion(world["versions"][champion])
             engine = Engine.from_paths(world["dirs"]["target"], CHAMPION_URI, sink=sink)
             for row in word_salads(6, seed=3):
                 engine.generate([row["prompt"]], SamplingParams(max_new_tokens=12, k=4), slice=row["slice"], chat=True)
@@ -297,7 +300,7 @@ def test_monitor_holds_its_trigger_after_a_rejected_round_until_new_traffic(worl
     same challenger again. The monitor waits for `retrigger_after_requests` requests served since."""
     from flows.monitor import monitor
 
-    tracking.promote(world["versions"]["bad"])
+    make_champion(world["versions"]["bad"])
     logs = tmp_path / "logs"
 
     def serve(n, seed):

@@ -375,3 +375,48 @@ def test_hybrid_requests_the_pace_served_with_plain_steps_count_for_their_slice(
     assert decide(kept, config()).trigger
     never = window([hybrid(i, explored=False) for i in range(20)], config(), now=100)
     assert len(never) == 20 and not decide(never, config()).trigger
+
+
+def served_hybrid(ts: float, steps: list[tuple[str | None, int, int]], slice: str = "chat") -> AcceptanceRecord:
+    """A champion's hybrid request: steps as (source, drafted, accepted)."""
+    base = record(ts, slice, accepted=0)
+    rows = [Step(k=k, accepted=a, draft_token_ids=[1] * k, target_token_id=2, source=src) for src, k, a in steps]
+    return AcceptanceRecord(**{**base.__dict__, "mode": "hybrid", "steps": rows,
+                               "drafted_tokens": sum(k for _, k, _ in steps),
+                               "accepted_tokens": sum(a for _, _, a in steps), "verify_steps": len(rows)})
+
+
+def test_the_as_served_window_keeps_requests_the_index_served_entirely():
+    from flows.monitor import windows
+
+    by_index = [served_hybrid(i, [("suffix", 4, 4)] * 3 + [(None, 0, 0)]) for i in range(6)]
+    by_draft = [served_hybrid(10 + i, [("eagle3", 4, 3), (None, 0, 0)]) for i in range(4)]
+    other = [record(20 + i, "chat", 3, draft_sha="e" * 64) for i in range(3)]  # an earlier champion's
+    drafted, served = windows(by_index + by_draft + other, config(window_requests=8), now=100, champion_sha=CHAMPION)
+    assert drafted == by_draft  # the draft's window: only what says something about the draft
+    assert served == by_index[2:] + by_draft  # as served: the newest 8 of the champion's, whoever drafted
+
+
+def test_slow_service_triggers_first_even_when_the_draft_accepts_well():
+    """A slice served mostly by plain steps (the pace found the draft does not pay there) is slow for
+    users: as served 10 tokens in 8 steps (1.25 < 1.3) triggers, and its reason comes first. The draft's
+    own acceptance there, 2 of 2, would not."""
+    steps = [(None, 0, 0)] * 6 + [("eagle3", 2, 2), (None, 0, 0)]
+    records = [served_hybrid(i, steps) for i in range(8)]
+    decision = decide(window(records, config(), now=100), config(), served_records=records)
+    assert decision.trigger and decision.reasons[0].startswith("as served: mean accepted length 1.25 < 1.3 on overall")
+    assert not any(reason.startswith("acceptance") for reason in decision.reasons)
+    assert decision.summary()["served_mal"]["chat"] == pytest.approx(1.25)
+    fast = [served_hybrid(i, [("suffix", 4, 3)] * 3 + [(None, 0, 0)]) for i in range(8)]
+    assert not decide([], config(), served_records=fast).trigger  # 13 tokens in 4 steps
+    assert not decide([], config(min_served_mal=0.0), served_records=records).trigger  # off
+    assert decide([], config(slice_min_served_mal={"chat": 1.2}, per_slice=True, min_served_mal=1.0),
+                  served_records=records).trigger is False  # 1.25 clears chat's own floor
+
+
+@pytest.mark.parametrize("value", [-0.5, float("nan"), float("inf")])
+def test_served_floor_must_be_a_finite_non_negative_number(value):
+    with pytest.raises(ValueError, match="min_served_mal"):
+        config(min_served_mal=value)
+    with pytest.raises(ValueError, match="slice_min_served_mal.chat"):
+        config(slice_min_served_mal={"chat": value})
