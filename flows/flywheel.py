@@ -29,7 +29,7 @@ from prefect import flow
 from draftwheel import home
 from draftwheel.config import ConfigError, load_config, stage_config_path, to_dict
 from draftwheel.locks import state_lock
-from draftwheel.registry_names import CHAMPION_URI, DRAFT_MODEL, MEDUSA_MODEL, PARENT_TAG
+from draftwheel.registry_names import CHAMPION_URI, MEDUSA_MODEL, PARENT_TAG, URI_PREFIX
 from flows import replay, tasks
 from training.trainers import TRAINERS
 
@@ -105,8 +105,8 @@ class FlywheelConfig:
             raise ValueError(f"retry_replay_boost: must be > 1 (a retry with the same data repeats the "
                              f"first attempt), got {self.retry_replay_boost!r}")
         self.corpus_policy()  # its bounds are checked here, before any stage runs
-        if not self.champion_uri.startswith("models:/"):
-            raise ValueError(f"champion_uri must be a registry URI models:/NAME@ALIAS, got {self.champion_uri!r}")
+        if not self.champion_uri.startswith(URI_PREFIX):
+            raise ValueError(f"champion_uri must be a registry URI {URI_PREFIX}NAME@ALIAS, got {self.champion_uri!r}")
         for name in ("mining_config", "train_config", "shadow_config"):
             path = getattr(self, name)
             if path and not Path(path).is_file():
@@ -218,24 +218,43 @@ def _shadow(config: FlywheelConfig, tracker: Any, work: Path, champion: dict, tr
     report = tasks.shadow_compare(champion["dir"], trained["dir"], target["dir"],
                                   str(home.mined_dataset("holdout", work / "datasets")), config.shadow_config,
                                   logs + list(config.shadow_overrides), str(report_path), tracker=tracker)
-    return {"summary": report_summary(report, report_path), "decision": report["decision"]}
+    from training.common import read_training_info
+
+    predicted = prediction_against_gate(read_training_info(trained["dir"]), report)
+    if predicted:
+        print("flywheel: training's probe predicted a mean accepted length of {walk_mal:.2f} alone (teacher-forced "
+              "{implied_mal:.2f}); the gate measured {gate_alone_mal:.2f} alone, {gate_served_mal:.2f} as served "
+              "(prediction gap {walk_gap:+.2f})".format(**predicted), flush=True)
+        tracker.log_metrics({f"prediction.{k}": v for k, v in predicted.items()})
+    return {"summary": report_summary(report, report_path), "decision": report["decision"], "prediction": predicted}
+
+
+def prediction_against_gate(info: dict[str, Any], report: dict[str, Any]) -> dict[str, float] | None:
+    """The challenger's training probe (the kept epoch: teacher-forced implied and serving's walk, with the
+    chain cut) beside what the gate then measured of it (alone and as served), and the gap walk - alone:
+    how far training's figure predicts serving's. None when either side lacks its figure (other trainers,
+    a gate without draft-alone replays)."""
+    metrics = info.get("metrics", {})
+    challenger = report.get("overall", {}).get("challenger", {})
+    alone = challenger.get("draft_alone", {}).get("mean_accepted_length")
+    walk, implied = metrics.get("eval_served_mal"), metrics.get("eval_implied_mal")
+    if walk is None or implied is None or alone is None:
+        return None
+    return {"implied_mal": float(implied), "walk_mal": float(walk), "gate_alone_mal": float(alone),
+            "gate_served_mal": float(challenger["mean_accepted_length"]), "walk_gap": float(walk) - float(alone)}
 
 
 def _register(config: FlywheelConfig, trained: dict, shadow: dict, mined: dict, champion: dict,
               target: dict) -> str:
     from draftwheel.registry import candidate_tags
+    from serving.models import draft_kind
     from training.common import read_training_info
 
-    from serving.eagle import is_eagle3_dir
-
-    kind = "medusa" if config.trainer == "medusa" else ("eagle3" if is_eagle3_dir(trained["dir"]) else "lm")
-    tags = candidate_tags(read_training_info(trained["dir"]), target["sha256"], draft_kind=kind,
-                          manifest_sha256=mined["sha256"],
+    tags = candidate_tags(read_training_info(trained["dir"]), target["sha256"], manifest_sha256=mined["sha256"],
                           stage=config.trainer if config.trainer in TRAINERS else None, trainer=config.trainer,
                           training_config=trained["config"], shadow_decision=shadow["decision"],
                           **{PARENT_TAG: champion["version"]})
-    return tasks.register_candidate(trained["dir"], tags, shadow["summary"],
-                                    name=MEDUSA_MODEL if config.trainer == "medusa" else DRAFT_MODEL)
+    return tasks.register_candidate(trained["dir"], draft_kind(trained["dir"]), tags, shadow["summary"])
 
 
 def _turn(config: FlywheelConfig, tracker: Any, work: Path) -> dict[str, Any]:

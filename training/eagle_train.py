@@ -89,6 +89,7 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     max_mined_per_epoch: int = 0  # at most this many mined sequences per epoch, passes included (0 = no cap): more traffic, same time
     probe_canary: bool = True    # forgetting probe: also evaluate each epoch on the canary prompts (target's greedy answers)
     select_on: str = METRIC      # the probe figure epoch selection compares: implied_mal | served_mal (what the gate measures)
+    eval_min_path_prob: float = 0.25  # serving's chain cut, walked by the probe's served_mal (configs/serve.yaml's min_path_prob)
     identity_init: bool = True   # a fresh draft starts as the target's top aux feature through its norm and head
     bf16: bool | str = "auto"    # bfloat16 autocast for the target features and training; auto = where it is fast (serving.precision.resolve_bf16)
     learning_rate: float = 2e-3
@@ -109,6 +110,8 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
                        f"must be in (0, 1], got {self.ttt_chain_share}")
         common.require(self.teacher_temperature > 0.0, "teacher_temperature",
                        f"must be > 0, got {self.teacher_temperature}")
+        common.require(0.0 <= self.eval_min_path_prob < 1.0, "eval_min_path_prob",
+                       f"must be in [0, 1), got {self.eval_min_path_prob}")
         common.require(self.acceptance_weight >= 0.0, "acceptance_weight",
                        f"must be >= 0, got {self.acceptance_weight}")
         common.require(self.continue_to >= 0, "continue_to", f"must be >= 0, got {self.continue_to}")
@@ -501,8 +504,9 @@ class EagleTrainer(Trainer):
 
 
 def _chain_totals(draft: Eagle3Draft, dataset: EagleDataset, indices: list[int], k: int,
-                  batch_size: int) -> tuple[list[int], int, list[int]]:
-    """(chains accepted per position, chains counted, [tokens, steps] of serving's walk) over `indices`."""
+                  batch_size: int, min_path_prob: float = 0.0) -> tuple[list[int], int, list[int]]:
+    """(chains accepted per position, chains counted, [tokens, steps] of serving's walk with its chain cut)
+    over `indices`."""
     totals, counted, walk = [0] * k, 0, [0, 0]
     for start in range(0, len(indices), batch_size):
         batch = collate([dataset[i] for i in indices[start:start + batch_size]])
@@ -510,7 +514,8 @@ def _chain_totals(draft: Eagle3Draft, dataset: EagleDataset, indices: list[int],
         accepted, n = chain_acceptance(logits, batch["argmax"], draft, batch["mask"])
         totals = [a + b for a, b in zip(totals, accepted)]
         counted += n
-        walk = [a + b for a, b in zip(walk, served_walk(logits, batch["argmax"], draft, batch["mask"]))]
+        walk = [a + b for a, b in zip(walk, served_walk(logits, batch["argmax"], draft, batch["mask"],
+                                                         min_path_prob))]
     return totals, counted, walk
 
 
@@ -519,10 +524,12 @@ def _served_mal(walk: list[int]) -> float:
 
 
 def evaluate_chains(draft: Eagle3Draft, dataset: EagleDataset, k: int, batch_size: int = 8,
-                    bf16: bool = False) -> dict[str, float]:
+                    bf16: bool = False, min_path_prob: float = 0.0) -> dict[str, float]:
     """Teacher-forced greedy acceptance per chain position and the implied mean accepted length at k,
     overall and per slice (`slice.<name>.implied_mal`), and beside it the mean accepted length serving's
-    own walk over the same chains gives (`served_mal`: what the shadow gate measures; eagle_ttt.served_walk).
+    own walk over the same chains gives, with serving's chain cut `min_path_prob` (`served_mal`: what the
+    shadow gate measures of the draft alone; eagle_ttt.served_walk), and the gap between the two
+    (`walk_gap` = implied - served: what the teacher-forced figure promises that serving does not get).
     With `bf16`, under bfloat16 autocast, the
     precision the engine serves in on AMX CPUs (and ~4x faster matmuls there)."""
     by_slice: dict[str, list[int]] = {}
@@ -534,7 +541,8 @@ def evaluate_chains(draft: Eagle3Draft, dataset: EagleDataset, k: int, batch_siz
     draft.eval()
     with torch.no_grad(), torch.autocast(draft.fc.weight.device.type, dtype=torch.bfloat16, enabled=bf16):
         for name, indices in sorted(by_slice.items()):
-            slice_totals, slice_counted, slice_walk = _chain_totals(draft, dataset, indices, k, batch_size)
+            slice_totals, slice_counted, slice_walk = _chain_totals(draft, dataset, indices, k, batch_size,
+                                                                    min_path_prob)
             result[slice_key(name, METRIC)] = implied_mal(slice_totals, slice_counted)
             result[slice_key(name, SERVED)] = _served_mal(slice_walk)
             totals = [a + b for a, b in zip(totals, slice_totals)]
@@ -542,6 +550,7 @@ def evaluate_chains(draft: Eagle3Draft, dataset: EagleDataset, k: int, batch_siz
             walk = [a + b for a, b in zip(walk, slice_walk)]
     draft.train(was_training)
     result.update({METRIC: implied_mal(totals, counted), SERVED: _served_mal(walk), "chains": float(counted)})
+    result["walk_gap"] = result[METRIC] - result[SERVED]
     previous = counted
     for s, value in enumerate(totals):  # conditional acceptance at chain position s+1
         result[f"acceptance_pos{s + 1}"] = value / previous if previous else 0.0
@@ -567,17 +576,19 @@ class ChainCallback(EpochSelectionCallback):
     `metric`: METRIC (default) or SERVED."""
 
     def __init__(self, dataset: EagleDataset, k: int, tracker: Any, selection: Any, bf16: bool = False,
-                 metric: str = METRIC):
+                 metric: str = METRIC, min_path_prob: float = 0.0):
         super().__init__(dataset.seqs.slices, tracker, selection)
         self.dataset, self.k, self.bf16, self.metric = dataset, k, bf16, metric
+        self.min_path_prob = min_path_prob
 
     def measure(self, model: Any) -> dict[str, float]:
         started = time.perf_counter()
-        result = evaluate_chains(model, self.dataset, self.k, bf16=self.bf16)
+        result = evaluate_chains(model, self.dataset, self.k, bf16=self.bf16, min_path_prob=self.min_path_prob)
         slices = " ".join(f"{name} {result[slice_key(name, METRIC)]:.3f}" for name in sorted(self.counts))
         served = " ".join(f"{name} {result[slice_key(name, SERVED)]:.3f}" for name in sorted(self.counts))
-        print(f"[eagle] implied mean accepted length {result[METRIC]:.3f} (k={self.k}; {slices}); as served "
-              f"{result[SERVED]:.3f} ({served}), acceptance by "
+        print(f"[eagle] implied mean accepted length {result[METRIC]:.3f} (k={self.k}; {slices}); serving's walk "
+              f"(cut {self.min_path_prob:g}) {result[SERVED]:.3f} ({served}), gap {result['walk_gap']:+.3f}; "
+              "acceptance by "
               "position " + " ".join(f"{result[f'acceptance_pos{s + 1}']:.2f}" for s in range(self.k))
               + f" [probe {common.seconds_since(started):.1f} s]", flush=True)
         return result
@@ -688,7 +699,7 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
     if parts:
         probe, probe_features = probe_with_features(parts, target, draft.c.aux_layer_ids, cache_root, config.bf16)
         evaluation = ChainCallback(EagleDataset(probe, probe_features, prompt_loss=False), config.eval_k, tracker,
-                                   config.epoch_selection(), config.bf16, config.select_on)
+                                   config.epoch_selection(), config.bf16, config.select_on, config.eval_min_path_prob)
         callbacks.append(evaluation)
     draft.train()
     # Batches of similar lengths: mined outputs run from a few dozen to max_length tokens, and a random

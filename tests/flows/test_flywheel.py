@@ -321,3 +321,19 @@ def test_monitor_holds_its_trigger_after_a_rejected_round_until_new_traffic(worl
     assert monitor(None, common + ["retrigger_after_requests=0"])["decision"]["trigger"]
     serve(6, seed=6)
     assert monitor(None, common)["decision"]["trigger"]
+
+
+def test_training_prediction_sits_beside_what_the_gate_measured():
+    """The challenger's probe (serving's walk with the chain cut, and the teacher-forced figure) beside
+    the gate's replay of the same draft alone and as served; the gap is walk minus alone. Trainers
+    without the probe, or gates without draft-alone replays, give None rather than a made-up figure."""
+    from flows.flywheel import prediction_against_gate
+
+    info = {"metrics": {"eval_served_mal": 1.62, "eval_implied_mal": 1.85}}
+    report = {"overall": {"challenger": {"mean_accepted_length": 2.28,
+                                         "draft_alone": {"mean_accepted_length": 1.50}}}}
+    predicted = prediction_against_gate(info, report)
+    assert predicted == pytest.approx({"implied_mal": 1.85, "walk_mal": 1.62, "gate_alone_mal": 1.50,
+                                       "gate_served_mal": 2.28, "walk_gap": 0.12})
+    assert prediction_against_gate({"metrics": {}}, report) is None
+    assert prediction_against_gate(info, {"overall": {"challenger": {"mean_accepted_length": 2.28}}}) is None

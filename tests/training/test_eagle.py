@@ -260,6 +260,12 @@ def test_served_walk_anchors_where_the_last_step_left_off():
     steps[0][:, 4, 16] = 2.0
     assert served_walk(steps, ref, draft, mask) == (4 + 4, 2 + 3)
     assert served_walk(steps, ref[:1], draft, mask[:1]) == (4, 2)
+    # Serving's chain cut: at 0.999 every chain stops after its first token (no guess is that sure), so
+    # row 0's right pair of guesses gives 2 tokens, then slot 4 (made wrong here) 1, then a plain step.
+    steps[0][0, 4, 16] = 0.0
+    assert served_walk(steps, ref[:1], draft, mask[:1]) == (4, 2)  # slot 4 is never anchored without a cut
+    assert served_walk(steps, ref[:1], draft, mask[:1], min_path_prob=0.999) == (4, 3)
+    assert served_walk(steps, ref[:1], draft, mask[:1], min_path_prob=1e-9) == (4, 2)  # a cut never reached
 
 
 def test_vocab_from_counts_keeps_most_frequent_and_always():
