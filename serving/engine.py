@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -202,8 +203,11 @@ class Engine:
         return autoregressive(target, req)
 
     def stream(self, prompt: Any, params: SamplingParams | None = None, slice: str = "default",
-               chat: bool = False, mode: str | None = None) -> Iterator[str | Completion]:
-        """Yield text deltas as they become stable, then the final `Completion`."""
+               chat: bool = False, mode: str | None = None,
+               cancel: threading.Event | None = None) -> Iterator[str | Completion]:
+        """Yield text deltas as they become stable, then the final `Completion`. Once `cancel` is set the
+        generator ends at the next step, with no `Completion` and no record: it is checked every step, since
+        text can stay held back (an incomplete character, a stop-string prefix) for the rest of a request."""
         params = params or SamplingParams()
         draft = self._draft  # read once: a concurrent swap_draft does not affect this request
         text_in, ids = self.encode(prompt, chat)
@@ -223,6 +227,8 @@ class Engine:
         ts, start = time.time(), time.perf_counter()
         sent = 0
         for _ in self._loop(mode, draft, req, params, pace):
+            if cancel is not None and cancel.is_set():
+                return
             stable = req.out.stable_text()
             if len(stable) > sent:
                 yield stable[sent:]

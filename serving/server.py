@@ -58,8 +58,9 @@ class EngineWorker:
         self._metrics = metrics
         self._jobs: set[threading.Event] = set()  # the cancel flags of the jobs not yet finished
 
-    async def iterate(self, job: Callable[[], Iterator[Any]]) -> AsyncIterator[Any]:
-        """Queue `job` (a generator factory) and yield its items; its exception is raised here."""
+    async def iterate(self, job: Callable[[threading.Event], Iterator[Any]]) -> AsyncIterator[Any]:
+        """Queue `job` (a generator factory, handed the job's cancel flag) and yield its items; its exception
+        is raised here."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         cancelled = threading.Event()
@@ -78,8 +79,8 @@ class EngineWorker:
             cancelled.set()  # a client that went away stops its job at the next item
             self._jobs.discard(cancelled)
 
-    def _pump(self, job: Callable[[], Iterator[Any]], loop: asyncio.AbstractEventLoop, queue: asyncio.Queue,
-              cancelled: threading.Event) -> None:
+    def _pump(self, job: Callable[[threading.Event], Iterator[Any]], loop: asyncio.AbstractEventLoop,
+              queue: asyncio.Queue, cancelled: threading.Event) -> None:
         def post(item: Any) -> None:
             try:
                 loop.call_soon_threadsafe(queue.put_nowait, item)
@@ -89,7 +90,7 @@ class EngineWorker:
         try:
             if cancelled.is_set():
                 return
-            items = job()
+            items = job(cancelled)  # checked here per item, and by the engine per step
             try:
                 for item in items:
                     post(item)
@@ -104,7 +105,8 @@ class EngineWorker:
             self._metrics.queue_depth.dec()
 
     def shutdown(self) -> None:
-        """Drop queued jobs and stop running ones at their next item (else the process waits for them)."""
+        """Drop queued jobs and stop running ones at their next item or engine step (else the process waits
+        for them: the executor's thread is joined at exit)."""
         for cancelled in list(self._jobs):
             cancelled.set()
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -163,15 +165,16 @@ class _Service:
             max_tokens = asked
         return to_sampling_params(request, max_tokens, self.defaults, self.config.default_temperature)
 
-    def job(self, request: CompletionRequest | ChatRequest, prompt: Any, chat: bool) -> Iterator[Any]:
+    def job(self, request: CompletionRequest | ChatRequest, prompt: Any, chat: bool,
+            cancel: threading.Event) -> Iterator[Any]:
         """Runs on the worker thread: tokenise, size max_tokens, then stream deltas and the Completion."""
         _, ids = self.engine.encode(prompt, chat)
         params = self._params(request, len(ids))
         yield from self.engine.stream(prompt, params, slice=request.record_slice, chat=chat,
-                                      mode=request.mode or self.config.mode)
+                                      mode=request.mode or self.config.mode, cancel=cancel)
 
     def run(self, request: CompletionRequest | ChatRequest, prompt: Any, chat: bool) -> AsyncIterator[Any]:
-        return self.worker.iterate(lambda: self.job(request, prompt, chat))
+        return self.worker.iterate(lambda cancel: self.job(request, prompt, chat, cancel))
 
     async def complete(self, request: CompletionRequest) -> dict[str, Any]:
         results = []

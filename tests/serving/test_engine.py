@@ -6,6 +6,7 @@ The draft is the target with Gaussian noise on its output head, so acceptance is
 
 import copy
 import random
+import threading
 
 import pytest
 import torch
@@ -243,6 +244,40 @@ def test_swap_draft_keeps_running_request_on_old_draft(engine, pair):
     *_, completion = stream
     assert completion.record.draft_id.name == "old"
     assert engine.generate(["x"], SamplingParams(max_new_tokens=3))[0].record.draft_id.name == "new"
+
+
+class _CountingFlag(threading.Event):
+    """A cancel flag that counts how often the engine looks at it."""
+
+    def __init__(self):
+        super().__init__()
+        self.checks = 0
+
+    def is_set(self):
+        self.checks += 1
+        return super().is_set()
+
+
+def test_cancel_is_checked_every_step_and_ends_the_stream_without_a_record(pair):
+    """The server cuts a request by setting its cancel flag. The engine looks at it on every verification
+    step, not only when a text delta comes out: text can stay held back for the rest of a request (a
+    random model's run of incomplete UTF-8 characters), and a flag read only between deltas then let a
+    cut request run to max_tokens while the process waited to exit. Once set, the stream ends at the
+    next step with no Completion and nothing written to the log."""
+    tokenizer, target, draft = pair
+    sink = _Collect()
+    engine = Engine(from_objects(target, tokenizer, "t"), from_objects(draft, tokenizer, "d"), sink=sink)
+    flag = _CountingFlag()
+    *deltas, completion = engine.stream("The quick brown", SamplingParams(max_new_tokens=40, k=3), mode="draft",
+                                        cancel=flag)
+    assert completion.record.verify_steps > len(deltas)  # some steps yielded nothing: not one check per delta
+    assert flag.checks == completion.record.verify_steps
+    flag, sink.records = _CountingFlag(), []
+    stream = engine.stream("The quick brown", SamplingParams(max_new_tokens=40, k=3), mode="draft", cancel=flag)
+    next(stream)
+    flag.set()
+    checks = flag.checks
+    assert list(stream) == [] and flag.checks == checks + 1 and sink.records == []
 
 
 @pytest.fixture(scope="module")

@@ -194,7 +194,12 @@ def test_registry_draft_starts_a_watcher_reported_on_healthz(model_dirs):
 
 def test_sigterm_drain_timeout_cuts_a_long_request_and_says_so(model_dirs, tmp_path):
     """A streaming request that would run ~1000 tokens, SIGTERM, `drain_timeout_s=0.5`: the server stops
-    within seconds, says one request was cut, and exits 0 (through the code that closes the log)."""
+    within seconds, says one request was cut, and exits 0 (through the code that closes the log).
+
+    The time bound holds because the cut engine job stops at its next step: this prompt's output turns into
+    incomplete UTF-8 characters after ~14 deltas, so a job that looked at its cancel flag only between
+    deltas ran on to 1000 tokens and the interpreter's exit waited for its thread (~27 s under load; the
+    engine side is tested in test_engine). The exit takes ~1.5 s on a busy 2-core machine."""
     port = _free_port()
     env = {**os.environ, "DRAFTWHEEL_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
     env.pop(API_KEY_ENV, None)
@@ -209,14 +214,15 @@ def test_sigterm_drain_timeout_cuts_a_long_request_and_says_so(model_dirs, tmp_p
             lines = response.iter_lines()
             next(lines)
             proc.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
             events = []
             with pytest.raises(httpx.RemoteProtocolError):  # cut: the chunked body never ends
                 events.extend(lines)
             output = proc.communicate(timeout=60)[0]
+            stopped = time.monotonic() - signalled
     finally:
         proc.kill()
-    # No bound on the time to exit: the cut is checked by the client's broken stream and the log line; once in
-    # a few runs under load the process took ~27 s to exit after the cut (not yet explained).
+    assert stopped < 8, f"{stopped:.1f} s from SIGTERM to exit\n{output}"
     assert proc.returncode == 0, output  # 0: not killed by the signal, so the log was closed
     assert not any('"finish_reason": "length"' in e for e in events), "the request was not cut"
     assert "1 request(s) in flight were cut" in output, output

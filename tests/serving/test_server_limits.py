@@ -135,7 +135,7 @@ def test_shutdown_stops_the_running_engine_job(engine):
     app = create_app(engine, ServeConfig(served_model_name=NAME))
     started = []
 
-    def job():
+    def job(cancel):
         while True:
             started.append(1)
             yield "token"
