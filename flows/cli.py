@@ -15,34 +15,73 @@ import json
 import sys
 from typing import Any
 
+from draftwheel.cli_help import add_log_dir, examples
+from draftwheel.config import add_override_arguments
 from draftwheel.exit_codes import FAILURE, USAGE
+from serving.cli_flags import add_dtype, add_k, add_min_path_prob
+
+
+SCHEDULE_HELP = "serve a deployment on this cron schedule (needs `prefect server start` and PREFECT_API_URL)"
+# Flags that stand for a config field (the flag name -> the field): applied as overrides after `--set`, so
+# they win, and a scheduled deployment gets them with the rest of its overrides.
+FLAG_FIELDS = {"log_dir": "logs_dir", "k": "k", "min_path_prob": "min_path_prob", "dtype": "dtype"}
 
 
 def _add_config_args(parser: argparse.ArgumentParser, default_file: str, example: str) -> None:
-    from draftwheel.config import add_override_arguments
-
     parser.add_argument("--config", default=None, metavar="FILE",
                         help=f"YAML config (e.g. {default_file}); default: the built-in defaults, which it mirrors")
     add_override_arguments(parser, example)
 
 
 def register(subparsers: Any) -> None:
-    flywheel = subparsers.add_parser("flywheel", help="one turn of mine -> train -> shadow -> promote (Prefect flow)")
+    flywheel = subparsers.add_parser(
+        "flywheel", help="one turn of mine -> train -> shadow -> promote (Prefect flow)",
+        description="One turn of the flywheel as a Prefect flow: mine the serving logs, train a candidate from "
+                    "the champion, shadow-replay champion vs candidate, register it with the gate's verdict "
+                    "and promote it if the gate passed. --schedule serves it as a deployment instead.",
+        **examples("draftwheel flywheel trainer=dpo",
+                   "draftwheel flywheel --log-dir /tmp/draftwheel-logs 'train_overrides=[\"max_steps=50\"]'",
+                   'draftwheel flywheel --schedule "0 3 * * *" --config configs/flywheel.yaml'))
     _add_config_args(flywheel, "configs/flywheel.yaml", "trainer=dpo")
-    flywheel.add_argument("--schedule", metavar="CRON", help="serve a deployment on this cron schedule "
-                                                              "(needs `prefect server start` and PREFECT_API_URL)")
+    add_log_dir(flywheel, "the serving logs to mine: the config's logs_dir (default: $DRAFTWHEEL_HOME/logs)")
+    flywheel.add_argument("--schedule", metavar="CRON", help=SCHEDULE_HELP)
     flywheel.set_defaults(func=_flywheel)
 
-    monitor = subparsers.add_parser("monitor", help="check recent acceptance; run the flywheel if it fell")
+    monitor = subparsers.add_parser(
+        "monitor", help="check recent acceptance; run the flywheel if it fell",
+        description="Read the champion's latest acceptance records; run the flywheel when the mean accepted "
+                    "length as served or the draft's acceptance (overall or on a slice) fell below its "
+                    "threshold, or the target's weights changed; report the champion's delivered gain. "
+                    "--schedule serves it as a deployment instead.",
+        **examples("draftwheel monitor run_flywheel=false  # report only",
+                   "draftwheel monitor --log-dir /tmp/draftwheel-logs --set min_acceptance=0.4",
+                   'draftwheel monitor --schedule "*/15 * * * *"'))
     _add_config_args(monitor, "configs/monitor.yaml", "min_acceptance=0.4")
-    monitor.add_argument("--schedule", metavar="CRON", help="serve a deployment on this cron schedule "
-                                                             "(needs `prefect server start` and PREFECT_API_URL)")
+    add_log_dir(monitor, "the serving logs to watch: the config's logs_dir (default: $DRAFTWHEEL_HOME/logs)")
+    monitor.add_argument("--schedule", metavar="CRON", help=SCHEDULE_HELP)
     monitor.set_defaults(func=_monitor)
 
-    demo = subparsers.add_parser("demo", help="the whole loop end to end on embedded defaults, "
-                                              "with a before/after table")
+    demo = subparsers.add_parser(
+        "demo", help="the whole loop end to end on embedded defaults, with a before/after table",
+        description="The whole loop end to end on the embedded defaults: bootstrap (when there is no "
+                    "champion), serve chat traffic, shift to code, the monitor runs the flywheel (mine, train, "
+                    "shadow, promote), then a before/after table: plain decoding, the old and the new champion "
+                    "on held-out chat and code prompts.",
+        **examples("draftwheel demo",
+                   "draftwheel demo code_requests=24",
+                   "draftwheel demo --config configs/demo.yaml --k 4 --min-path-prob 0.25 --dtype float32"))
     _add_config_args(demo, "configs/demo.yaml", "code_requests=24")
+    add_k(demo, None)
+    add_min_path_prob(demo, None)
+    add_dtype(demo, None)
     demo.set_defaults(func=_demo)
+
+
+def _flag_overrides(args: argparse.Namespace) -> list[str]:
+    """The overrides with each given flag appended as `field=value` (FLAG_FIELDS): the flags win."""
+    flags = [f"{field}={getattr(args, name)}" for name, field in FLAG_FIELDS.items()
+             if getattr(args, name, None) is not None]
+    return [*args.overrides, *flags]
 
 
 def _check_config(args: argparse.Namespace, cls: type) -> bool:
@@ -102,6 +141,7 @@ def _run_scheduled_flow(args: argparse.Namespace, flow_obj: Any, config_cls: typ
 def _flywheel(args: argparse.Namespace) -> int:
     from flows.flywheel import FlywheelConfig, flywheel
 
+    args.overrides = _flag_overrides(args)
     return _run_scheduled_flow(
         args, flywheel, FlywheelConfig, "a stage failed",
         lambda result: {k: result[k] for k in ("champion_before", "challenger_version", "promoted", "report_path")})
@@ -110,6 +150,7 @@ def _flywheel(args: argparse.Namespace) -> int:
 def _monitor(args: argparse.Namespace) -> int:
     from flows.monitor import MonitorConfig, monitor
 
+    args.overrides = _flag_overrides(args)
     return _run_scheduled_flow(args, monitor, MonitorConfig, "the triggered flywheel failed",
                                lambda result: result["decision"])
 
@@ -117,6 +158,7 @@ def _monitor(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from flows.demo import DemoConfig, demo
 
+    args.overrides = _flag_overrides(args)
     if not _check_config(args, DemoConfig):
         return USAGE
     demo(args.config, list(args.overrides))

@@ -15,8 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from draftwheel.cli_help import add_deprecated_alias, add_log_dir, examples
+from draftwheel.config import add_override_arguments
 from draftwheel.exit_codes import FAILURE, USAGE, fail
-from serving.precision import CHOICES as PRECISIONS
+from serving.cli_flags import add_dtype, add_k, add_min_path_prob
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "mining.yaml"
 
@@ -24,7 +26,12 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "mining.ya
 def register(subparsers: Any) -> None:
     traffic = subparsers.add_parser("traffic", help="replay a prompt workload through the engine, writing serving logs",
                                     description="Generate every workload prompt (chat template applied) and "
-                                                "write one acceptance record per request to --log-dir.")
+                                                "write one acceptance record per request to --log-dir. Flags "
+                                                "only: it reads no config file.",
+                                    **examples("draftwheel traffic --workload code --n 48",
+                                               "draftwheel traffic --workload mixed --n 30 --seed 1 --k 5 "
+                                               "--log-dir /tmp/draftwheel-logs",
+                                               "draftwheel traffic --workload prompts.jsonl --draft none"))
     traffic.add_argument("--workload", required=True,
                          help="built-in workload (code, prose, chat, mixed, sql, tools, templated) or a JSONL file of {prompt, slice}")
     traffic.add_argument("--n", type=int, default=None, help="number of prompts (built-ins: default 30; files: all)")
@@ -33,28 +40,32 @@ def register(subparsers: Any) -> None:
                                           "(default: $DRAFTWHEEL_HOME/models/smollm2-135m-instruct)")
     traffic.add_argument("--draft", help="draft model (default: models:/draftwheel-draft@champion); "
                                          "'none' serves the target alone")
-    traffic.add_argument("--log-dir", type=Path, help="where to write the logs (default: $DRAFTWHEEL_HOME/logs)")
+    add_log_dir(traffic, "where to write the acceptance logs (default: $DRAFTWHEEL_HOME/logs)", type=Path)
     traffic.add_argument("--max-new-tokens", type=int, default=64)
     traffic.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    traffic.add_argument("--k", type=int, default=4, help="draft tokens per verification step")
-    traffic.add_argument("--dtype", choices=PRECISIONS, default="auto",
-                         help="serving precision, as `serve` (default auto: bfloat16 on AMX-BF16 CPUs)")
+    add_k(traffic, 4)
+    add_min_path_prob(traffic, 0.0)
+    add_dtype(traffic, "auto")
     traffic.add_argument("--no-progress", action="store_true", help="no progress bar")
     traffic.set_defaults(func=_traffic_command)
 
     mine = subparsers.add_parser("mine", help="build distill/preference/holdout datasets + manifest from serving logs",
                                  description="Scan logs (bad lines quarantined), select hard samples per slice, "
-                                             "scrub PII, dedupe, and write HF datasets and manifest.json.")
-    mine.add_argument("--logs", type=Path, help="log dir or file (default: $DRAFTWHEEL_HOME/logs)")
+                                             "scrub PII, dedupe, and write HF datasets and manifest.json.",
+                                 **examples("draftwheel mine",
+                                            "draftwheel mine --log-dir /tmp/draftwheel-logs --out /tmp/datasets "
+                                            "holdout_fraction=0.2",
+                                            "draftwheel mine --config configs/mining.yaml --set hard_quantile=0.5"))
+    add_log_dir(mine, "the acceptance log dir (or one log file) to mine (default: $DRAFTWHEEL_HOME/logs)",
+                type=Path)
+    add_deprecated_alias(mine, "--logs", "--log-dir", "log_dir", type=Path)
     mine.add_argument("--out", type=Path, help="output dir (default: $DRAFTWHEEL_HOME/datasets, where the "
                                                "trainers and shadow read by default)")
-    mine.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="MiningConfig YAML (default: configs/mining.yaml)")
+    mine.add_argument("--config", type=Path, default=DEFAULT_CONFIG, metavar="FILE",
+                      help="MiningConfig YAML (default: configs/mining.yaml)")
     mine.add_argument("--tokenizer", help="target tokenizer/model dir (enables preference pairs and re-tokenising; "
                                           "default: the reference target in the state dir, as the flywheel, if present)")
-    mine.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                      help="override a config field (repeatable), e.g. --set holdout_fraction=0.2")
-    mine.add_argument("positional_overrides", nargs="*", metavar="KEY=VALUE",
-                      help="config overrides in the form the other commands take, e.g. holdout_fraction=0.2")
+    add_override_arguments(mine, "holdout_fraction=0.2")
     mine.set_defaults(func=_mine_command)
 
 
@@ -71,7 +82,8 @@ def _traffic_command(args: argparse.Namespace) -> int:
         workload = load_workload(args.workload, args.n, args.seed)
         params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, k=args.k)
         draft = None if args.draft == "none" else (args.draft or DEFAULT_DRAFT_URI)
-        engine = Engine.from_paths(args.target or str(default_target_dir()), draft, dtype=resolve_dtype(args.dtype))
+        engine = Engine.from_paths(args.target or str(default_target_dir()), draft, dtype=resolve_dtype(args.dtype),
+                                   min_path_prob=args.min_path_prob)
     except (ValueError, OSError, RuntimeError) as exc:
         return fail("traffic", exc)
     summary = run_traffic(engine, workload, args.log_dir or logs_dir(), params, chat=True,
@@ -87,7 +99,7 @@ def _mine_command(args: argparse.Namespace) -> int:
     from mining.pipeline import mine
     from serving.reference import default_target_dir
 
-    overrides = [*args.overrides, *args.positional_overrides] + ([f"tokenizer={args.tokenizer}"] if args.tokenizer else [])
+    overrides = list(args.overrides) + ([f"tokenizer={args.tokenizer}"] if args.tokenizer else [])
     try:
         config = load_config(MiningConfig, args.config, overrides)
     except ValueError as exc:  # ConfigError, or a value MiningConfig.__post_init__ refuses (names the field)
@@ -96,7 +108,7 @@ def _mine_command(args: argparse.Namespace) -> int:
     if config.tokenizer is None and default_target_dir().is_dir():  # as the flywheel: the target's tokenizer
         config = dataclasses.replace(config, tokenizer=str(default_target_dir()))
     try:
-        manifest = mine(args.logs or logs_dir(), args.out or mined_dir(), config)
+        manifest = mine(args.log_dir or logs_dir(), args.out or mined_dir(), config)
     except (OSError, ValueError) as exc:  # missing logs or tokenizer dir, unwritable out: names the path
         return fail("mine", exc)
     counts = manifest["counts"]

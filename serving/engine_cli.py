@@ -1,9 +1,13 @@
 """`draftwheel generate` (one completion) and `draftwheel bench` (side-by-side benchmark).
 
 Thin wrappers around `serving.engine.Engine` and `serving.bench.run_bench`; torch and transformers
-are imported inside the command functions so `draftwheel --help` stays fast. Default target and
-draft come from `serving.reference` (the reference target dir and the registry champion). Errors are one
-line; the exit code follows `draftwheel.exit_codes` (2: an input the user can fix, 1: the run failed).
+are imported inside the command functions so `draftwheel --help` stays fast. `generate` takes flags
+only (default target and draft from `serving.reference`: the reference target dir and the registry
+champion). `bench` measures what `draftwheel serve` runs: it reads the same `ServeConfig` (configs/
+serve.yaml, `--config`, overrides, then the flags of the same names), so by default k 4,
+`min_path_prob` 0.25 and mode hybrid with the suffix tier; `--no-suffix-tier --min-path-prob 0` measures
+the draft alone. Errors are one line; the exit code follows `draftwheel.exit_codes` (2: an input the user
+can fix, 1: the run failed).
 """
 
 from __future__ import annotations
@@ -14,30 +18,32 @@ import json
 from pathlib import Path
 from typing import Any
 
+from draftwheel.cli_help import examples
+from draftwheel.config import add_override_arguments
 from draftwheel.exit_codes import fail
-from serving.precision import CHOICES as PRECISIONS
+from serving.cli_flags import add_dtype, add_k, add_min_path_prob
+from serving.server_cli import add_config_argument
+
+TARGET_HELP = "target: model dir, hub id or models:/NAME@ALIAS (default: $DRAFTWHEEL_HOME/models/smollm2-135m-instruct)"
+DRAFT_HELP = "draft: model dir, hub id or models:/NAME@ALIAS (default: models:/draftwheel-draft@champion)"
+CHAT_HELP = "apply the tokenizer's chat template to prompts"
 
 
-def _model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", help="target: model dir, hub id or models:/NAME@ALIAS "
-                                         "(default: $DRAFTWHEEL_HOME/models/smollm2-135m-instruct)")
-    parser.add_argument("--draft", help="draft: model dir, hub id or models:/NAME@ALIAS "
-                                        "(default: models:/draftwheel-draft@champion)")
-    parser.add_argument("--k", type=int, default=4, help="draft tokens per verification step (default 4)")
-    parser.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template to prompts")
-    parser.add_argument("--min-path-prob", type=float, default=0.0,
-                        help="eagle3: stop drafting once the draft's own probability of the chain falls below this "
-                             "(0 = always k tokens; 0.15-0.25 with --k 4-5 measured best on the reference target)")
-    parser.add_argument("--dtype", choices=PRECISIONS, default="auto",
-                        help="serving precision (default auto: bfloat16 on CPUs with AMX-BF16, where verifying "
-                             "k+1 tokens costs about one decoding step; else float32)")
-
-
-def register(subparsers: Any) -> None:
+def _add_generate(subparsers: Any) -> None:
     gen = subparsers.add_parser("generate", help="one completion with speculative decoding",
-                                description="Generate one completion; prints the text (or JSON with --json).")
+                                description="Generate one completion; prints the text (or JSON with --json). "
+                                            "Flags only: it reads no config file.",
+                                **examples('draftwheel generate --prompt "def fib(n):" --k 5 --max-new-tokens 32',
+                                           'draftwheel generate --prompt "Hello!" --chat --temperature 0.7 '
+                                           '--seed 0 --json',
+                                           'draftwheel generate --prompt "Hello!" --no-draft --dtype float32'))
     gen.add_argument("--prompt", required=True)
-    _model_args(gen)
+    gen.add_argument("--target", help=TARGET_HELP)
+    gen.add_argument("--draft", help=DRAFT_HELP)
+    add_k(gen, 4)
+    gen.add_argument("--chat", action="store_true", help=CHAT_HELP)
+    add_min_path_prob(gen, 0.0)
+    add_dtype(gen, "auto")
     gen.add_argument("--no-draft", action="store_true", help="plain decoding with the target alone")
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -49,14 +55,32 @@ def register(subparsers: Any) -> None:
     gen.add_argument("--json", action="store_true", help="print the completion, stats and record as JSON")
     gen.set_defaults(func=_generate_command)
 
-    bench = subparsers.add_parser("bench", help="benchmark: ours plain/speculative vs HF generate plain/assisted/"
-                                               "prompt lookup",
-                                  description="Greedy side-by-side benchmark on the same prompts in one run; "
-                                              "writes the design.md bench keys as JSON. HF generate runs on an "
-                                              "unpacked copy of the models (HF as users run it); HF "
-                                              "assisted on the engine's own prepacked models is added as "
-                                              "speedup_vs_hf_assisted_same_kernels.")
-    _model_args(bench)
+
+def _add_bench(subparsers: Any) -> None:
+    bench = subparsers.add_parser(
+        "bench", help="benchmark: ours plain/speculative vs HF generate plain/assisted/prompt lookup",
+        description="Greedy side-by-side benchmark on the same prompts in one run; prints JSON: tokens/s and "
+                    "speedup of each method, acceptance rate, mean accepted length, greedy identity, the "
+                    "draft's measured cost c. It measures what `draftwheel serve` runs: the same "
+                    "ServeConfig (--config, overrides, then --target/--draft/--k/--min-path-prob/--dtype), so "
+                    "by default mode hybrid with the suffix tier, k 4, min_path_prob 0.25. HF generate runs on "
+                    "an unpacked copy of the models (HF as users run it); HF assisted on the engine's own "
+                    "prepacked models is added as speedup_vs_hf_assisted_same_kernels.",
+        **examples("draftwheel bench --chat --prompts benchmarks/prompts/chat_heldout.jsonl --out bench.json",
+                   "draftwheel bench --chat --prompts benchmarks/prompts/chat_heldout.jsonl "
+                   "--no-suffix-tier --min-path-prob 0  # the draft alone",
+                   "draftwheel bench --prompts benchmarks/prompts/chat_heldout.jsonl --set k=5 min_path_prob=0.15",
+                   "draftwheel bench --prompts prompts.txt --target meta-llama/Llama-3.2-1B-Instruct "
+                   "--draft my-org/my-draft --chat"))
+    add_config_argument(bench)
+    add_override_arguments(bench, "min_path_prob=0.15")
+    bench.add_argument("--target", help=TARGET_HELP.replace("(default: ", "(default: the config's, else "))
+    bench.add_argument("--draft", help="draft: model dir, hub id or models:/NAME@ALIAS (default: the config's, "
+                                       "models:/draftwheel-draft@champion)")
+    add_k(bench, None)
+    bench.add_argument("--chat", action="store_true", help=CHAT_HELP)
+    add_min_path_prob(bench, None)
+    add_dtype(bench, None)
     bench.add_argument("--prompts", required=True, type=Path, help="text file (one prompt a line) or JSONL")
     bench.add_argument("--max-new-tokens", type=int, default=64)
     bench.add_argument("--out", type=Path, help="write the JSON result here")
@@ -67,34 +91,40 @@ def register(subparsers: Any) -> None:
                        help="> 0: measure sampling instead (ours plain vs speculative, same seeds; no HF)")
     bench.add_argument("--prompt-lookup-tokens", type=int, default=10,
                        help="tokens per guess of the HF prompt-lookup baseline (default 10)")
-    bench.add_argument("--suffix-tier", action="store_true",
-                       help="measure the draft as `draftwheel serve` runs it by default: mode hybrid with the "
-                            "suffix tier (the request's own prompt and output, plus --suffix-logs)")
+    bench.add_argument("--suffix-tier", action=argparse.BooleanOptionalAction, default=None,
+                       help="mode hybrid with the suffix tier (the request's own prompt and output, plus "
+                            "--suffix-logs), as `draftwheel serve` runs by default; --no-suffix-tier measures "
+                            "the draft alone (default: the config's suffix_tier, true, unless its mode is draft)")
     bench.add_argument("--suffix-logs", type=Path,
-                       help="with --suffix-tier: an acceptance-log dir whose requests the index holds "
+                       help="with the suffix tier: an acceptance-log dir whose requests the index holds "
                             "(default: none); the measured requests never join it")
     bench.set_defaults(func=_bench_command)
 
+
+def register(subparsers: Any) -> None:
+    _add_generate(subparsers)
+    _add_bench(subparsers)
     export = subparsers.add_parser("export", help="write a registered eagle3 draft as a directory vLLM serves",
                                    description="Copy an eagle3 draft (a dir or models:/NAME@ALIAS) in the "
                                                "speculators EAGLE-3 format and check every field vLLM reads. Serve "
                                                "it with vLLM: LLM(model=TARGET, speculative_config={'method': "
-                                               "'eagle3', 'model': OUT, 'num_speculative_tokens': K}).")
+                                               "'eagle3', 'model': OUT, 'num_speculative_tokens': K}).",
+                                   **examples("draftwheel export --uri models:/draftwheel-draft@champion "
+                                              "--format speculators --out exported-draft"))
     export.add_argument("--uri", required=True, help="eagle3 draft: a dir or models:/draftwheel-draft@champion")
     export.add_argument("--format", choices=["speculators"], default="speculators")
     export.add_argument("--out", required=True, type=Path, help="output directory")
     export.set_defaults(func=_export_command)
 
 
-def _load_engine(args: argparse.Namespace, with_draft: bool, medusa: str | None = None):
+def _load_engine(args: argparse.Namespace, with_draft: bool):
     from serving.engine import Engine
     from serving.precision import resolve_dtype
     from serving.reference import DEFAULT_DRAFT_URI, default_target_dir
 
     target = args.target or str(default_target_dir())
     draft = (args.draft or DEFAULT_DRAFT_URI) if with_draft else None
-    return Engine.from_paths(target, draft, medusa=medusa, dtype=resolve_dtype(args.dtype),
-                             min_path_prob=args.min_path_prob)
+    return Engine.from_paths(target, draft, dtype=resolve_dtype(args.dtype), min_path_prob=args.min_path_prob)
 
 
 def _generate_command(args: argparse.Namespace) -> int:
@@ -126,24 +156,52 @@ def _bench_index(engine: Any, log_dir: Path | None) -> Any:
     return ReadOnlyIndex(SuffixIndex.from_logs(log_dir, key) if log_dir is not None else SuffixIndex(key))
 
 
+def bench_settings(args: argparse.Namespace) -> Any:
+    """The ServeConfig `bench` measures: serve's settings (YAML, overrides), then bench's flags. The suffix
+    tier is on when `--suffix-tier` says so, else as serve runs: the config's `suffix_tier` unless its
+    `mode` is draft (bench picks the mode from the tier, so `mode` is cleared). `--medusa` benchmarks
+    heads instead of the draft."""
+    from serving.server_cli import load_serve_config, with_flags
+
+    config = load_serve_config(args.config, args.overrides)
+    tier = args.suffix_tier if args.suffix_tier is not None else config.suffix_tier and config.mode != "draft"
+    config = with_flags(dataclasses.replace(config, mode=None, suffix_tier=tier),
+                        {"target": args.target, "draft": args.draft, "medusa": args.medusa, "k": args.k,
+                         "min_path_prob": args.min_path_prob, "dtype": args.dtype})
+    return dataclasses.replace(config, draft=None) if args.medusa else config
+
+
+def _bench_engine(config: Any, suffix_logs: Path | None) -> Any:
+    """The engine serve would build from `config` (the suffix index read-only, from `suffix_logs`)."""
+    from serving.engine import Engine
+    from serving.precision import resolve_dtype
+    from serving.reference import default_target_dir
+
+    engine = Engine.from_paths(config.target or str(default_target_dir()), config.draft,
+                               medusa=None if config.draft else config.medusa, device=config.device,
+                               dtype=resolve_dtype(config.dtype, config.device), min_path_prob=config.min_path_prob)
+    if config.suffix_tier and engine.draft is not None:
+        engine.suffix_index = _bench_index(engine, suffix_logs)
+    return engine
+
+
 def _bench_command(args: argparse.Namespace) -> int:
     from serving.bench import read_prompts, run_bench, run_sampled_bench
 
+    config = bench_settings(args)  # a ConfigError is the dispatcher's one line, exit 2
     try:
         prompts = read_prompts(args.prompts)
-        engine = _load_engine(args, with_draft=not args.medusa, medusa=args.medusa)
-        if args.suffix_tier:
-            engine.suffix_index = _bench_index(engine, args.suffix_logs)
+        engine = _bench_engine(config, args.suffix_logs)
         assistant = None
         if args.assistant:
             from serving.models import load_model
 
             assistant = load_model(args.assistant, dtype=engine.dtype).model
         if args.temperature > 0:
-            result = run_sampled_bench(engine, prompts, args.max_new_tokens, k=args.k, chat=args.chat,
+            result = run_sampled_bench(engine, prompts, args.max_new_tokens, k=config.k, chat=args.chat,
                                        temperature=args.temperature)
         else:
-            result = run_bench(engine, prompts, args.max_new_tokens, k=args.k, chat=args.chat,
+            result = run_bench(engine, prompts, args.max_new_tokens, k=config.k, chat=args.chat,
                                assistant=assistant, prompt_lookup_tokens=args.prompt_lookup_tokens)
     except (ValueError, OSError, RuntimeError) as exc:
         return fail("bench", exc)

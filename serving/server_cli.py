@@ -1,11 +1,13 @@
 """`draftwheel serve`: load the models, open the acceptance log, run the HTTP server under uvicorn.
 
-Settings come from a `ServeConfig` YAML (`--config`, default configs/serve.yaml), then `--set k=v`
-overrides, then the explicit flags. An empty API key (`--api-key "$KEY"` with KEY unset, or an empty
-$DRAFTWHEEL_API_KEY) is a config error, never an open server. Before loading any model the log dir is
-created if missing and opened for writing (refused if that fails); a model that cannot be loaded is one
-line naming its setting and path or URI (exit code 2, no traceback). On SIGINT/SIGTERM uvicorn drains
-in-flight requests for at most `drain_timeout_s`, then cuts the rest. When the draft is a registry URI (`models:/NAME@ALIAS`), a
+Settings come from a `ServeConfig` YAML (`--config`, default configs/serve.yaml), then `key=value`
+overrides (`--set` or bare), then the explicit flags (`--k`, `--dtype`, `--served-model-name`, ..., each
+the ServeConfig field of that name; `bench` reads the same settings through `load_serve_config`). An
+empty API key (`--api-key "$KEY"` with KEY unset, or an empty $DRAFTWHEEL_API_KEY) is a config error,
+never an open server. Before loading any model the log dir is created if missing and opened for writing
+(refused if that fails); a model that cannot be loaded is one line naming its setting and path or URI
+(exit code 2, no traceback). On SIGINT/SIGTERM uvicorn drains in-flight requests for at most
+`drain_timeout_s`, then cuts the rest. When the draft is a registry URI (`models:/NAME@ALIAS`), a
 `serving.reload.DraftWatcher` swaps in the new draft whenever the alias moves. With `suffix_tier` or
 `router` on, `serving.serving_state.attach_tier` builds the suffix index from the log dir and the router,
 and a saver writes their state under $DRAFTWHEEL_HOME/serving. On shutdown the watcher and saver are
@@ -26,8 +28,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from draftwheel.config import ConfigError
+from draftwheel.cli_help import add_log_dir, examples
+from draftwheel.config import ConfigError, add_override_arguments
 from draftwheel.registry_names import URI_PREFIX
+from serving.cli_flags import add_dtype, add_k, add_min_path_prob, add_served_model_name
 
 log = logging.getLogger(__name__)
 
@@ -39,47 +43,69 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics, /healthz)",
         description="Serve the target with speculative decoding over an OpenAI-compatible HTTP API, writing "
-                    "one acceptance record per request to the log dir.")
-    parser.add_argument("--config", type=Path, default=None,
-                        help=f"ServeConfig YAML (default: {DEFAULT_CONFIG} when it exists)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one config field (repeatable), e.g. --set k=6")
+                    "one acceptance record per request to the log dir. Settings: the ServeConfig YAML, then "
+                    "overrides (--set KEY=VALUE or bare KEY=VALUE), then the flags.",
+        **examples("draftwheel serve --port 8000 --served-model-name smollm2",
+                   "draftwheel serve --k 5 --min-path-prob 0.15 --dtype bfloat16",
+                   "draftwheel serve --config configs/serve.yaml --set router=true suffix_tier=true",
+                   "draftwheel serve --no-draft --medusa heads/ --log-dir /tmp/draftwheel-logs"))
+    add_config_argument(parser)
+    add_override_arguments(parser, "k=6")
     parser.add_argument("--target", help="target model: dir, hub id or models:/NAME@ALIAS "
                                          "(default: the reference target in $DRAFTWHEEL_HOME/models)")
     parser.add_argument("--draft", help="draft model: dir, hub id or models:/NAME@ALIAS (hot-reloaded)")
     parser.add_argument("--no-draft", action="store_true", help="serve without a draft (plain decoding)")
     parser.add_argument("--medusa", help="Medusa heads dir (with --no-draft)")
+    add_k(parser, None)
+    add_min_path_prob(parser, None)
+    add_dtype(parser, None)
+    add_served_model_name(parser)
     parser.add_argument("--host", help="bind address")
     parser.add_argument("--port", type=int, help="TCP port")
-    parser.add_argument("--log-dir", help="acceptance log dir (default: $DRAFTWHEEL_HOME/logs)")
+    add_log_dir(parser)
     parser.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on /v1/* (or set ${API_KEY_ENV})")
     parser.set_defaults(func=_serve_command)
 
 
-def build_config(args: argparse.Namespace) -> Any:
-    """ServeConfig from the YAML, `--set` overrides, the environment's API key, then the flags."""
+def add_config_argument(parser: argparse.ArgumentParser) -> None:
+    """`--config FILE`: a ServeConfig YAML (serve, and bench, which measures what serve runs)."""
+    parser.add_argument("--config", type=Path, default=None, metavar="FILE",
+                        help="ServeConfig YAML (default: configs/serve.yaml when it exists)")
+
+
+def load_serve_config(path: Path | None, overrides: list[str]) -> Any:
+    """ServeConfig from `path` (default: configs/serve.yaml when it exists) and `key=value` overrides."""
     from draftwheel.config import load_config
     from serving.serve_config import ServeConfig
 
-    path = args.config if args.config is not None else (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
+    path = path if path is not None else (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
     try:
-        config = load_config(ServeConfig, path, args.overrides)
+        return load_config(ServeConfig, path, overrides)
     except ConfigError:
         raise
     except ValueError as exc:  # ServeConfig.__post_init__ names the field
         raise ConfigError(f"{path or 'overrides'}: {exc}") from exc
+
+
+def with_flags(config: Any, flags: dict[str, Any]) -> Any:
+    """`config` with every flag that was given (not None) replacing its field; a refused value is a ConfigError."""
+    try:
+        return dataclasses.replace(config, **{name: value for name, value in flags.items() if value is not None})
+    except ValueError as exc:
+        raise ConfigError(f"command line: {exc}") from exc
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    """ServeConfig from the YAML, the overrides, the environment's API key, then the flags."""
+    config = load_serve_config(args.config, args.overrides)
     flags = {"target": args.target, "draft": args.draft, "medusa": args.medusa, "host": args.host,
-             "port": args.port, "log_dir": args.log_dir,
+             "port": args.port, "log_dir": args.log_dir, "k": args.k, "min_path_prob": args.min_path_prob,
+             "dtype": args.dtype, "served_model_name": args.served_model_name,
              # the flag wins, even empty (then refused); the environment fills in a key the config lacks
              "api_key": args.api_key if args.api_key is not None else
              (None if config.api_key else os.environ.get(API_KEY_ENV))}
-    changes = {name: value for name, value in flags.items() if value is not None}
-    if args.no_draft:
-        changes["draft"] = None
-    try:
-        return dataclasses.replace(config, **changes)
-    except ValueError as exc:
-        raise ConfigError(f"command line: {exc}") from exc
+    config = with_flags(config, flags)
+    return dataclasses.replace(config, draft=None) if args.no_draft else config
 
 
 def _start_watcher(engine: Any, config: Any) -> Any:

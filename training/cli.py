@@ -12,26 +12,39 @@ import argparse
 import json
 from typing import Any
 
+from draftwheel.cli_help import examples
 from draftwheel.config import add_override_arguments
 from training.trainers import TRAINERS
 
 
 def register(subparsers: Any) -> None:
     train = subparsers.add_parser("train", help=f"train a candidate ({', '.join(TRAINERS)})",
-                                  description="Train a candidate from the mined datasets.")
+                                  description="Train a candidate from the mined datasets. Each method reads its "
+                                              "own config: by default the shipped configs/<method>.yaml, as the "
+                                              "flywheel trains.",
+                                  **examples(*(f"draftwheel train {name} --no-tracking {t.example}"
+                                               for name, t in TRAINERS.items())))
     methods = train.add_subparsers(dest="method", metavar="METHOD", required=True)
     for trainer in TRAINERS.values():
-        method = methods.add_parser(trainer.name, help=trainer.help, description=trainer.help)
-        method.add_argument("--config", help=f"YAML config (default: the shipped configs/{trainer.default_config.name}, "
-                                             "as the flywheel trains)")
+        config = f"configs/{trainer.default_config.name}"
+        method = methods.add_parser(trainer.name, help=trainer.help, description=trainer.help,
+                                    **examples(f"draftwheel train {trainer.name}",
+                                               f"draftwheel train {trainer.name} --config {config} "
+                                               f"--set {trainer.example}",
+                                               f"draftwheel train {trainer.name} --no-tracking {trainer.example}"))
+        method.add_argument("--config", metavar="FILE",
+                            help=f"YAML config (default: the shipped {config}, as the flywheel trains)")
         method.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
-        add_override_arguments(method, "loss=tvd")
+        add_override_arguments(method, trainer.example)
         method.set_defaults(func=_train_command)
 
     boot = subparsers.add_parser("bootstrap", help="reference target + v0 draft, registered as champion",
                                  description="Obtain the reference target offline and build, distil and "
-                                             "register the v0 draft (skips what exists).")
-    boot.add_argument("--config", help="YAML config (e.g. configs/bootstrap.yaml); defaults if omitted")
+                                             "register the v0 draft (skips what exists).",
+                                 **examples("draftwheel bootstrap",
+                                            "draftwheel bootstrap --config configs/bootstrap.yaml n_prompts=8",
+                                            "draftwheel bootstrap --set target=/path/to/target-dir"))
+    boot.add_argument("--config", metavar="FILE", help="YAML config (e.g. configs/bootstrap.yaml); defaults if omitted")
     add_override_arguments(boot, "n_prompts=8")
     boot.set_defaults(func=_bootstrap_command)
 

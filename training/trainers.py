@@ -27,6 +27,8 @@ class Trainer:
     """The mined dataset it reads (draftwheel.home.DATASET_KINDS)."""
     student: bool = True
     """It starts from a draft (the champion, in the flywheel); False: it trains on the frozen target alone."""
+    example: str = "epochs=1"
+    """An override its config takes, shown in `draftwheel train NAME --help` (a test loads it)."""
 
     @property
     def default_config(self) -> Path:
@@ -42,13 +44,14 @@ class Trainer:
 
 TRAINERS: dict[str, Trainer] = {t.name: t for t in (
     Trainer("distill", "training.distill", "DistillConfig", "train_distill",
-            "distil the draft from the target (KD: fkl/rkl/jsd/tvd)"),
+            "distil the draft from the target (KD: fkl/rkl/jsd/tvd)", example="loss=tvd"),
     Trainer("dpo", "training.dpo", "DpoConfig", "train_dpo",
-            "preference-tune the draft on accept/reject pairs (TRL DPO)", dataset="preference"),
+            "preference-tune the draft on accept/reject pairs (TRL DPO)", dataset="preference", example="beta=0.2"),
     Trainer("medusa", "training.medusa_train", "MedusaConfig", "train_medusa",
-            "train Medusa heads on the frozen target", student=False),
+            "train Medusa heads on the frozen target", student=False, example="n_heads=4"),
     Trainer("eagle", "training.eagle_train", "EagleConfig", "train_eagle",
-            "train an EAGLE-3 draft (one layer over the target's hidden states, mined draft vocabulary)"),
+            "train an EAGLE-3 draft (one layer over the target's hidden states, mined draft vocabulary)",
+            example="ttt_steps=4"),
 )}
 
 

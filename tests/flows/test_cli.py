@@ -42,3 +42,30 @@ def test_schedule_without_a_prefect_server_explains_what_to_start(tmp_path):
                             capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 2
     assert "prefect server start" in result.stderr and "PREFECT_API_URL" in result.stderr
+
+
+def test_flags_are_overrides_of_their_config_field_and_win():
+    """`--log-dir` is the flywheel's and monitor's `logs_dir`; demo's `--k`, `--min-path-prob`, `--dtype`
+    are its fields of those names. They follow the `--set` overrides, so they win (and a scheduled
+    deployment gets them with the rest)."""
+    from draftwheel.cli import build_parser
+    from draftwheel.config import load_config
+    from flows.cli import _flag_overrides
+    from flows.demo import DemoConfig
+    from flows.monitor import MonitorConfig
+
+    parser = build_parser()
+    args = parser.parse_args(["monitor", "--set", "logs_dir=/a", "--log-dir", "/b", "run_flywheel=false"])
+    assert _flag_overrides(args) == ["logs_dir=/a", "run_flywheel=false", "logs_dir=/b"]
+    assert load_config(MonitorConfig, None, _flag_overrides(args)).logs_dir == "/b"
+    assert _flag_overrides(parser.parse_args(["flywheel", "--log-dir", "/c"])) == ["logs_dir=/c"]
+    args = parser.parse_args(["demo", "--config", "configs/demo.yaml", "--set", "k=6", "--k", "3",
+                              "--min-path-prob", "0.1", "--dtype", "float32"])
+    demo = load_config(DemoConfig, args.config, _flag_overrides(args))
+    assert (demo.k, demo.min_path_prob, demo.dtype) == (3, 0.1, "float32")
+    assert _flag_overrides(parser.parse_args(["demo"])) == []  # no flag: the config's values
+
+
+def test_a_flag_the_config_refuses_names_the_field(capsys):
+    assert main(["demo", "--k", "0"]) == 2
+    assert " k" in capsys.readouterr().err

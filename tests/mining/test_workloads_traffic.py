@@ -106,7 +106,7 @@ def test_traffic_and_mine_commands(tmp_path, toy_models, capsys):
     code = main(["traffic", "--workload", str(workload), "--target", str(target), "--draft", str(draft),
                  "--log-dir", str(tmp_path / "logs"), "--max-new-tokens", "6", "--no-progress"])
     assert code == 0 and json.loads(capsys.readouterr().out)["requests"] == 3
-    code = main(["mine", "--logs", str(tmp_path / "logs"), "--out", str(tmp_path / "out"), "--tokenizer", str(target),
+    code = main(["mine", "--log-dir", str(tmp_path / "logs"), "--out", str(tmp_path / "out"), "--tokenizer", str(target),
                  "--set", "plot=false", "--set", "holdout_fraction=0.34"])
     assert code == 0 and json.loads(capsys.readouterr().out)["counts"]["kept"] == 3
     assert (tmp_path / "out" / "manifest.json").is_file()
