@@ -14,7 +14,8 @@ Which tokens it may propose lives in two buffers saved with the weights, never r
 On disk this is the `speculators` EAGLE-3 format (vllm-project/speculators), so vLLM serves the
 directory as it is: `config.json` with `speculators_model_type: "eagle3"` and `model.safetensors`.
 `save_eagle3` / `load_eagle3` are the one pair that owns that contract. This module holds the model and
-its format; it does not decode (serving.eagle_decoding) or train (training.eagle_train).
+its format; it does not decode (serving.eagle_decoding), train (training.eagle_train) or export for
+other machines (serving.eagle_export adds the target's id and embedding table).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class Eagle3Config:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 8192
     speculative_tokens: int = 4      # default k advertised to vLLM
-    verifier_name: str = ""          # the target's name or path (speculators_config.verifier)
+    verifier_name: str = ""          # the target's Hugging Face id, "" if unknown (speculators_config.verifier)
     verifier_architectures: list[str] = field(default_factory=list)
     target_sha256: str = ""          # weights sha256 of the target it was trained for
 
@@ -432,19 +433,3 @@ def check_export(path: str | Path) -> Eagle3Config:
         if tuple(state[key].shape) != shape:
             raise Eagle3FormatError(f"{key}: shape {tuple(state[key].shape)}, expected {shape}")
     return config
-
-
-def export_speculators(src: str | Path, out: str | Path) -> Path:
-    """Copy a stored eagle3 draft to `out` (config.json, model.safetensors, tokenizer files) and check it.
-    Drafts are stored in this format already, so export is a copy plus the format checks."""
-    import shutil
-
-    src, out = Path(src), Path(out)
-    check_export(src)
-    out.mkdir(parents=True, exist_ok=True)
-    for item in src.iterdir():
-        if item.is_file() and not item.name.startswith("draftwheel_"):
-            shutil.copy2(item, out / item.name)
-    check_export(out)
-    return out
-

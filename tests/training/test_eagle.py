@@ -276,6 +276,22 @@ def test_vocab_from_counts_keeps_most_frequent_and_always():
     assert t2d.tolist() == [False, False, True, False, True, True]
 
 
+def test_the_verifier_recorded_is_the_targets_hub_id_or_none(tmp_path):
+    """What a trained draft records as its verifier: the target's Hugging Face id where known (the reference
+    dir bootstrap trains on, a hub id), else none (`draftwheel export --verifier` names it); never a path."""
+    from types import SimpleNamespace
+
+    from serving.reference import HUB_ID, REFERENCE_DIR_NAME
+    from training.eagle_train import verifier_id
+
+    reference = SimpleNamespace(path=tmp_path / "models" / REFERENCE_DIR_NAME)
+    assert verifier_id(EagleConfig(target=""), reference) == HUB_ID
+    assert verifier_id(EagleConfig(target=str(reference.path)), reference) == HUB_ID
+    snapshot = SimpleNamespace(path=tmp_path / "hub" / "models--org--name" / "snapshots" / "0a1b")
+    assert verifier_id(EagleConfig(target="org/name"), snapshot) == "org/name"
+    assert verifier_id(EagleConfig(target=str(tmp_path)), SimpleNamespace(path=tmp_path)) == ""
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, toy_models, toy_data):
     out = tmp_path_factory.mktemp("eagle") / "candidate"
@@ -304,6 +320,7 @@ def test_train_eagle_improves_and_saves_speculators_dir(trained):
     config = json.loads((out / "config.json").read_text())
     assert config["speculators_model_type"] == "eagle3"
     assert config["draft_vocab_size"] == 128
+    assert config["speculators_config"]["verifier"]["name_or_path"] == ""  # a local target: no known hub id
     assert info["metrics"]["feature_cache_hit"] == 0.0
 
 
