@@ -1,9 +1,13 @@
 """The one register / promote / rollback / status path, used by the command line and by the flows.
 
+- `register_version` is the only way a version enters the registry (bootstrap, the flywheel and
+  `draftwheel shadow` alike): it refuses a version that does not record its target's weights hash and tags
+  every version with its kind.
 - `record_candidate` registers a trained candidate with its provenance tags and the shadow summary
   (`shadow_report` is always the JSON of `report_summary`), and points `challenger` at it unless the gate
   rejected it; `record_shadow` does the same for a version that is registered already.
-- `promote` refuses a version serving would refuse (files missing or corrupt, trained for another target)
+- `promote` refuses a version serving would refuse (files missing or corrupt, trained for another target or
+  for none: `registry_names.trained_for`)
   and, when given the champion the candidate was gated against, a champion that moved since; `promote`
   and `rollback` move their aliases all or nothing, under the state dir's `registry` lock.
 - `status_rows` lists every version of every registered model, including aliases that point at a
@@ -25,9 +29,10 @@ from urllib.parse import urlparse
 
 from draftwheel import tracking
 from draftwheel.locks import state_lock
-from draftwheel.registry_names import (CHALLENGER, CHAMPION, DELIVERED_TAG, DRAFT_MODEL, FILES_TAG, MANIFEST_TAG,
-                                       PARENT_TAG, PREVIOUS, REGISTERED_MODELS, SHADOW_REPORT_TAG, STAGE_TAG,
-                                       TARGET_SHA_TAG, TRAINING_CONFIG_TAG, WEIGHTS_TAG, version_uri)
+from draftwheel.registry_names import (CHALLENGER, CHAMPION, DELIVERED_TAG, DRAFT_KIND_TAG, DRAFT_KINDS, DRAFT_MODEL,
+                                       FILES_TAG, MANIFEST_TAG, PARENT_TAG, PREVIOUS, REGISTERED_MODELS,
+                                       SHADOW_REPORT_TAG, STAGE_TAG, TARGET_SHA_TAG, TRAINING_CONFIG_TAG, WEIGHTS_TAG,
+                                       model_for_kind, not_trained_for, trained_for, version_uri)
 
 LOCK_WAIT_S = 60.0
 
@@ -66,11 +71,23 @@ def _rejected(summary: dict[str, Any]) -> bool:
     return not summary["promote"] and "skipped" not in summary
 
 
-def record_candidate(model_dir: str | Path, tags: dict[str, Any], summary: dict[str, Any],
-                     name: str = DRAFT_MODEL) -> str:
-    """Register `model_dir` as a new version of `name` with `tags` and the shadow `summary`; point
-    `challenger` at it unless the gate rejected it. Returns the version."""
-    version = tracking.register_draft(model_dir, {**tags, SHADOW_REPORT_TAG: summary}, name=name)
+def register_version(model_dir: str | Path, kind: str, tags: dict[str, Any]) -> str:
+    """Register `model_dir` as a new version of the model its `kind` belongs to, tagged with `tags` and the
+    kind; return the version. A version that does not say which target it was trained for is refused here:
+    serving, promotion and hot reload would all refuse it later (`trained_for`)."""
+    if kind not in DRAFT_KINDS:
+        raise ValueError(f"kind: must be one of {', '.join(DRAFT_KINDS)}, got {kind!r}")
+    if not tags.get(TARGET_SHA_TAG):
+        raise ValueError(f"{TARGET_SHA_TAG}: {model_dir} is registered without the weights hash of the target it "
+                         f"was trained for; no target could serve it")
+    return tracking.register_draft(model_dir, {**tags, DRAFT_KIND_TAG: kind}, name=model_for_kind(kind))
+
+
+def record_candidate(model_dir: str | Path, kind: str, tags: dict[str, Any], summary: dict[str, Any]) -> str:
+    """Register `model_dir` (`register_version`) with `tags` and the shadow `summary`; point `challenger`
+    at it unless the gate rejected it. Returns the version."""
+    version = register_version(model_dir, kind, {**tags, SHADOW_REPORT_TAG: summary})
+    name = model_for_kind(kind)
     if not _rejected(summary):
         with _locked():
             tracking.move_aliases({CHALLENGER: version}, name)
@@ -121,22 +138,30 @@ def _summary(raw: str) -> dict[str, Any] | None:
     return summary if isinstance(summary, dict) and "promote" in summary else None
 
 
-def check_servable(version: str, name: str = DRAFT_MODEL, target_sha: str | None = None) -> dict[str, str]:
+def check_servable(version: str, name: str = DRAFT_MODEL, target_sha: str | None = None,
+                   against_champion: bool = True) -> dict[str, str]:
     """Raise unless serving would load `version`: its files present and intact (downloaded and verified,
-    which also warms serving's cache) and its `target_sha256` equal to the target's. The target is
-    `target_sha` when given, else the one the current champion was trained for. Returns its tags."""
+    which also warms serving's cache) and `trained_for` the target. The target is `target_sha` when given,
+    else (with `against_champion`) the one the current champion was trained for; with neither, the version
+    must still name a target. Returns its tags."""
     _, _, tags = tracking.resolve_model_uri(version_uri(version, name))  # ArtifactError when files are gone
-    trained_for = tags.get(TARGET_SHA_TAG, "")
     source = "the given target"
-    if target_sha is None:
-        champion = tracking.get_alias_version(CHAMPION, name)
-        if champion is not None and champion != version and _exists(champion, name):
-            target_sha, source = tracking.get_version_tags(champion, name).get(TARGET_SHA_TAG), \
-                f"the champion (version {champion})'s target"
-    if target_sha and trained_for and trained_for != target_sha:
-        raise PromotionRefused(f"{name} version {version}: trained for target {trained_for[:12]}, but "
-                               f"{source} is {target_sha[:12]}; serving would refuse it")
+    if target_sha is None and against_champion:
+        target_sha, source = _champion_target(version, name)
+    if not trained_for(tags, target_sha):
+        raise PromotionRefused(f"{name} version {version}: {not_trained_for(tags, target_sha, source)}; "
+                               f"serving would refuse it")
     return tags
+
+
+def _champion_target(version: str, name: str) -> tuple[str | None, str]:
+    """(the target the current champion was trained for, how to name it); None when there is no other
+    champion, or it names no target: then only the version's own tag is asked for."""
+    champion = tracking.get_alias_version(CHAMPION, name)
+    if champion is None or champion == version or not _exists(champion, name):
+        return None, "the target"
+    return tracking.get_version_tags(champion, name).get(TARGET_SHA_TAG) or None, \
+        f"the champion (version {champion})'s target"
 
 
 def _exists(version: str, name: str) -> bool:
@@ -175,7 +200,8 @@ def rollback(name: str = DRAFT_MODEL) -> dict[str, str]:
             raise tracking.RegistryError(
                 f"{name}: the champion alias points at version {champion}, which the registry does not have; "
                 f"nothing moved. Choose the champion explicitly: draftwheel promote {current[PREVIOUS]}")
-        check_servable(current[PREVIOUS], name, target_sha="")
+        # the previous champion served this target before: only its files and its target tag are checked
+        check_servable(current[PREVIOUS], name, against_champion=False)
         return tracking.move_aliases({CHAMPION: current[PREVIOUS], PREVIOUS: champion}, name)
 
 

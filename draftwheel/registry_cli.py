@@ -20,7 +20,7 @@ from typing import Any
 
 from draftwheel import home
 from draftwheel.config import add_override_arguments
-from draftwheel.registry_names import CHAMPION_URI, DRAFT_MODEL, REGISTERED_MODELS
+from draftwheel.registry_names import CHAMPION_URI, DRAFT_MODEL, REGISTERED_MODELS, URI_PREFIX, model_for_kind
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "shadow.yaml"
 REJECTED_EXIT = 3  # the shadow run worked and the gate said no: scripts can tell it from an error (1)
@@ -90,14 +90,17 @@ def apply_decision(report: dict[str, Any], challenger: str, promote_now: bool,
     from training.common import read_training_info
 
     summary = registry.report_summary(report, report_path)
-    if challenger.startswith("models:/"):
+    if challenger.startswith(URI_PREFIX):
         name, version, _ = tracking.parse_model_uri(challenger)
         version = report["challenger"].get("version") or version
         registry.record_shadow(version, summary, name=name)
     else:
-        name = DRAFT_MODEL
+        from serving.models import draft_kind
+
+        kind = draft_kind(challenger)
+        name = model_for_kind(kind)
         tags = registry.candidate_tags(read_training_info(challenger), report["target"]["sha256"])
-        version = registry.record_candidate(challenger, tags, summary, name=name)
+        version = registry.record_candidate(challenger, kind, tags, summary)
     if summary["promote"] and promote_now:
         registry.promote(version, name=name, target_sha=report["target"]["sha256"],
                          gated_against=report["champion"].get("version") or None)

@@ -1,11 +1,14 @@
 """The registry's names, in one place: registered models, aliases, version tags and `models:/` URIs.
 
-Serving, training, the flows and the command line import these instead of spelling them. Data and two
-tiny functions only: no MLflow, no I/O (the registry calls live in `draftwheel.tracking`, the register /
-promote / status path in `draftwheel.registry`).
+Serving, training, the flows and the command line import these instead of spelling them. Data and tiny
+pure functions only: no MLflow, no I/O (the registry calls live in `draftwheel.tracking`, the register /
+promote / status path in `draftwheel.registry`). `trained_for` is the one answer to "was this version
+trained for this target": promotion, serving's compatibility check and hot reload all ask it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 URI_PREFIX = "models:/"
 
@@ -14,6 +17,8 @@ DRAFT_MODEL = "draftwheel-draft"
 MEDUSA_MODEL = "draftwheel-medusa"
 """Medusa heads live on the target, so they are versions of their own model."""
 REGISTERED_MODELS = (DRAFT_MODEL, MEDUSA_MODEL)
+DRAFT_KINDS = ("lm", "eagle3", "medusa")
+"""What a registered version is (design.md's draft kinds that are trained and stored)."""
 
 CHAMPION, CHALLENGER, PREVIOUS = "champion", "challenger", "previous"
 ALIASES = (CHAMPION, CHALLENGER, PREVIOUS)
@@ -36,6 +41,30 @@ PARENT_TAG = "parent_version"
 """The champion version a flywheel candidate was trained from and gated against."""
 STAGE_TAG = "stage"
 """What produced the version: "bootstrap", or the trainer's name."""
+DRAFT_KIND_TAG = "draft_kind"
+"""The version's kind, one of `DRAFT_KINDS`, as its files say at registration (`serving.models.draft_kind`), so a
+reader of the registry knows what a version is without downloading it."""
+
+
+def model_for_kind(kind: str) -> str:
+    """The registered model a version of `kind` belongs to: Medusa heads apart, every draft kind together."""
+    return MEDUSA_MODEL if kind == "medusa" else DRAFT_MODEL
+
+
+def trained_for(tags: Mapping[str, str], target_sha: str | None) -> bool:
+    """Whether a version with `tags` may serve the target whose weights hash is `target_sha`. A version
+    without the `target_sha256` tag records no target and may serve none; `target_sha` None (no target to
+    compare with, e.g. the first champion) asks only that the tag be there."""
+    recorded = tags.get(TARGET_SHA_TAG, "")
+    return bool(recorded) and (target_sha is None or recorded == target_sha)
+
+
+def not_trained_for(tags: Mapping[str, str], target_sha: str | None, target: str = "the target") -> str:
+    """Why `trained_for(tags, target_sha)` is False, naming the target as `target` ("the served target")."""
+    recorded = tags.get(TARGET_SHA_TAG, "")
+    if not recorded:
+        return f"no {TARGET_SHA_TAG} tag: it records no target it was trained for, so no target may serve it"
+    return f"trained for target {recorded[:12]}, but {target} is {(target_sha or '')[:12] or '(no weights hash)'}"
 
 
 def model_uri(alias: str = CHAMPION, name: str = DRAFT_MODEL) -> str:

@@ -4,8 +4,9 @@ Tracking: `get_tracker(enabled)` returns an `MlflowTracker` (sqlite + local arti
 by default, any `MLFLOW_TRACKING_URI` otherwise) or a `NullTracker` that does nothing, so stage code
 never checks whether tracking is on.
 
-Registry functions (register, aliases, resolve `models:/NAME@ALIAS` to a local safetensors dir) live
-below the trackers. Nothing else in the project imports `mlflow`.
+Registry primitives (register, aliases, resolve `models:/NAME@ALIAS` to a local safetensors dir) live
+below the trackers. They check files, not policy: a version enters the registry and becomes champion only
+through `draftwheel.registry` (`register_version`, `promote`). Nothing else in the project imports `mlflow`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, Iterator
 from draftwheel import home
 from draftwheel.hashing import file_sha256, weights_sha256
 from draftwheel.registry_names import (  # noqa: F401 - DRAFT_MODEL, ALIASES, WEIGHTS_TAG: re-exported
-    ALIASES, CHAMPION, DRAFT_MODEL, FILES_TAG, PREVIOUS, URI_PREFIX, WEIGHTS_TAG)
+    ALIASES, DRAFT_MODEL, FILES_TAG, URI_PREFIX, WEIGHTS_TAG)
 
 EXPERIMENT = "draftwheel"
 
@@ -291,15 +292,6 @@ def _put_alias(client: Any, name: str, alias: str, version: str | None, current:
         client.set_registered_model_alias(name, alias, version)
     elif current.get(alias) is not None:
         client.delete_registered_model_alias(name, alias)
-
-
-def promote(version: str | int, name: str = DRAFT_MODEL, tracking_uri: str | None = None) -> dict[str, str]:
-    """Alias move only: `version` becomes champion, the old champion previous (no checks, no lock;
-    the command line and the flows promote through `draftwheel.registry.promote`)."""
-    current = get_alias_version(CHAMPION, name, tracking_uri)
-    if current == str(version):
-        return aliases(name, tracking_uri)
-    return move_aliases({CHAMPION: version, **({PREVIOUS: current} if current else {})}, name, tracking_uri)
 
 
 def list_versions(name: str = DRAFT_MODEL, tracking_uri: str | None = None) -> list[dict[str, Any]]:

@@ -168,11 +168,11 @@ def shadow_compare(champion_dir: str, challenger_dir: str, target_dir: str, hold
 
 
 @task(name="register", cache_policy=NONE, **REGISTRY_RETRIES)
-def register_candidate(model_dir: str, tags: dict[str, Any], summary: dict[str, Any], name: str) -> str:
-    """Register the candidate with its shadow summary (`draftwheel.registry.record_candidate`)."""
+def register_candidate(model_dir: str, kind: str, tags: dict[str, Any], summary: dict[str, Any]) -> str:
+    """Register the candidate with its kind and shadow summary (`draftwheel.registry.record_candidate`)."""
     from draftwheel.registry import record_candidate
 
-    return record_candidate(model_dir, tags, summary, name=name)
+    return record_candidate(model_dir, kind, tags, summary)
 
 
 @task(name="promote", cache_policy=NONE, **REGISTRY_RETRIES)

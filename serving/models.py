@@ -17,10 +17,8 @@ from typing import Any
 import torch
 
 from draftwheel.hashing import weights_sha256  # noqa: F401 - re-exported: part of this module's API
+from draftwheel.registry_names import TARGET_SHA_TAG, URI_PREFIX, not_trained_for, trained_for
 from serving.records import ModelId
-
-REGISTRY_PREFIX = "models:/"
-TARGET_SHA_TAG = "target_sha256"  # registry tag on a draft version: weights_sha256 of its target
 
 
 class UnsafeWeightsError(ValueError):
@@ -42,14 +40,19 @@ class LoadedModel:
     kind: str = "lm"
     """Draft kind (design.md): `lm` (a causal LM) or `eagle3` (serving.eagle, reads the target's features)."""
 
+    @property
+    def from_registry(self) -> bool:
+        """A registry version (its id carries the version): it must name the target it was trained for."""
+        return bool(self.model_id.version)
+
 
 def _resolve(spec: str) -> tuple[Path, ModelId | None, dict[str, str]]:
     """spec -> (local dir, id when the registry or hub names it, registry tags)."""
-    if spec.startswith(REGISTRY_PREFIX):
-        from draftwheel.tracking import resolve_model_uri
+    if spec.startswith(URI_PREFIX):
+        from draftwheel.tracking import parse_model_uri, resolve_model_uri
 
         local_dir, version, tags = resolve_model_uri(spec)
-        name = spec[len(REGISTRY_PREFIX):].split("@")[0].split("/")[0]
+        name = parse_model_uri(spec)[0]
         return Path(local_dir), ModelId(name=name, version=str(version)), dict(tags)
     path = Path(spec).expanduser()
     if path.is_dir():
@@ -78,6 +81,15 @@ def require_safetensors(path: Path, spec: str) -> None:
                              "pickle weights are never loaded: save the model with safetensors")
 
 
+def draft_kind(path: str | Path) -> str:
+    """The kind a saved model dir is (`registry_names.DRAFT_KINDS`): eagle3 and Medusa dirs say so in their
+    files (serving.eagle, serving.medusa); anything else is a causal LM."""
+    from serving.eagle import is_eagle3_dir
+    from serving.medusa import is_medusa_dir
+
+    return "eagle3" if is_eagle3_dir(path) else "medusa" if is_medusa_dir(path) else "lm"
+
+
 def load_model(spec: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> LoadedModel:
     """Load a causal LM and its tokenizer from a local dir, a hub id or `models:/NAME@ALIAS`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -91,7 +103,7 @@ def load_model(spec: str | Path, device: str = "cpu", dtype: torch.dtype = torch
     kind = "eagle3" if is_eagle3_dir(path) else "lm"
     if kind == "eagle3":
         model = load_eagle3(path).to(device=device, dtype=dtype)
-        if model.c.target_sha256 and "target_sha256" not in tags:
+        if model.c.target_sha256 and TARGET_SHA_TAG not in tags:
             tags = {**tags, TARGET_SHA_TAG: model.c.target_sha256}
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True).to(device).eval()
@@ -102,9 +114,10 @@ def load_model(spec: str | Path, device: str = "cpu", dtype: torch.dtype = torch
 
 
 def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
-    """Raise `IncompatibleModelsError` naming both models unless they share one vocabulary and the
-    draft, if its registry tags say which target it was trained for, was trained for this one. An
-    `eagle3` draft is attached to the target here (it reads the target's embedding table)."""
+    """Raise `IncompatibleModelsError` naming both models unless they share one vocabulary and the draft
+    was trained for this target (`registry_names.trained_for`): a registry version must say which target
+    it was trained for; a local dir is checked only when it says so (an eagle3 config does). An `eagle3`
+    draft is attached to the target here (it reads the target's embedding table)."""
     names = f"target {target.model_id.name!r} ({target.path}) and draft {draft.model_id.name!r} ({draft.path})"
     if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
         raise IncompatibleModelsError(f"{names} have different tokenizer vocabularies "
@@ -117,10 +130,22 @@ def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
             draft.model.attach_target(target.model)  # shares the target's embeddings; checks shapes
         except ValueError as exc:
             raise IncompatibleModelsError(f"{names}: {exc}") from exc
-    trained_for = draft.tags.get(TARGET_SHA_TAG)
-    if trained_for and target.model_id.sha256 and trained_for != target.model_id.sha256:
-        raise IncompatibleModelsError(f"{names}: the draft was trained for target weights {trained_for[:12]}, "
-                                      f"not {target.model_id.sha256[:12]}")
+    _check_trained_for(target, draft, names)
+
+
+def _check_trained_for(target: LoadedModel, draft: LoadedModel, names: str) -> None:
+    """The draft's target tag against the target's weights hash (an in-memory target has none: then a
+    registry version only has to carry the tag)."""
+    if not (draft.from_registry or draft.tags.get(TARGET_SHA_TAG)):
+        return  # a local dir that names no target: the vocabulary check above is all there is
+    target_sha = target.model_id.sha256 or None
+    if trained_for(draft.tags, target_sha):
+        return
+    recorded = draft.tags.get(TARGET_SHA_TAG, "")
+    if not recorded:
+        raise IncompatibleModelsError(f"{names}: the draft has {not_trained_for(draft.tags, target_sha)}")
+    raise IncompatibleModelsError(f"{names}: the draft was trained for target weights {recorded[:12]}, "
+                                  f"not {target_sha[:12]}")
 
 
 def from_objects(model: Any, tokenizer: Any, name: str, path: str | Path = "") -> LoadedModel:

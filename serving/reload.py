@@ -2,8 +2,9 @@
 
 `DraftWatcher` polls the alias on a background thread. When it points to a new version, the watcher
 downloads and verifies it (`draftwheel.tracking.resolve_model_uri`: safetensors only, sha256-checked),
-checks that the version was trained for the engine's target (its `target_sha256` tag must equal the
-loaded target's weights hash), loads it, and calls `engine.swap_draft`. Requests already running
+checks that the version was trained for the engine's target (`draftwheel.registry_names.trained_for`: its
+`target_sha256` tag must be there and equal the loaded target's weights hash), loads it, and calls
+`engine.swap_draft`. Requests already running
 finish on the draft they started with (the engine reads its draft once per request).
 
 Anything that goes wrong leaves the current draft serving: the reason is logged and kept in
@@ -19,7 +20,7 @@ import logging
 import threading
 from typing import Any
 
-from draftwheel.registry_names import TARGET_SHA_TAG
+from draftwheel.registry_names import not_trained_for, trained_for, version_uri
 from draftwheel.tracking import ArtifactError, RegistryError, get_alias_version, parse_model_uri, resolve_model_uri
 from serving.models import IncompatibleModelsError, LoadedModel, check_compatible, load_model
 
@@ -78,13 +79,12 @@ class DraftWatcher:
         return True
 
     def _load(self, version: str) -> LoadedModel:
-        local_dir, version, tags = resolve_model_uri(f"models:/{self.name}/{version}", self.tracking_uri)
-        serving_sha = self.engine.target.model_id.sha256
-        wanted_sha = tags.get(TARGET_SHA_TAG, "")
-        if not serving_sha or wanted_sha != serving_sha:
-            raise TargetMismatchError(
-                f"version {version} was trained for target {wanted_sha[:12] or '(none recorded)'}, but the "
-                f"served target is {serving_sha[:12] or '(no weights hash)'}")
+        local_dir, version, tags = resolve_model_uri(version_uri(version, self.name), self.tracking_uri)
+        # A served target without a weights hash ("") matches no version: which target a draft suits is
+        # unknowable then, and guessing would risk a draft trained for other weights.
+        serving_sha = self.engine.target.model_id.sha256 or ""
+        if not trained_for(tags, serving_sha):
+            raise TargetMismatchError(f"version {version}: {not_trained_for(tags, serving_sha, 'the served target')}")
         param = next(self.engine.target.model.parameters())
         loaded = load_model(local_dir, device=str(param.device), dtype=param.dtype)
         check_compatible(self.engine.target, loaded)  # refuse here rather than fail inside swap_draft

@@ -8,6 +8,8 @@
 - `read_only_dir`: a directory nobody can create entries in, for the unwritable-output tests.
 - With `DRAFTWHEEL_CI=1` (set by `.ci/run`) a skipped test fails, reason included, unless it is marked
   `ci_may_skip(reason=...)`: a check CI cannot run must be said out loud, never lost in "N skipped".
+- `make_champion(version)`: moves the champion alias with none of promote's checks (registry states the
+  checked path refuses, for the tests of what serving and the flows do with them).
 - `alias_bomb`: writes a config file whose one real field is a YAML alias bomb, for the commands' tests.
 """
 
@@ -101,3 +103,15 @@ def read_only_dir(tmp_path):
         if immutable:
             subprocess.run(["chattr", "-i", str(path)], capture_output=True)
         os.chmod(path, 0o755)
+
+
+def make_champion(version: str | int, name: str = "draftwheel-draft") -> dict[str, str]:
+    """`version` becomes champion and the old champion previous, with none of `draftwheel.registry.promote`'s
+    checks: tests put the registry in states the checked path refuses (a champion trained for another
+    target, one whose files are gone) to see what serving and the flows do with them."""
+    from draftwheel import tracking
+
+    current = tracking.get_alias_version("champion", name)
+    if current == str(version):
+        return tracking.aliases(name)
+    return tracking.move_aliases({"champion": version, **({"previous": current} if current else {})}, name)

@@ -215,10 +215,9 @@ def _register(config: BootstrapConfig, draft_dir: Path, target_sha: str) -> dict
         print(f"bootstrap: champion exists (version {existing}); not registering", flush=True)
         return {"version": existing, "registered": False}
     info = common.read_training_info(draft_dir)
-    version = tracking.register_draft(draft_dir, tags={TARGET_SHA_TAG: target_sha, STAGE_TAG: "bootstrap",
-                                                       "draft_kind": config.draft_kind,
-                                                       TRAINING_CONFIG_TAG: to_dict(config),
-                                                       "metrics": info.get("metrics", {})})
+    version = registry.register_version(draft_dir, config.draft_kind, {
+        TARGET_SHA_TAG: target_sha, STAGE_TAG: "bootstrap", TRAINING_CONFIG_TAG: to_dict(config),
+        "metrics": info.get("metrics", {})})
     registry.promote(version, target_sha=target_sha)
     print(f"bootstrap: registered v0 draft as version {version} (champion)", flush=True)
     return {"version": version, "registered": True}

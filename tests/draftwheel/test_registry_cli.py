@@ -14,7 +14,8 @@ import json
 import pytest
 
 from draftwheel import registry, registry_cli, tracking
-from draftwheel.registry_names import SHADOW_REPORT_TAG, TARGET_SHA_TAG
+from draftwheel.registry_names import DRAFT_KIND_TAG, SHADOW_REPORT_TAG, TARGET_SHA_TAG
+from tests.conftest import make_champion
 from tests.draftwheel.test_tracking import fake_model_dir
 from tests.serving.test_shadow import toy_models  # noqa: F401 - module-scoped fixture reused here
 
@@ -88,7 +89,7 @@ def test_shadow_gate_registers_and_promotes(home, toy_models, tmp_path, capsys):
     models, holdout, _ = toy_models
     target, good, bad = (str(models[n].path) for n in ("target", "good", "bad"))
     champion = tracking.register_draft(bad, {TARGET_SHA_TAG: models["target"].model_id.sha256})
-    tracking.promote(champion)
+    make_champion(champion)
     common = ["--target", target, "--holdout", str(holdout), "--set", "include_canary=false",
               "--set", "min_requests=4", "--set", "max_requests=4", "--set", "bootstrap_resamples=200"]
     out = tmp_path / "pass.json"
@@ -100,6 +101,7 @@ def test_shadow_gate_registers_and_promotes(home, toy_models, tmp_path, capsys):
     assert new != champion and tracking.aliases() == {"champion": new, "challenger": new, "previous": champion}
     tags = tracking.get_version_tags(new)
     assert tags[TARGET_SHA_TAG] == models["target"].model_id.sha256
+    assert tags[DRAFT_KIND_TAG] == "lm"  # registered as bootstrap and the flywheel register (register_version)
     assert json.loads(tags[SHADOW_REPORT_TAG])["gain"]["ci_low"] == report["overall"]["difference"]["ci_low"]
 
     # The bad draft against the new (good) champion: rejected; registered with its verdict, no alias moved.

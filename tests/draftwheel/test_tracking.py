@@ -14,8 +14,11 @@ from urllib.parse import urlparse
 import pytest
 
 from draftwheel import tracking
-from draftwheel.registry import rollback
+from draftwheel.registry import promote, rollback
+from draftwheel.registry_names import TARGET_SHA_TAG
 from draftwheel.tracking import ArtifactError, RegistryError
+
+TRAINED_FOR = {TARGET_SHA_TAG: "ab" * 32}  # what promote and rollback ask of every version
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +67,12 @@ def test_register_refuses_pickle_only_dir(registry, tmp_path):
 
 def test_promote_and_rollback_move_aliases(registry, tmp_path):
     name = "alias-test"
-    v1, v2, v3 = (tracking.register_draft(fake_model_dir(tmp_path / str(i), f"w{i}".encode()), {}, name=name)
+    v1, v2, v3 = (tracking.register_draft(fake_model_dir(tmp_path / str(i), f"w{i}".encode()), TRAINED_FOR, name=name)
                   for i in range(3))
     with pytest.raises(RegistryError, match="no 'previous'"):
         rollback(name)
-    assert tracking.promote(v1, name) == {"champion": v1}
-    assert tracking.promote(v2, name) == {"champion": v2, "previous": v1}
+    assert promote(v1, name) == {"champion": v1}
+    assert promote(v2, name) == {"champion": v2, "previous": v1}
     tracking.set_alias(v3, "challenger", name)
     with pytest.raises(ValueError, match="champoin"):
         tracking.set_alias(v3, "champoin", name)
@@ -78,17 +81,17 @@ def test_promote_and_rollback_move_aliases(registry, tmp_path):
     # A second rollback undoes the first.
     assert rollback(name) == {"champion": v2, "previous": v1, "challenger": v3}
     # Promoting the champion again changes nothing (previous must not become the champion itself).
-    assert tracking.promote(v2, name)["previous"] == v1
+    assert promote(v2, name)["previous"] == v1
     rows = {r["version"]: r["aliases"] for r in tracking.list_versions(name)}
     assert rows == {v1: ["previous"], v2: ["champion"], v3: ["challenger"]}
 
 
 def test_promote_unknown_version_leaves_aliases(registry, tmp_path):
     name = "unknown-test"
-    v1 = tracking.register_draft(fake_model_dir(tmp_path / "m"), {}, name=name)
-    tracking.promote(v1, name)
+    v1 = tracking.register_draft(fake_model_dir(tmp_path / "m"), TRAINED_FOR, name=name)
+    promote(v1, name)
     with pytest.raises(RegistryError, match="version=99"):
-        tracking.promote("99", name)
+        promote("99", name)
     assert tracking.aliases(name) == {"champion": v1}
     # Several aliases move all or nothing: one unknown version and none of them moves.
     v2 = tracking.register_draft(fake_model_dir(tmp_path / "m2", b"w2"), {}, name=name)
@@ -162,4 +165,4 @@ def test_unreachable_registry_raises_registry_error(registry, monkeypatch):
     with pytest.raises(RegistryError, match="127.0.0.1:9"):
         tracking.resolve_model_uri("models:/draftwheel-draft@champion", tracking_uri="http://127.0.0.1:9")
     with pytest.raises(RegistryError):
-        tracking.promote("1", tracking_uri="http://127.0.0.1:9")
+        tracking.move_aliases({"champion": "1"}, tracking_uri="http://127.0.0.1:9")

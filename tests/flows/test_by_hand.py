@@ -21,6 +21,7 @@ from draftwheel.cli import main
 from draftwheel.registry_names import STAGE_TAG, TARGET_SHA_TAG
 from flows.flywheel import flywheel, override
 from serving.reference import default_target_dir
+from tests.conftest import make_champion
 from tests.flows.toy_world import build_models, register_drafts, word_salads
 
 TRAIN = ["epochs=2", "batch_size=4", "max_length=64", "eval_max_samples=4", "logging_steps=1"]
@@ -36,7 +37,7 @@ def state(tmp_path_factory, prefect_server, one_torch_thread):
         dirs = build_models(root)
         shutil.copytree(dirs["target"], default_target_dir())
         champion = register_drafts(dirs, ("bad",))["bad"]
-        tracking.promote(champion)
+        make_champion(champion)
         workload = root / "prompts.jsonl"
         workload.write_text("".join(json.dumps(row) + "\n" for row in word_salads(16)))
         yield {"root": root, "dirs": dirs, "champion": champion, "workload": workload}
@@ -68,7 +69,7 @@ def test_by_hand_sequence_gets_what_the_flywheel_gets(state, capsys):
     assert "train_loss" in metrics and any(k.startswith("eval_") for k in metrics), metrics
 
     # The flywheel from the same logs and the same champion mines the same data and trains the same kind.
-    tracking.promote(state["champion"])
+    make_champion(state["champion"])
     result = flywheel(None, ["trainer=distill", override("train_overrides", TRAIN),
                              override("mining_overrides", MINING), override("shadow_overrides", SHADOW)])
     outputs = [json.loads((root / "manifest.json").read_text())["outputs"]

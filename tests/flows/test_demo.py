@@ -9,6 +9,7 @@ from draftwheel import tracking
 from flows.demo import demo
 from flows.flywheel import override
 from serving.models import weights_sha256
+from tests.conftest import make_champion
 from tests.flows.toy_world import build_models
 
 
@@ -17,7 +18,7 @@ def test_demo_runs_the_whole_story_on_tiny_models(tmp_path, monkeypatch, prefect
     dirs = build_models(tmp_path)
     # The stand-in "v0": a random draft registered the way bootstrap registers one.
     v0 = tracking.register_draft(dirs["bad"], {"target_sha256": weights_sha256(dirs["target"]), "stage": "bootstrap"})
-    tracking.promote(v0)
+    make_champion(v0)
     results = demo(None, [
         f"target={dirs['target']}", "trainer=tests.flows.toy_trainers:copy_model", "min_acceptance=0.9",
         override("train_overrides", [f"source={dirs['good']}"]), "chat_requests=6", "code_requests=10",

@@ -16,6 +16,7 @@ from serving.engine import Engine
 from serving.models import load_model, weights_sha256
 from serving.params import SamplingParams
 from serving.sink import JsonlSink
+from tests.conftest import make_champion
 from tests.flows.toy_world import build_models, word_salads
 
 
@@ -30,7 +31,7 @@ def eagle_world(tmp_path_factory, prefect_server, one_torch_thread):
         save_eagle3(v0, root / "eagle-v0", target.tokenizer)
         version = tracking.register_draft(root / "eagle-v0", {TARGET_SHA_TAG: weights_sha256(dirs["target"]),
                                                              "draft_kind": "eagle3"})
-        tracking.promote(version)
+        make_champion(version)
         logs = root / "logs"
         with JsonlSink(logs) as sink:
             engine = Engine.from_paths(dirs["target"], CHAMPION_URI, sink=sink)

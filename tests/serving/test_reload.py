@@ -16,10 +16,13 @@ import pytest
 import torch
 
 from draftwheel import tracking
+from draftwheel.cli import main
+from draftwheel.registry import PromotionRefused, promote, register_version
 from serving.engine import Engine
-from serving.models import load_model, weights_sha256
+from serving.models import IncompatibleModelsError, load_model, weights_sha256
 from serving.params import SamplingParams
 from serving.reload import DraftWatcher
+from tests.conftest import make_champion
 from tests.serving.test_shadow import build_toy_models
 
 URI = f"models:/{tracking.DRAFT_MODEL}@champion"
@@ -37,13 +40,13 @@ def registry(module_home, tmp_path_factory):
     versions["corrupt"] = tracking.register_draft(paths["good"], {"target_sha256": target_sha})
     row = next(r for r in tracking.list_versions() if r["version"] == versions["corrupt"])
     (Path(row["source"].removeprefix("file://")) / "model.safetensors").write_bytes(b"truncated")
-    tracking.promote(versions["good"])
+    make_champion(versions["good"])
     return {"paths": paths, "versions": versions}
 
 
 @pytest.fixture
 def engine(registry):
-    tracking.promote(registry["versions"]["good"])
+    make_champion(registry["versions"]["good"])
     return Engine.from_paths(registry["paths"]["target"], URI)
 
 
@@ -93,7 +96,7 @@ def test_hot_reload_under_concurrent_requests(registry, engine):
         for name in ("bad", "good"):  # promote the bad draft, then roll forward to the good one again
             done = len(records)
             wait_for(lambda: len(records) >= done + 3, "requests on the current draft")
-            tracking.promote(versions[name])
+            make_champion(versions[name])
             wait_for(lambda: watcher.current_version == versions[name], f"swap to {name}")
         done = len(records)
         wait_for(lambda: len(records) >= done + 3, "requests after the last swap")
@@ -118,7 +121,7 @@ def test_hot_reload_under_concurrent_requests(registry, engine):
 def test_wrong_target_draft_is_refused(registry, engine):
     versions = registry["versions"]
     watcher = DraftWatcher(engine, URI)
-    tracking.promote(versions["wrong_target"])
+    make_champion(versions["wrong_target"])
     assert not watcher.poll_once()
     assert "trained for target 000000000000" in watcher.last_error
     assert engine.draft.model_id.version == watcher.current_version == versions["good"]
@@ -130,14 +133,14 @@ def test_wrong_target_draft_is_refused(registry, engine):
 def test_corrupt_artifact_is_refused(registry, engine):
     versions = registry["versions"]
     watcher = DraftWatcher(engine, URI)
-    tracking.promote(versions["corrupt"])
+    make_champion(versions["corrupt"])
     assert not watcher.poll_once()
     assert "ArtifactError" in watcher.last_error and "corrupt" in watcher.last_error
     assert engine.draft.model_id.version == versions["good"]
     # Refused versions are not fetched again while the alias stays on them.
     assert not watcher.poll_once() and list(watcher.refused) == [versions["corrupt"]]
     # Once the alias moves back, the refusal is forgotten and the watcher is healthy again.
-    tracking.promote(versions["good"])
+    make_champion(versions["good"])
     assert not watcher.poll_once() and watcher.refused == {} and watcher.last_error is None
 
 
@@ -154,3 +157,30 @@ def test_unreachable_registry_keeps_the_draft(registry, engine, monkeypatch):
 def test_watcher_needs_an_alias(engine):
     with pytest.raises(ValueError, match="alias"):
         DraftWatcher(engine, f"models:/{tracking.DRAFT_MODEL}/1")
+
+
+def test_a_version_without_the_target_tag_is_refused_by_promote_serve_and_reload(registry, engine, tmp_path, capsys):
+    """A version that does not say which target it was trained for (possible only through the bare MLflow
+    primitive: `register_version` refuses it) is refused alike by the checked promote, by serve's
+    compatibility check and by the hot-reload watcher, each naming the missing tag (`trained_for`)."""
+    good = registry["versions"]["good"]
+    with pytest.raises(ValueError, match="target_sha256"):
+        register_version(registry["paths"]["good"], "lm", {})
+    untagged = tracking.register_draft(registry["paths"]["good"], {})
+    with pytest.raises(PromotionRefused, match="no target_sha256 tag"):
+        promote(untagged)
+    assert tracking.get_alias_version("champion") == good
+    uri = f"models:/{tracking.DRAFT_MODEL}/{untagged}"
+    with pytest.raises(IncompatibleModelsError, match="no target_sha256 tag"):
+        engine.swap_draft(load_model(uri))
+    capsys.readouterr()
+    assert main(["serve", "--target", str(registry["paths"]["target"]), "--draft", uri,
+                 "--log-dir", str(tmp_path / "logs")]) == 2
+    assert "no target_sha256 tag" in capsys.readouterr().err
+    watcher = DraftWatcher(engine, URI)
+    make_champion(untagged)
+    try:
+        assert not watcher.poll_once() and "no target_sha256 tag" in watcher.last_error
+        assert engine.draft.model_id.version == watcher.current_version == good
+    finally:
+        make_champion(good)
