@@ -1,37 +1,88 @@
-"""`draftwheel demo` end to end on tiny models (~40 s, in the default suite): every step runs, the flywheel
-promotes the better draft, and the after column shows it on held-out prompts."""
+"""`draftwheel demo` end to end on tiny models (~40 s, in the default suite), judged by its decisions and
+the direction of its figures.
+
+The stand-in v0 knows chat and not code: it is `good` (the target's own function, see toy_world) with
+the head rows zeroed of every token the target answers the demo's code prompts with and never its chat
+prompts, so it drafts chat perfectly and cannot propose those code tokens. The demo then tells its story
+with its own rules: the monitor finds nothing wrong on chat (its threshold is `trigger_ratio` times the
+chat acceptance), the shift to code triggers it, the flywheel's stand-in trainer hands back `good`, the
+gate promotes it, and on held-out prompts the new champion drafts code better than v0 and chat as well.
+"""
 
 from __future__ import annotations
 
 import json
 
-from draftwheel import tracking
-from flows.demo import demo
+import torch
+from transformers import AutoModelForCausalLM
+
+from draftwheel import registry, tracking
+from draftwheel.registry_names import STAGE_TAG, TARGET_SHA_TAG
+from flows.bootstrap_flow import bootstrap_prompts
+from flows.demo import DemoConfig, demo, workloads
 from flows.flywheel import override
-from serving.models import weights_sha256
-from tests.conftest import make_champion
+from serving.engine import Engine
+from serving.models import load_model, weights_sha256
+from serving.params import SamplingParams
+from serving.toy import build_tokenizer, save_model
 from tests.flows.toy_world import build_models
 
+SIZES = {"chat_requests": 6, "code_requests": 10, "after_requests": 2, "eval_requests": 3, "max_new_tokens": 12}
 
-def test_demo_runs_the_whole_story_on_tiny_models(tmp_path, monkeypatch, prefect_server, one_torch_thread):
+
+def chat_only_v0(dirs, root):
+    """`good` without the head rows of the tokens the target uses on the demo's code prompts alone."""
+    rows = workloads(DemoConfig(**SIZES), bootstrap_prompts())
+    engine = Engine(load_model(dirs["target"]))
+    params = SamplingParams(max_new_tokens=SIZES["max_new_tokens"])
+    used = {name: {token for key in (name, f"eval_{name}") for row in rows[key]
+                   for token in engine.generate([row["prompt"]], params, chat=True)[0].token_ids}
+            for name in ("chat", "code")}
+    code_only = sorted(used["code"] - used["chat"])
+    model = AutoModelForCausalLM.from_pretrained(dirs["good"])
+    with torch.no_grad():
+        model.lm_head.weight[code_only] = 0.0
+    return save_model(model, build_tokenizer(), root / "v0"), code_only
+
+
+def test_demo_runs_the_whole_story_on_tiny_models(tmp_path, monkeypatch, capsys, prefect_server, one_torch_thread):
     monkeypatch.setenv("DRAFTWHEEL_HOME", str(tmp_path / "home"))
     dirs = build_models(tmp_path)
-    # The stand-in "v0": a random draft registered the way bootstrap registers one.
-    v0 = tracking.register_draft(dirs["bad"], {"target_sha256": weights_sha256(dirs["target"]), "stage": "bootstrap"})
-    make_champion(v0)
+    v0_dir, code_only = chat_only_v0(dirs, tmp_path)
+    assert code_only  # the code answers do use tokens the chat answers never do
+    # Registered and made champion the way bootstrap does it, so the demo skips bootstrapping.
+    target_sha = weights_sha256(dirs["target"])
+    v0 = registry.register_version(v0_dir, "lm", {TARGET_SHA_TAG: target_sha, STAGE_TAG: "bootstrap"})
+    registry.promote(v0, target_sha=target_sha)
     results = demo(None, [
-        f"target={dirs['target']}", "trainer=tests.flows.toy_trainers:copy_model", "min_acceptance=0.9",
-        override("train_overrides", [f"source={dirs['good']}"]), "chat_requests=6", "code_requests=10",
-        "after_requests=2", "eval_requests=3", "max_new_tokens=12",
+        f"target={dirs['target']}", "trainer=tests.flows.toy_trainers:copy_model",
+        override("train_overrides", [f"source={dirs['good']}"]), *[f"{k}={v}" for k, v in SIZES.items()],
         override("shadow_overrides", ["max_new_tokens=12", "include_canary=false", "min_requests=2"]),
         override("mining_overrides", ["holdout_fraction=0.4"]),
     ])
+    printed = capsys.readouterr().out
+
+    # The decisions: no trigger on chat, a trigger on code, a promotion through the gate.
+    decisions = [line for line in printed.splitlines() if line.startswith("monitor: ") and "TRIGGER" in line
+                 or line == "monitor: no trigger"]
+    assert decisions[0] == "monitor: no trigger", decisions  # step 3: chat, before the shift
+    assert decisions[1].startswith("monitor: TRIGGER") and "on code" in decisions[1], decisions  # step 5
     meta = results["meta"]
-    assert meta["promoted"] and meta["champion_before"] == v0 and meta["champion_after"] != v0
-    assert results["after"]["code"]["acceptance_rate"] == 1.0 > results["before"]["code"]["acceptance_rate"]
-    saved = json.loads((tmp_path / "home" / "demo").glob("*/results.json").__next__().read_text())
-    assert saved["after"] == results["after"]
-    # The suffix tier's rows: both champions in mode hybrid over an index of the run's logs.
-    assert set(results["before"]) == set(results["after"]) == {"chat", "code", "chat/hybrid", "code/hybrid"}
-    hybrid = results["after"]["code/hybrid"]
-    assert hybrid["requests"] == 3 and hybrid["speedup_vs_plain"] > 0 and hybrid["mean_accepted_length"] >= 1.0
+    assert meta["monitor"]["trigger"] and any("on code" in reason for reason in meta["monitor"]["reasons"])
+    assert meta["promoted"] and not any(reason.startswith("FAIL") for reason in meta["decision"])
+    assert meta["champion_before"] == v0 != meta["champion_after"] == tracking.aliases()["champion"]
+    assert decisions[2] == "monitor: no trigger", decisions  # step 6: the new champion on code
+
+    # The figures, each column measured on held-out prompts: code is drafted better, chat as well as before.
+    before, after = results["before"], results["after"]
+    assert after["code"]["acceptance_rate"] == 1.0 > before["code"]["acceptance_rate"]
+    assert after["code"]["mean_accepted_length"] > before["code"]["mean_accepted_length"]
+    assert after["code"]["speedup_vs_plain"] > before["code"]["speedup_vs_plain"]
+    assert after["chat"]["acceptance_rate"] == before["chat"]["acceptance_rate"] == 1.0
+    # As served (hybrid, over an index of the run's logs): lossless in every column. Its per-step choice of
+    # source follows timed costs, so its figures have no fixed direction on tiny models.
+    assert set(before) == set(after) == {"chat", "code", "chat/hybrid", "code/hybrid"}
+    assert all(figures["greedy_identical"] == "3/3" and figures["requests"] == 3
+               for column in (before, after) for figures in column.values())
+    saved = json.loads(next((tmp_path / "home" / "demo").glob("*/results.json")).read_text())
+    assert saved["after"] == results["after"] and saved["meta"]["promoted"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from draftwheel.config import ConfigError, load_config
 from draftwheel.locks import LockedError, state_lock
 from draftwheel.registry_names import CHAMPION_URI, SHADOW_REPORT_TAG, TARGET_SHA_TAG
 from flows.flywheel import FlywheelConfig, StageError, flywheel, override
+from flows.tasks import datasets_sha256
 from mining import corpus
 from serving.engine import Engine
 from serving.models import weights_sha256
@@ -49,6 +51,10 @@ def world(tmp_path_factory, prefect_server, one_torch_thread):
 
 
 SHADOW = ["max_new_tokens=12", "min_requests=4", "include_canary=false"]
+# The drafts alone, on mean accepted length: greedy figures, so the gate's verdict does not hang on timed
+# costs (as served, the hybrid's step choices and the modelled speedup follow them; on a loaded machine a
+# clear winner's gain interval can then touch 0). For tests about something other than the gate.
+DRAFTS_ALONE = ["suffix_tier=false", "metric=mean_accepted_length"]
 
 
 def run_flywheel(world, trainer=TRAINER, source="good", extra=(), shadow=tuple(SHADOW), train=None,
@@ -171,9 +177,9 @@ def test_monitor_flow_reads_the_logs_and_triggers_or_not(world):
 def test_training_is_cached_on_unchanged_data_and_config(world):
     make_champion(world["versions"]["bad"])
     calls = world["root"] / "calls.txt"
-    first = run_flywheel(world, source="good", extra=[f"calls={calls}"])
+    first = run_flywheel(world, source="good", extra=[f"calls={calls}"], shadow=SHADOW + DRAFTS_ALONE)
     make_champion(world["versions"]["bad"])  # same champion, same logs, same config
-    second = run_flywheel(world, source="good", extra=[f"calls={calls}"])
+    second = run_flywheel(world, source="good", extra=[f"calls={calls}"], shadow=SHADOW + DRAFTS_ALONE)
     assert len(calls.read_text().splitlines()) == 1  # the second run reused the candidate
     assert second["candidate_dir"] == first["candidate_dir"] and second["promoted"]
 
@@ -250,6 +256,39 @@ def test_a_slice_only_rejection_is_retried_once_with_more_replay(world):
     status, tags, runs = last_run(world, "flywheel")
     assert status == "FINISHED" and runs["attempt-1"] == runs["attempt-2"] == "FINISHED"
     assert tags["attempts"] == "2" and tags["blocking_slices"] == ""
+
+
+def test_a_retry_for_slices_with_nothing_to_replay_hands_the_trainer_more_rehearsal_and_retrains(world, tmp_path):
+    """With no replay in the mined mix (`replay_share=0`) the blocking slices have nothing to replay, so the
+    retry's one lever is the trainer's rehearsal: the eagle trainer's `rehearsal_ratio` (2 in
+    configs/eagle.yaml) times 3. The stand-in launcher (tests/flows/stand_in_launcher.py) records the
+    overrides each call receives: the second call gets `rehearsal_ratio=6`, and it is a second call at all,
+    into a new candidate dir, because the override is part of training's cache key. Both attempts mined the
+    same data (no corpus, no replay boost), so were the override dropped the retry would have the first
+    attempt's key and get its cached candidate back, rejected again."""
+    make_champion(world["versions"]["bad"])
+    calls = tmp_path / "calls.jsonl"
+    launcher = (f"{sys.executable} {Path(__file__).parent / 'stand_in_launcher.py'} --calls {calls} "
+                f"--first {world['dirs']['bad']} --then {world['dirs']['good']}")
+    result = run_flywheel(world, trainer="eagle", train=[], shadow=SLICE_ONLY + DRAFTS_ALONE,
+                          mining=LEAN_MINING + ["replay_share=0"],
+                          settings=[f"launcher={launcher}", "corpus=false"])
+    first, second = [json.loads(line) for line in calls.read_text().splitlines()]
+    attempt_dirs = [Path(result["work_dir"]).parent, Path(result["work_dir"])]
+    assert attempt_dirs[1].name == "attempt-2"
+    assert datasets_sha256(attempt_dirs[0] / "datasets") == datasets_sha256(attempt_dirs[1] / "datasets")
+    assert first["module"] == second["module"] == "training.eagle_train"
+    assert not any(item.startswith("rehearsal_ratio=") for item in first["overrides"])
+    assert "rehearsal_ratio=6" in second["overrides"]
+    out_dir = [dict(item.split("=", 1) for item in call["overrides"])["output_dir"] for call in (first, second)]
+    assert out_dir[0] != out_dir[1]  # a new cache key, a new candidate
+    attempt_1, attempt_2 = result["attempts"]
+    assert attempt_1["decision"]["failed_checks"] == ["slice"] and attempt_1["replay_boost"] == {}
+    assert "rehearsal x3 (rehearsal_ratio 2 -> 6)" in attempt_1["next"]
+    assert attempt_2["rehearsal"] == 6.0 and attempt_2["decision"]["promote"], result["decision"]["reasons"]
+    assert result["promoted"] and tracking.aliases()["champion"] == attempt_2["challenger_version"]
+    _, _, runs = last_run(world, "flywheel")
+    assert runs["attempt-1"] == runs["attempt-2"] == "FINISHED"
 
 
 def test_retries_stop_at_max_retries_and_the_report_names_the_blocking_slices(world):

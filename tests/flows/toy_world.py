@@ -36,6 +36,17 @@ def register_drafts(dirs: dict[str, Path], names: tuple[str, ...]) -> dict[str, 
     return {name: tracking.register_draft(dirs[name], tags) for name in names}
 
 
+# Two slices that differ in what the target answers: prompts from disjoint word sets.
+SLICE_WORDS = {"chat": "sea sky fox dog poem lazy brown quick help today short things question".split(),
+               "code": "stack list items read write test class return import print line def".split()}
+
+
+def slice_salads(name: str, n: int, seed: int = 0) -> list[dict[str, str]]:
+    """`n` requests of slice `name`: word salads from that slice's own words (SLICE_WORDS)."""
+    rng = random.Random(seed)
+    return [{"prompt": " ".join(rng.choice(SLICE_WORDS[name]) for _ in range(8)), "slice": name} for _ in range(n)]
+
+
 def word_salads(n: int, seed: int = 0) -> list[dict[str, str]]:
     """`n` requests of random word salads, alternating chat/code: distinct prompts that survive near-dedupe."""
     rng = random.Random(seed)
