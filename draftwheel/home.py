@@ -2,7 +2,9 @@
 
 Everything the embedded defaults write goes under one directory: `$DRAFTWHEEL_HOME`, default
 `./.draftwheel` (models/, logs/, datasets/, mlflow.db, mlartifacts/, prefect/). This module only
-computes paths and sets environment defaults; it starts nothing.
+computes paths and sets environment defaults; it starts nothing. Paths are computed from the current
+state dir on every call, so a moved or copied state dir is used where it is (the absolute paths MLflow
+recorded follow it: `draftwheel.store_root`).
 
 The default paths that connect the stages are defined here and nowhere else: `draftwheel traffic` writes
 `logs_dir()`, `draftwheel mine` reads it and writes `mined_dir()`, the trainers read
@@ -81,8 +83,13 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{state_dir() / 'mlflow.db'}"
 
 
+ARTIFACTS_DIR = "mlartifacts"
+"""The embedded MLflow store's artifact root, a dir of the state dir; its one definition."""
+
+
 def artifacts_uri() -> str:
-    return (state_dir() / "mlartifacts").as_uri()
+    """`file://<state dir>/mlartifacts`: where the embedded store keeps run artifacts and registered versions."""
+    return (state_dir() / ARTIFACTS_DIR).as_uri()
 
 
 def apply_offline_defaults() -> Path:

@@ -2,7 +2,8 @@
 
 Tracking: `get_tracker(enabled)` returns an `MlflowTracker` (sqlite + local artifacts in the state dir
 by default, any `MLFLOW_TRACKING_URI` otherwise) or a `NullTracker` that does nothing, so stage code
-never checks whether tracking is on.
+never checks whether tracking is on. A state dir moved or copied elsewhere has its own sqlite store
+re-rooted to it when first opened there (`draftwheel.store_root`), so a copy reads and writes its own files.
 
 Registry primitives (register, aliases, resolve `models:/NAME@ALIAS` to a local safetensors dir) live
 below the trackers. They check files, not policy: a version enters the registry and becomes champion only
@@ -13,18 +14,21 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
+import sqlite3
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from draftwheel import home
+from draftwheel import home, store_root
 from draftwheel.hashing import file_sha256, weights_sha256
 from draftwheel.registry_names import (  # noqa: F401 - DRAFT_MODEL, ALIASES, WEIGHTS_TAG: re-exported
     ALIASES, DRAFT_MODEL, FILES_TAG, URI_PREFIX, WEIGHTS_TAG)
 
 EXPERIMENT = "draftwheel"
+log = logging.getLogger(__name__)
 
 
 class NullTracker:
@@ -94,6 +98,26 @@ class MlflowTracker(NullTracker):
         self._mlflow.set_tags(tags)
 
 
+def _open_store(uri: str) -> None:
+    """Ready a store before MLflow opens it: a sqlite file's dir is created, and the state dir's own sqlite
+    store, when the state dir was moved or copied, is re-rooted here (`draftwheel.store_root`), so its runs
+    and versions read and write this state dir's `mlartifacts/`. Any other store is left as it is."""
+    if not uri.startswith("sqlite:///"):
+        return
+    db = Path(uri[len("sqlite:///"):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    if not db.resolve().is_relative_to(home.state_dir()):
+        return
+    try:
+        moved = store_root.reroot(db, EXPERIMENT, home.artifacts_uri())
+    except sqlite3.Error as exc:
+        raise RegistryError(f"registry: {db}: re-rooting its artifact locations to {home.artifacts_uri()} "
+                            f"(a moved or copied state dir) failed: {' '.join(str(exc).split())}") from exc
+    if moved is not None:
+        log.warning("state dir moved or copied: %s now keeps its artifacts under %s, not %s (%d rows re-rooted)",
+                    db, moved.new, " or ".join(moved.old), moved.rows)
+
+
 def _artifact_location() -> str | None:
     uri = home.tracking_uri()
     # Only the embedded sqlite default gets the state-dir artifact store; a remote server keeps its own.
@@ -105,8 +129,7 @@ def setup_mlflow(tracking_uri: str | None = None) -> str:
     import mlflow
 
     uri = tracking_uri or home.tracking_uri()
-    if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    _open_store(uri)
     # MLflow exports the URIs to os.environ (for subprocesses); undo that so the state dir stays the
     # default for the next call (a later test, or a DRAFTWHEEL_HOME change) and a user's own setting wins.
     saved = {key: os.environ.get(key) for key in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
@@ -162,8 +185,7 @@ def _client(tracking_uri: str | None):
     from mlflow import MlflowClient
 
     uri = tracking_uri or home.tracking_uri()
-    if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    _open_store(uri)
     with _registry_call(f"connecting to {uri}"):
         return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
