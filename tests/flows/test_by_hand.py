@@ -1,4 +1,4 @@
-"""The stages connect by default (issue 10, item 2): `traffic`, `mine`, `train distill`, `shadow`, `promote`
+"""The stages connect by default: `traffic`, `mine`, `train distill`, `shadow`, `promote`
 typed by hand with no path flags give what the flywheel gives from the same logs, with the real distill
 trainer on tiny models and MLflow's real sqlite store.
 
