@@ -229,7 +229,7 @@ def test_no_promotion_against_a_champion_that_moved_during_the_run(world):
 
 # The copy of the champion changes nothing; with a zero slice tolerance and min_gain -1 the gate rejects it on
 # the slice checks alone (every slice's CI is [0, 0], not above -0), the case a retry is for.
-SLICE_ONLY = SHADOW + ["min_gain=-1", "slice_tolerance=0", "min_slice_requests=3"]
+SLICE_ONLY = SHADOW + DRAFTS_ALONE + ["min_gain=-1", "slice_tolerance=0", "min_slice_requests=3"]
 # One hard sample per slice and no rollback/uniform ones: the rest of each slice is left for replay.
 LEAN_MINING = ["holdout_fraction=0.5", "max_rollback_per_slice=0", "uniform_ratio=0"]
 
