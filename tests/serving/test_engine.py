@@ -10,13 +10,13 @@ import threading
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from serving.engine import Engine, PromptTooLongError
 from serving.kv import CachedLM
 from serving.models import from_objects
 from serving.params import SamplingParams
 from serving.toy import build_tokenizer, tiny_llama
+from tests.serving.law import chi_square, window_law
 from tests.serving.law import assert_in_support
 
 PROMPTS = ["The quick brown", "Hello! How can", "Please write a short", "import os\n", "def add(a, b):"]
@@ -142,47 +142,22 @@ def test_sampled_tokens_follow_target_distribution(engine, pair):
 TWO_TOKEN_PROMPT = "The quick brown"
 
 
-def joint_law(model, prompt_ids, params):
-    """{(a, b): p(a) p(b | a)} for the first two tokens after `prompt_ids`, from full forwards."""
-    from serving.sampling import warp
-
-    with torch.no_grad():
-        p_a = warp(model(torch.tensor([prompt_ids])).logits[0, -1], params)
-        law = {}
-        for a in p_a.nonzero().flatten().tolist():
-            p_b = warp(model(torch.tensor([prompt_ids + [a]])).logits[0, -1], params)
-            for b in p_b.nonzero().flatten().tolist():
-                law[(a, b)] = float(p_a[a] * p_b[b])
-    return law
-
-
 def check_two_token_law(engine, pair, params, mode=None, n=1000):
     """Sample `n` seeded completions of TWO_TOKEN_PROMPT; return them. Their first two tokens must follow
-    the target's joint law p(a) p(b | a), computed exactly from target forwards. With top_k=3 there are
-    3 x 3 = 9 cells; Pearson's X^2 = sum (obs - exp)^2 / exp is approximately chi-square with 8 dof
-    under the null; seeded, so deterministic. Control: the draft's own joint law is rejected by the
-    same statistic."""
-    tokenizer, target, draft = pair
+    the target's joint law p(a) p(b | a), computed exactly from target forwards through transformers' own
+    warpers (tests/serving/law.py, not the engine's `warp`). Pearson's X^2 with cells expecting fewer
+    than 5 pooled, and samples outside the support counted (there must be none); seeded, so
+    deterministic. Control: the same samples against the control model's own law (cells it cannot
+    produce pooled and counted the same way, never smoothed) are rejected."""
+    tokenizer, target, control = pair
     prompt_ids = tokenizer(TWO_TOKEN_PROMPT)["input_ids"]
-    law = joint_law(target, prompt_ids, params)
-    counts = dict.fromkeys(law, 0)
-    completions = []
-    for seed in range(n):
-        completion, = engine.generate([TWO_TOKEN_PROMPT], SamplingParams(**{**params.__dict__, "seed": seed}),
-                                      mode=mode)
-        counts[tuple(completion.token_ids[:2])] += 1
-        completions.append(completion)
-    cells = sorted(law)
-    observed = [counts[c] for c in cells]
-    assert chisquare(observed, _expected(law, cells, n)).pvalue > 1e-3
-    assert chisquare(observed, _expected(joint_law(draft, prompt_ids, params), cells, n)).pvalue < 1e-6
+    completions = [engine.generate([TWO_TOKEN_PROMPT], SamplingParams(**{**params.__dict__, "seed": seed}),
+                                   mode=mode)[0] for seed in range(n)]
+    samples = [tuple(completion.token_ids[:2]) for completion in completions]
+    result = chi_square(samples, window_law(target, prompt_ids, params, 0, 2))
+    assert result.outside_support == 0 and result.pvalue > 1e-3, result
+    assert chi_square(samples, window_law(control, prompt_ids, params, 0, 2)).pvalue < 1e-6
     return completions
-
-
-def _expected(law, cells, n):
-    """Expected counts over `cells`, renormalised to sum to n exactly (scipy checks the totals)."""
-    mass = [law.get(c, 1e-9) for c in cells]
-    return [m * n / sum(mass) for m in mass]
 
 
 def test_prompt_too_long_and_bad_mode(engine, pair):
