@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from draftwheel import home
+from draftwheel.cli_help import add_log_dir
 from draftwheel.config import add_override_arguments
 from draftwheel.registry_names import CHAMPION_URI, DRAFT_MODEL, REGISTERED_MODELS, URI_PREFIX, model_for_kind
+from serving.cli_flags import add_dtype, add_k, add_min_path_prob
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "shadow.yaml"
 REJECTED_EXIT = 3  # the shadow run worked and the gate said no: scripts can tell it from an error (1)
@@ -37,6 +39,11 @@ def register(subparsers: Any) -> None:
     shadow.add_argument("--target", default=None, help="target model (default: the reference target)")
     shadow.add_argument("--config", default=str(DEFAULT_CONFIG), help="ShadowConfig YAML")
     add_override_arguments(shadow, "min_requests=8")
+    add_k(shadow, None)
+    add_min_path_prob(shadow, None)
+    add_dtype(shadow, None)
+    add_log_dir(shadow, help="serving logs the as-served replay's suffix index is built from "
+                             "(default: the config's suffix_logs, else $DRAFTWHEEL_HOME/logs)")
     shadow.add_argument("--out", default=None, help="report JSON path, the plot is written beside it "
                                                     "(default <state>/shadow/<UTC time>/report.json)")
     shadow.add_argument("--promote", action="store_true", help="with a passing gate, make the challenger champion")
@@ -126,13 +133,22 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"  {reason}")
 
 
+SHADOW_FLAG_FIELDS = {"k": "k", "min_path_prob": "min_path_prob", "dtype": "dtype", "log_dir": "suffix_logs"}
+
+
+def _flag_overrides(args: argparse.Namespace) -> list[str]:
+    """Each serving flag given to `shadow` as `field=value` after the overrides: the flags win."""
+    return [f"{field}={getattr(args, name)}" for name, field in SHADOW_FLAG_FIELDS.items()
+            if getattr(args, name, None) is not None]
+
+
 def _shadow(args: argparse.Namespace) -> int:
     from draftwheel import home
     from draftwheel.config import load_config
     from draftwheel.tracking import get_tracker
     from serving.shadow import ShadowConfig, run_shadow
 
-    config = load_config(ShadowConfig, args.config, args.overrides)
+    config = load_config(ShadowConfig, args.config, [*args.overrides, *_flag_overrides(args)])
     holdout = args.holdout or home.mined_dataset("holdout")
     if args.holdout is None and not Path(holdout).is_dir():
         holdout = None  # no mined data yet: the canary set alone (the gate still needs min_requests)

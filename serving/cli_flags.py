@@ -1,5 +1,5 @@
 """The serving flags users reach for first, defined once so they mean the same on every command:
-`--k`, `--min-path-prob`, `--dtype` (generate, bench, serve, traffic, demo) and `--served-model-name` (serve).
+`--k`, `--min-path-prob`, `--dtype` (generate, bench, serve, traffic, demo, shadow) and `--served-model-name` (serve).
 
 Each maps onto the `ServeConfig` field of the same name. A command that reads a config (serve, bench)
 passes `default=None`, so an unset flag leaves the config's value; the others pass their own default.
