@@ -198,7 +198,17 @@ def _train(config: FlywheelConfig, tracker: Any, work: Path, mined: dict, champi
     train = tasks.train_candidate.with_options(refresh_cache=not (out_dir / "config.json").is_file())
     trained = train(config.trainer, config_path, config.train_overrides, str(work / "datasets"),
                     champion["dir"], target["dir"], str(out_dir), key, config.launcher, tracker=tracker)
+    trained = {**trained, "dir": str(candidate_dir(Path(trained["dir"]), out_dir))}
     tracker.set_tags({"candidate_dir": trained["dir"], "cache_key": key})
+    return trained
+
+
+def candidate_dir(trained: Path, out_dir: Path) -> Path:
+    """The candidate a (possibly cached) training result names. Prefect's cache is copied with a state
+    dir, so in a copy a cached result names the original's candidate dir; the copy holds the same
+    candidate at `out_dir` (same cache key), and that one is read, never the original's."""
+    if not trained.is_relative_to(home.state_dir()) and (out_dir / "config.json").is_file():
+        return out_dir
     return trained
 
 

@@ -376,3 +376,19 @@ def test_training_prediction_sits_beside_what_the_gate_measured():
                                        "gate_served_mal": 2.28, "walk_gap": 0.12})
     assert prediction_against_gate({"metrics": {}}, report) is None
     assert prediction_against_gate(info, {"overall": {"challenger": {"mean_accepted_length": 2.28}}}) is None
+
+
+def test_a_cached_candidate_from_a_copied_state_dirs_original_is_read_in_the_copy(tmp_path, monkeypatch):
+    """Prefect's cache travels with a copied state dir: its cached training result names the original's
+    candidate dir. The copy's own candidate at the same cache key is read instead; a candidate a custom
+    trainer wrote outside the state dir, with nothing at `out_dir`, is kept as it is."""
+    from flows.flywheel import candidate_dir
+
+    monkeypatch.setenv("DRAFTWHEEL_HOME", str(tmp_path / "copy"))
+    out_dir = tmp_path / "copy" / "models" / "candidates" / "k"
+    original = tmp_path / "original" / "models" / "candidates" / "k"
+    assert candidate_dir(original, out_dir) == original  # nothing in the copy yet
+    out_dir.mkdir(parents=True)
+    (out_dir / "config.json").write_text("{}")
+    assert candidate_dir(original, out_dir) == out_dir
+    assert candidate_dir(out_dir, out_dir) == out_dir
