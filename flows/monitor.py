@@ -33,7 +33,7 @@ from draftwheel.registry_names import CHAMPION_URI, TARGET_SHA_TAG
 from flows import tasks
 from flows.flywheel import FlywheelConfig, flywheel
 from flows.served import (DRAFTING_MODES, SliceStats, VersionTally, acceptance_by_slice, delivered_gain,
-                          delivered_metrics, is_drafted, served_by_slice)
+                          delivered_metrics, is_drafted)
 from serving.records import AcceptanceRecord
 from serving.sink import log_files, valid_records
 
@@ -96,13 +96,11 @@ class MonitorConfig:
             raise ValueError(f"delivered_confidence must be in (0, 1), got {self.delivered_confidence!r}")
         if self.retrigger_after_requests < 0:
             raise ValueError(f"retrigger_after_requests must be >= 0, got {self.retrigger_after_requests}")
-        for name, value in [("min_served_mal", self.min_served_mal), *self.slice_min_served_mal.items()]:
+        for label, value in _thresholds("min_served_mal", self.min_served_mal, self.slice_min_served_mal):
             if not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
-                label = name if name == "min_served_mal" else f"slice_min_served_mal.{name}"
                 raise ValueError(f"{label} must be a finite number >= 0, got {value!r}")
-        for name, value in [("min_acceptance", self.min_acceptance), *self.slice_min_acceptance.items()]:
+        for label, value in _thresholds("min_acceptance", self.min_acceptance, self.slice_min_acceptance):
             if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-                label = name if name == "min_acceptance" else f"slice_min_acceptance.{name}"
                 raise ValueError(f"{label} must be a number in [0, 1], got {value!r}")
 
     def triggered_overrides(self) -> list[str]:
@@ -113,6 +111,11 @@ class MonitorConfig:
         """Check the flywheel this monitor would start, and its stages' configs, now rather than when triggered."""
         if self.run_flywheel:
             load_config(FlywheelConfig, self.flywheel_config or None, self.triggered_overrides()).check_stages()
+
+
+def _thresholds(field_name: str, default: Any, per_slice: dict) -> list[tuple[str, Any]]:
+    """(label, value) of a threshold and its per-slice overrides, labelled as a config error names them."""
+    return [(field_name, default), *((f"slice_{field_name}.{name}", value) for name, value in per_slice.items())]
 
 
 @dataclass
@@ -186,7 +189,7 @@ def decide(records: list[AcceptanceRecord], config: MonitorConfig,
     than all but fewer than `retrigger_after_requests` of the window's records. A changed target always
     triggers: the rejected round trained for the old one."""
     stats = acceptance_by_slice(records)
-    served = served_by_slice(served_records or [])
+    served = acceptance_by_slice(served_records or [], every_step=True)
     reasons = []
     target_changed = bool(config.check_target_sha and target_sha and champion_target_sha
                           and target_sha != champion_target_sha)

@@ -83,19 +83,12 @@ def _count(stats: dict[str, SliceStats], record: AcceptanceRecord, every_step: b
         stats.setdefault(key, SliceStats(every_step=every_step)).add(record)
 
 
-def acceptance_by_slice(records: Iterable[AcceptanceRecord]) -> dict[str, SliceStats]:
-    """Token-weighted acceptance per slice and "overall" (a long request counts for its tokens)."""
-    stats: dict[str, SliceStats] = {"overall": SliceStats()}
+def acceptance_by_slice(records: Iterable[AcceptanceRecord], every_step: bool = False) -> dict[str, SliceStats]:
+    """Token-weighted acceptance per slice and "overall" (a long request counts for its tokens): of the
+    draft's own steps, or with `every_step` of every step of each request (the figures as served)."""
+    stats: dict[str, SliceStats] = {"overall": SliceStats(every_step=every_step)}
     for record in records:
-        _count(stats, record)
-    return stats
-
-
-def served_by_slice(records: Iterable[AcceptanceRecord]) -> dict[str, SliceStats]:
-    """Per slice and "overall", every step of each request: the figures as served."""
-    stats: dict[str, SliceStats] = {"overall": SliceStats(every_step=True)}
-    for record in records:
-        _count(stats, record, every_step=True)
+        _count(stats, record, every_step)
     return stats
 
 

@@ -139,7 +139,6 @@ class StepPace:
         # discounted sums over draft steps: weight, weight^2, tokens, units, tokens^2, units^2, tokens*units
         self._sums = [0.0] * 7
         self.draft_steps = 0
-        self.skipped = 0  # steps since `draft_pays` last said yes (the step may then still go to the index)
         self.clock = VerifyClock()  # verify cost by rows: the unit of every comparison here
         self._rng = random.Random(seed)
 
@@ -161,9 +160,8 @@ class StepPace:
         return max((spread / effective) ** 0.5 / (units / w), self.prior_se / w ** 0.5)
 
     def draft_pays(self) -> bool:
-        """Draft with the model this step? A "no" counts as a skipped step."""
+        """Draft with the model this step? A "no" ages the evidence."""
         pays = self.draft_steps < self.warmup or self._rng.gauss(self.ratio, self.standard_error) > 1.0
-        self.skipped = 0 if pays else self.skipped + 1
         if not pays:  # the evidence ages: the ratio stays, its weight (and so its certainty) shrinks
             a = self.age_decay
             self._sums = [x * f for x, f in zip(self._sums, (a, a * a, a, a, a, a, a))]
