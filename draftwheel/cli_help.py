@@ -38,6 +38,13 @@ def examples(*lines: str) -> dict[str, Any]:
             "formatter_class": HelpFormatter}
 
 
+def flag_overrides(args: argparse.Namespace, fields: dict[str, str]) -> list[str]:
+    """`args.overrides` with each flag given (`fields`: flag dest -> config field) appended as
+    `field=value`, so the flags win over the overrides, as over the file."""
+    return [*args.overrides, *(f"{field}={getattr(args, name)}" for name, field in fields.items()
+                               if getattr(args, name, None) is not None)]
+
+
 def add_log_dir(parser: argparse.ArgumentParser, help: str = LOG_DIR_HELP, **kwargs: Any) -> None:
     """`--log-dir DIR`: the serving acceptance log dir, the same flag on every command that reads or writes it."""
     parser.add_argument("--log-dir", dest="log_dir", metavar="DIR", help=help, **kwargs)

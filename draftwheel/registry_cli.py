@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from draftwheel import home
-from draftwheel.cli_help import add_log_dir
+from draftwheel.cli_help import add_log_dir, flag_overrides
 from draftwheel.config import add_override_arguments
 from draftwheel.registry_names import CHAMPION_URI, DRAFT_MODEL, REGISTERED_MODELS, URI_PREFIX, model_for_kind
 from serving.cli_flags import add_dtype, add_k, add_min_path_prob
@@ -134,12 +134,7 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 SHADOW_FLAG_FIELDS = {"k": "k", "min_path_prob": "min_path_prob", "dtype": "dtype", "log_dir": "suffix_logs"}
-
-
-def _flag_overrides(args: argparse.Namespace) -> list[str]:
-    """Each serving flag given to `shadow` as `field=value` after the overrides: the flags win."""
-    return [f"{field}={getattr(args, name)}" for name, field in SHADOW_FLAG_FIELDS.items()
-            if getattr(args, name, None) is not None]
+"""`shadow`'s serving flags and the ShadowConfig fields they set (the flags win over the overrides)."""
 
 
 def _shadow(args: argparse.Namespace) -> int:
@@ -148,7 +143,7 @@ def _shadow(args: argparse.Namespace) -> int:
     from draftwheel.tracking import get_tracker
     from serving.shadow import ShadowConfig, run_shadow
 
-    config = load_config(ShadowConfig, args.config, [*args.overrides, *_flag_overrides(args)])
+    config = load_config(ShadowConfig, args.config, flag_overrides(args, SHADOW_FLAG_FIELDS))
     holdout = args.holdout or home.mined_dataset("holdout")
     if args.holdout is None and not Path(holdout).is_dir():
         holdout = None  # no mined data yet: the canary set alone (the gate still needs min_requests)

@@ -15,7 +15,7 @@ import json
 import sys
 from typing import Any
 
-from draftwheel.cli_help import add_log_dir, examples
+from draftwheel.cli_help import add_log_dir, examples, flag_overrides
 from draftwheel.config import add_override_arguments
 from draftwheel.exit_codes import FAILURE, USAGE
 from serving.cli_flags import add_dtype, add_k, add_min_path_prob
@@ -77,13 +77,6 @@ def register(subparsers: Any) -> None:
     demo.set_defaults(func=_demo)
 
 
-def _flag_overrides(args: argparse.Namespace) -> list[str]:
-    """The overrides with each given flag appended as `field=value` (FLAG_FIELDS): the flags win."""
-    flags = [f"{field}={getattr(args, name)}" for name, field in FLAG_FIELDS.items()
-             if getattr(args, name, None) is not None]
-    return [*args.overrides, *flags]
-
-
 def _check_config(args: argparse.Namespace, cls: type) -> bool:
     """Validate the config, and the stage configs of the flywheel it runs, before any Prefect server
     starts, so a typo fails in seconds, not after mining and training."""
@@ -141,7 +134,7 @@ def _run_scheduled_flow(args: argparse.Namespace, flow_obj: Any, config_cls: typ
 def _flywheel(args: argparse.Namespace) -> int:
     from flows.flywheel import FlywheelConfig, flywheel
 
-    args.overrides = _flag_overrides(args)
+    args.overrides = flag_overrides(args, FLAG_FIELDS)
     return _run_scheduled_flow(
         args, flywheel, FlywheelConfig, "a stage failed",
         lambda result: {k: result[k] for k in ("champion_before", "challenger_version", "promoted", "report_path")})
@@ -150,7 +143,7 @@ def _flywheel(args: argparse.Namespace) -> int:
 def _monitor(args: argparse.Namespace) -> int:
     from flows.monitor import MonitorConfig, monitor
 
-    args.overrides = _flag_overrides(args)
+    args.overrides = flag_overrides(args, FLAG_FIELDS)
     return _run_scheduled_flow(args, monitor, MonitorConfig, "the triggered flywheel failed",
                                lambda result: result["decision"])
 
@@ -158,7 +151,7 @@ def _monitor(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from flows.demo import DemoConfig, demo
 
-    args.overrides = _flag_overrides(args)
+    args.overrides = flag_overrides(args, FLAG_FIELDS)
     if not _check_config(args, DemoConfig):
         return USAGE
     demo(args.config, list(args.overrides))

@@ -82,17 +82,20 @@ def _load(args: argparse.Namespace) -> object:
 
         return load_config(BootstrapConfig, args.config, args.overrides)
     if args.command == "shadow":
+        from draftwheel.cli_help import flag_overrides
+        from draftwheel.registry_cli import SHADOW_FLAG_FIELDS
         from serving.shadow import ShadowConfig
 
-        return load_config(ShadowConfig, args.config, args.overrides)
+        return load_config(ShadowConfig, args.config, flag_overrides(args, SHADOW_FLAG_FIELDS))
     if args.command in ("flywheel", "monitor", "demo"):
-        from flows.cli import _flag_overrides
+        from draftwheel.cli_help import flag_overrides
+        from flows.cli import FLAG_FIELDS
         from flows.demo import DemoConfig
         from flows.flywheel import FlywheelConfig
         from flows.monitor import MonitorConfig
 
         cls = {"flywheel": FlywheelConfig, "monitor": MonitorConfig, "demo": DemoConfig}[args.command]
-        return load_config(cls, args.config, _flag_overrides(args))
+        return load_config(cls, args.config, flag_overrides(args, FLAG_FIELDS))
     assert not getattr(args, "overrides", None), f"{args.command} takes overrides but the test loads no config"
     return None
 

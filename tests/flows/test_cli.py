@@ -49,21 +49,22 @@ def test_flags_are_overrides_of_their_config_field_and_win():
     are its fields of those names. They follow the `--set` overrides, so they win (and a scheduled
     deployment gets them with the rest)."""
     from draftwheel.cli import build_parser
+    from draftwheel.cli_help import flag_overrides
     from draftwheel.config import load_config
-    from flows.cli import _flag_overrides
+    from flows.cli import FLAG_FIELDS
     from flows.demo import DemoConfig
     from flows.monitor import MonitorConfig
 
     parser = build_parser()
     args = parser.parse_args(["monitor", "--set", "logs_dir=/a", "--log-dir", "/b", "run_flywheel=false"])
-    assert _flag_overrides(args) == ["logs_dir=/a", "run_flywheel=false", "logs_dir=/b"]
-    assert load_config(MonitorConfig, None, _flag_overrides(args)).logs_dir == "/b"
-    assert _flag_overrides(parser.parse_args(["flywheel", "--log-dir", "/c"])) == ["logs_dir=/c"]
+    assert flag_overrides(args, FLAG_FIELDS) == ["logs_dir=/a", "run_flywheel=false", "logs_dir=/b"]
+    assert load_config(MonitorConfig, None, flag_overrides(args, FLAG_FIELDS)).logs_dir == "/b"
+    assert flag_overrides(parser.parse_args(["flywheel", "--log-dir", "/c"]), FLAG_FIELDS) == ["logs_dir=/c"]
     args = parser.parse_args(["demo", "--config", "configs/demo.yaml", "--set", "k=6", "--k", "3",
                               "--min-path-prob", "0.1", "--dtype", "float32"])
-    demo = load_config(DemoConfig, args.config, _flag_overrides(args))
+    demo = load_config(DemoConfig, args.config, flag_overrides(args, FLAG_FIELDS))
     assert (demo.k, demo.min_path_prob, demo.dtype) == (3, 0.1, "float32")
-    assert _flag_overrides(parser.parse_args(["demo"])) == []  # no flag: the config's values
+    assert flag_overrides(parser.parse_args(["demo"]), FLAG_FIELDS) == []  # no flag: the config's values
 
 
 def test_a_flag_the_config_refuses_names_the_field(capsys):

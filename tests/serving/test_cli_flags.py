@@ -95,13 +95,15 @@ def test_generate_and_traffic_keep_their_own_defaults():
 def test_shadow_flags_are_its_config_fields_and_win_over_overrides():
     """`shadow` replays as serving runs: the same `--k`, `--min-path-prob`, `--dtype`, and `--log-dir` for
     the logs its suffix index is built from (ShadowConfig.suffix_logs)."""
+    from draftwheel.cli_help import flag_overrides
     from draftwheel.config import load_config
-    from draftwheel.registry_cli import DEFAULT_CONFIG, _flag_overrides
+    from draftwheel.registry_cli import DEFAULT_CONFIG, SHADOW_FLAG_FIELDS
     from serving.gate import ShadowConfig
 
     args = _args("shadow", "--challenger", "d", "--set", "k=6", "--k", "5", "--min-path-prob", "0.1",
                  "--dtype", "float32", "--log-dir", "/tmp/logs", "min_requests=3")
-    config = load_config(ShadowConfig, DEFAULT_CONFIG, [*args.overrides, *_flag_overrides(args)])
+    config = load_config(ShadowConfig, DEFAULT_CONFIG, flag_overrides(args, SHADOW_FLAG_FIELDS))
     assert (config.k, config.min_path_prob, config.dtype, config.suffix_logs) == (5, 0.1, "float32", "/tmp/logs")
     assert config.min_requests == 3
-    assert _flag_overrides(_args("shadow", "--challenger", "d")) == []  # unset flags leave the config's values
+    unset = _args("shadow", "--challenger", "d", "min_requests=3")  # unset flags leave the config's values
+    assert flag_overrides(unset, SHADOW_FLAG_FIELDS) == ["min_requests=3"]
