@@ -1,9 +1,9 @@
 """Does one distillation round on shifted traffic raise acceptance on that slice? (the `lm` draft kind)
 
 On the reference target (SmolLM2-135M-Instruct) and a small-LM v0 draft (the target's first two layers
-with its embeddings and head, bootstrapped by `training.bootstrap` with `--boot`'s settings into its own
+with its embeddings and head, bootstrapped by `draftwheel.training.bootstrap` with `--boot`'s settings into its own
 model dir and not registered, so the state dir's champion is untouched), in one run:
-1. v0 acceptance rate and mean accepted length (k=4, greedy, through `serving.engine.Engine`) on a
+1. v0 acceptance rate and mean accepted length (k=4, greedy, through `draftwheel.serving.engine.engine.Engine`) on a
    `chat` hold-out and a `code` hold-out (prompts disjoint from any training prompts);
 2. code traffic: the target's greedy completions of `code` workload prompts (top-k log-probs kept);
 3. teacher-mode timing: a few identical steps with the teacher online, cached from generation, and
@@ -53,8 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def engine_acceptance(engine, prompts: list[dict], k: int, max_new_tokens: int) -> tuple[dict, list]:
     """Greedy speculative decoding of `prompts`; totals over all requests, vLLM's definitions."""
-    from serving.acceptance import acceptance_rate, mean_accepted_length
-    from serving.params import SamplingParams
+    from draftwheel.serving.engine.acceptance import acceptance_rate, mean_accepted_length
+    from draftwheel.serving.engine.params import SamplingParams
 
     params = SamplingParams(max_new_tokens=max_new_tokens, k=k)
     started = time.perf_counter()
@@ -72,7 +72,7 @@ def engine_acceptance(engine, prompts: list[dict], k: int, max_new_tokens: int) 
 
 def holdout_from_completions(completions: list, path: Path) -> Path:
     """The Engine's (lossless, i.e. the target's greedy) outputs as a holdout/ dataset."""
-    from training.target_completions import save_rows
+    from draftwheel.training.target_completions import save_rows
 
     rows = [{"request_id": c.request_id, "prompt": c.prompt, "prompt_token_ids": c.prompt_token_ids,
              "slice": c.record.slice, "max_new_tokens": len(c.token_ids), "output_token_ids": c.token_ids}
@@ -85,7 +85,7 @@ def time_teacher_modes(args, base: list[str], distill_dir: Path, work: Path) -> 
     from datasets import load_from_disk
 
     from draftwheel.config import load_config
-    from training.distill import DistillConfig, train_distill
+    from draftwheel.training.distill import DistillConfig, train_distill
 
     plain = work / "timing" / "plain" / "distill"
     load_from_disk(str(distill_dir)).remove_columns(["teacher_topk_values", "teacher_topk_indices"]).save_to_disk(str(plain))
@@ -108,12 +108,12 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     from draftwheel import home
     from draftwheel.config import load_config
-    from mining.workloads import build_workload
-    from serving.engine import Engine
-    from serving.models import load_model
-    from training.bootstrap import BootstrapConfig, bootstrap
-    from training.distill import DistillConfig, train_distill
-    from training.target_completions import save_traffic, target_traffic
+    from draftwheel.mining.workloads import build_workload
+    from draftwheel.serving.engine.engine import Engine
+    from draftwheel.serving.engine.models import load_model
+    from draftwheel.training.bootstrap import BootstrapConfig, bootstrap
+    from draftwheel.training.distill import DistillConfig, train_distill
+    from draftwheel.training.target_completions import save_traffic, target_traffic
 
     home.apply_offline_defaults()
     boot_config = load_config(BootstrapConfig, ROOT / "configs" / "bootstrap.yaml", [*V0_LM, *args.boot])

@@ -1,8 +1,8 @@
 """Mining throughput and memory on synthetic logs of realistic size: records/s and peak RSS, 100k vs 1M.
 
-Generates logs with `mining.synthetic` (prompts of 100-400 tokens, outputs of 64-128 tokens built from
+Generates logs with `draftwheel.mining.testing` (prompts of 100-400 tokens, outputs of 64-128 tokens built from
 k=4 verification steps, ~7 KB a line; 0.1% broken lines, 1% prompts with an e-mail address), rotated
-at 64 MiB like the serving sink, then runs `mining.pipeline.mine` with the default config (plus a toy
+at 64 MiB like the serving sink, then runs `draftwheel.mining.pipeline.mine` with the default config (plus a toy
 tokenizer so preference pairs and re-tokenisation run) in a fresh child process per size, so each peak
 RSS is that run's alone. Prints records/s and peak RSS per size and the 1M/100k ratios.
 
@@ -29,14 +29,14 @@ import numpy as np
 
 from bench_io import add_output_arguments, save
 
-ROTATE_BYTES = 64 * 2**20  # serving.sink.JsonlSink's default max_bytes
+ROTATE_BYTES = 64 * 2**20  # draftwheel.serving.engine.sink.JsonlSink's default max_bytes
 
 
 def generate(logs: Path, n: int, seed: int = 0) -> float:
     """Write n records (+0.1% broken lines) as rotated sink-named files; returns seconds."""
     import msgspec
 
-    from mining.synthetic import synthetic_record
+    from draftwheel.mining.testing import synthetic_record
 
     start = time.perf_counter()
     logs.mkdir(parents=True, exist_ok=True)
@@ -61,8 +61,8 @@ def generate(logs: Path, n: int, seed: int = 0) -> float:
 
 def child(logs: Path, out: Path, tokenizer: Path) -> None:
     """Run one mining pass and print its figures as JSON (in a fresh process: honest peak RSS)."""
-    from mining.config import MiningConfig
-    from mining.pipeline import mine
+    from draftwheel.mining.config import MiningConfig
+    from draftwheel.mining.pipeline import mine
 
     config = MiningConfig(tokenizer=str(tokenizer))
     start = time.perf_counter()
@@ -105,7 +105,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run(sizes: list[int], workdir: Path, keep: bool) -> list[dict]:
     """Generate and mine each size in turn; one row of figures per size."""
-    from serving.toy import build_tokenizer
+    from draftwheel.serving.testing import build_tokenizer
 
     tokenizer = workdir / "tokenizer"
     build_tokenizer().save_pretrained(tokenizer)

@@ -1,8 +1,8 @@
 """Serving benchmark on a constructed pair (a) and on the reference target (b), each in one run of
-`serving.bench.run_bench`: our plain and speculative decoding against HF `generate` on the same prompts.
+`draftwheel.evaluation.bench.run_bench`: our plain and speculative decoding against HF `generate` on the same prompts.
 
-pair a: a constructed pair with acceptance exactly 1 (serving.toy.zero_extended_target): a 1-layer
-        draft of width `--hidden` (serving.toy's 384-token vocabulary, or SmolLM2's with --vocab smollm2)
+pair a: a constructed pair with acceptance exactly 1 (draftwheel.serving.testing.zero_extended_target): a 1-layer
+        draft of width `--hidden` (draftwheel.serving.testing's 384-token vocabulary, or SmolLM2's with --vocab smollm2)
         and a 12-layer target whose extra 11 layers have zeroed output projections. Reports both
         speedups, the measured draft/target cost ratio c, the theoretical speedup E/(1 + k*c) with
         E = k + 1, and our speedup's ratio to it (wall clock and CPU time), plus the measured cost of the
@@ -32,14 +32,14 @@ from transformers import AutoTokenizer
 
 from bench_io import add_output_arguments, save
 from draftwheel.home import apply_offline_defaults, models_dir
-from serving.adaptive import speedup
-from serving.bench import run_bench
-from serving.engine import Engine
-from serving.kv import CachedLM
-from serving.models import from_objects, load_model
-from serving.params import SamplingParams
-from serving.reference import ensure_reference_target
-from serving.toy import build_tokenizer, tiny_llama, zero_extended_target
+from draftwheel.serving.engine.adaptive import speedup
+from draftwheel.evaluation.bench import run_bench
+from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.engine.kv import CachedLM
+from draftwheel.serving.engine.models import from_objects, load_model
+from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.engine.reference import ensure_reference_target
+from draftwheel.serving.testing import build_tokenizer, tiny_llama, zero_extended_target
 
 PROMPTS = [
     "Write a Python function that reverses a linked list.",
@@ -142,7 +142,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n-prompts", type=int, default=len(PROMPTS), help="how many of the 8 prompts to run")
     parser.add_argument("--draft-layers", type=int, default=4, help="pair b: target layers kept in the draft")
     parser.add_argument("--vocab", choices=["smollm2", "toy"], default="toy",
-                        help="pair a: the SmolLM2 tokenizer (49152 tokens) or serving.toy's (384 tokens)")
+                        help="pair a: the SmolLM2 tokenizer (49152 tokens) or draftwheel.serving.testing's (384 tokens)")
     parser.add_argument("--hidden", type=int, default=576, help="pair a: model width (576 = SmolLM2-135M's)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads for all four methods (default 1: multi-threaded kernels slow down "

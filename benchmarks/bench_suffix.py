@@ -7,7 +7,7 @@ Workloads (built here, seeded):
   to an acceptance log; the suffix index is then built from that log (the start-up path), and the
   measured requests use other values in the same templates.
 - `chat`: bench_serving's diverse prompts (nothing like them in the log).
-`router` is serving.router's LinUCB choosing per request among its arms (it starts untrained and learns
+`router` is draftwheel.serving.engine.router's LinUCB choosing per request among its arms (it starts untrained and learns
 over the run, so it pays its exploration here). Each measured prompt runs every method back to back on
 the same index state: the runs see the index read-only, and the prompt's own output is added once after
 all methods ran (as serving would have added it), so no method drafts from another method's output of
@@ -43,17 +43,17 @@ from bench_io import add_output_arguments, save
 from bench_serving import PROMPTS as CHAT_PROMPTS  # benchmarks/ is on sys.path when run as a script
 from bench_serving import first_layers_draft
 from draftwheel.home import apply_offline_defaults, models_dir
-from mining.workloads import templated_prompts
-from serving.engine import Engine
-from serving.models import from_objects, load_model
-from serving.params import SamplingParams
-from serving.precision import CHOICES, dtype_name, resolve_dtype
-from serving.prepack import unpacked_copy
-from serving.reference import DEFAULT_DRAFT_URI, ensure_reference_target
-from serving.router import ARMS, Router, features
-from serving.sink import JsonlSink
-from serving.suffix import ReadOnlyIndex, SuffixConfig, SuffixIndex, target_key
-from serving.toy import build_tokenizer, tiny_llama
+from draftwheel.mining.workloads import templated_prompts
+from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.engine.models import from_objects, load_model
+from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.engine.precision import CHOICES, dtype_name, resolve_dtype
+from draftwheel.serving.engine.prepack import unpacked_copy
+from draftwheel.serving.engine.reference import DEFAULT_DRAFT_URI, ensure_reference_target
+from draftwheel.serving.engine.router import ARMS, Router, features
+from draftwheel.serving.engine.sink import JsonlSink
+from draftwheel.serving.engine.suffix import ReadOnlyIndex, SuffixConfig, SuffixIndex, target_key
+from draftwheel.serving.testing import build_tokenizer, tiny_llama
 
 METHODS = ("plain", "draft", "suffix", "hybrid", "router")
 MODE = {"plain": "autoregressive", "draft": "draft", "suffix": "suffix", "hybrid": "hybrid"}
@@ -76,7 +76,7 @@ def routed(router: Router, engine: Engine, prompt: str, params: SamplingParams, 
 
 
 def repetitive_prompts(n: int, seed: int) -> list[str]:
-    """n templated requests (SQL over three schemas, JSON tool calls: mining.workloads)."""
+    """n templated requests (SQL over three schemas, JSON tool calls: draftwheel.mining.workloads)."""
     return templated_prompts(n, seed)
 
 
@@ -208,7 +208,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--k", type=int, default=4, help="the neural draft's k")
     parser.add_argument("--min-path-prob", type=float, default=0.0,
                         help="eagle3 drafts: cut a chain below this draft path probability (serving)")
-    parser.add_argument("--dtype", choices=CHOICES, default="auto", help="serving precision (serving.precision)")
+    parser.add_argument("--dtype", choices=CHOICES, default="auto", help="serving precision (draftwheel.serving.engine.precision)")
     parser.add_argument("--temperatures", default="0,0.7")
     parser.add_argument("--lookup-tokens", type=int, default=10, help="HF prompt_lookup_num_tokens")
     parser.add_argument("--index-requests", type=int, default=100_000)
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     wall = time.time()
     target, draft = load_pair(args)
     engine = Engine(target, draft, dtype=resolve_dtype(args.dtype), min_path_prob=args.min_path_prob)
-    hf_target = unpacked_copy(engine.target.model)  # HF as users run it (stock kernels), like serving.bench
+    hf_target = unpacked_copy(engine.target.model)  # HF as users run it (stock kernels), like draftwheel.evaluation.bench
     result: dict[str, Any] = {"target": target.model_id.name, "draft": draft.model_id.name, "draft_kind": draft.kind,
                               "dtype": dtype_name(engine.dtype), "k": args.k, "min_path_prob": args.min_path_prob,
                               "max_new_tokens": args.max_new_tokens, "torch_threads": torch.get_num_threads()}

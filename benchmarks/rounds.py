@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def prompts(args: argparse.Namespace, exclude: set[str]) -> dict[str, Any]:
     """Held-out prompts per slice, then each round's traffic: all distinct, none in `exclude`."""
-    from flows.demo import fresh_prompts
+    from draftwheel.flows.demo import fresh_prompts
 
     seen, rows = set(exclude), {}
     for name in SLICES:
@@ -80,8 +80,8 @@ def prompts(args: argparse.Namespace, exclude: set[str]) -> dict[str, Any]:
 
 def figures(runs: dict[str, list[Any]]) -> dict[str, Any]:
     """One slice's row: the champion as served and alone, each against plain decoding of the same prompts."""
-    from flows import report
-    from flows.demo import identical
+    from draftwheel.flows import report
+    from draftwheel.flows.demo import identical
 
     plain = [c.stats for c in runs["plain"]]
     served, alone = (report.figures([c.stats for c in runs[arm]], plain) for arm in ("served", "alone"))
@@ -94,10 +94,10 @@ def figures(runs: dict[str, list[Any]]) -> dict[str, Any]:
 def measure_round(plain: Any, champion: Any, logs: Path, rows: dict[str, Any], params: Any,
                   cut: float) -> dict[str, dict[str, Any]]:
     """Per slice: the champion as served (beside a read-only index of the logs) and alone, against plain
-    decoding, on the held-out prompts, taking the three in turn prompt by prompt (flows.demo.measure)."""
-    from flows.demo import measure
-    from serving.engine import Engine
-    from serving.suffix import ReadOnlyIndex, SuffixIndex, target_key
+    decoding, on the held-out prompts, taking the three in turn prompt by prompt (draftwheel.flows.demo.measure)."""
+    from draftwheel.flows.demo import measure
+    from draftwheel.serving.engine.engine import Engine
+    from draftwheel.serving.engine.suffix import ReadOnlyIndex, SuffixIndex, target_key
 
     target = plain.target
     index = ReadOnlyIndex(SuffixIndex.from_logs(logs, target_key(target.model_id)))
@@ -168,16 +168,16 @@ def plot(rounds: list[dict[str, Any]], path: Path) -> Path:
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from draftwheel import home
     from draftwheel.registry_names import CHAMPION_URI
-    from flows.bootstrap_flow import bootstrap_flow, bootstrap_prompts
-    from flows.demo import DemoConfig, DemoRun, monitor_overrides
-    from flows.flywheel import override
-    from flows.monitor import monitor
-    from flows import tasks
-    from serving.engine import Engine
-    from serving.models import load_model
-    from serving.params import SamplingParams
-    from serving.precision import resolve_dtype
-    from serving.suffix import SuffixIndex, target_key
+    from draftwheel.flows.bootstrap_flow import bootstrap_flow, bootstrap_prompts
+    from draftwheel.flows.demo import DemoConfig, DemoRun, monitor_overrides
+    from draftwheel.flows.flywheel import override
+    from draftwheel.flows.monitor import monitor
+    from draftwheel.flows import tasks
+    from draftwheel.serving.engine.engine import Engine
+    from draftwheel.serving.engine.models import load_model
+    from draftwheel.serving.engine.params import SamplingParams
+    from draftwheel.serving.engine.precision import resolve_dtype
+    from draftwheel.serving.engine.suffix import SuffixIndex, target_key
 
     train = [*DemoConfig().train_overrides, *args.train_set]
     if args.residual_floor is not None:

@@ -12,7 +12,7 @@ and the sink's cost per request relative to the mean request latency.
     .venv/bin/python benchmarks/serve_http.py --pair toy
 
 `reference`: the reference target (SmolLM2-135M-Instruct) with a draft made of its first 2 layers.
-`toy`: tiny random models (serving.toy): a fast engine, where HTTP overhead is most visible.
+`toy`: tiny random models (draftwheel.serving.testing): a fast engine, where HTTP overhead is most visible.
 The JSON goes to --out (default $DRAFTWHEEL_HOME/benchmarks/serve_http_<pair>.json) and the run to MLflow.
 """
 
@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def save_pair(pair: str, root: Path) -> tuple[Path, Path]:
     """Write the target and draft model dirs of `pair` under `root`."""
-    from serving.toy import build_tokenizer, save_model, tiny_llama
+    from draftwheel.serving.testing import build_tokenizer, save_model, tiny_llama
 
     if pair == "toy":
         tokenizer = build_tokenizer()
@@ -47,8 +47,8 @@ def save_pair(pair: str, root: Path) -> tuple[Path, Path]:
         draft = tiny_llama(tokenizer, n_layers=1, hidden=128, seed=2)
         return save_model(target, tokenizer, root / "target"), save_model(draft, tokenizer, root / "draft")
     from draftwheel.home import models_dir
-    from serving.models import load_model
-    from serving.reference import ensure_reference_target
+    from draftwheel.serving.engine.models import load_model
+    from draftwheel.serving.engine.reference import ensure_reference_target
 
     target_dir = ensure_reference_target(models_dir())
     loaded = load_model(target_dir)
@@ -88,7 +88,7 @@ def start_server(target: Path, draft: Path, log_dir: Path) -> tuple[subprocess.P
 def measure_paths(engine, url: str, prompts: list[str], max_new_tokens: int, rounds: int) -> dict:
     import openai
 
-    from serving.params import SamplingParams
+    from draftwheel.serving.engine.params import SamplingParams
 
     client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=600)
     model = client.models.list().data[0].id
@@ -182,8 +182,8 @@ def measure_concurrency(http, prompts: list[str], sequential_tokens_per_s: float
 def measure_sink(record: str, n: int = 2000, where: Path | None = None) -> dict:
     """records/s writing `n` copies of one real record line, fsync per record vs per 32, on the disk of
     `where` (default the state dir, where serving's logs live)."""
-    from serving.records import parse_record
-    from serving.sink import JsonlSink, iter_lines
+    from draftwheel.serving.engine.records import parse_record
+    from draftwheel.serving.engine.sink import JsonlSink, iter_lines
 
     def rate(flush_every: int) -> float:
         with tempfile.TemporaryDirectory(dir=where) as tmp:
@@ -227,9 +227,9 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
 
     from draftwheel.home import apply_offline_defaults
-    from serving.engine import Engine
-    from serving.precision import resolve_dtype
-    from serving.serve_config import ServeConfig
+    from draftwheel.serving.engine.engine import Engine
+    from draftwheel.serving.engine.precision import resolve_dtype
+    from draftwheel.serving.server.serve_config import ServeConfig
 
     apply_offline_defaults()
     prompts = PROMPTS[: args.n_prompts]

@@ -5,7 +5,7 @@ request's accepted lengths, tokens and the gate's verdict came out the same.
 Workers share out the prompts of the draft-alone replay (mode draft), so both runs replay that way
 (`suffix_tier=false`: with the suffix tier the replay stays in one process, because the hybrid's step
 pace carries from one request of a slice to the next). Each replay process loads the models itself,
-so workers pay only once there are enough prompts to amortise that start (serving.shadow).
+so workers pay only once there are enough prompts to amortise that start (draftwheel.evaluation.shadow).
 
     .venv/bin/python benchmarks/shadow_workers.py --champion DIR --challenger DIR \\
         --holdout $DRAFTWHEEL_HOME/datasets/holdout
@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def compare(champion: str, challenger: str, target: str, holdout: str, config: Any, workers: int,
             workers_first: bool = False) -> dict[str, Any]:
     """Replay in one process and in `workers` processes (in the order asked); times and whether they agree."""
-    from serving.shadow import replay_figures, run_shadow
+    from draftwheel.evaluation.shadow import replay_figures, run_shadow
 
     reports, seconds = {}, {}
     for n in ((workers, 1) if workers_first else (1, workers)):
@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     from draftwheel.config import load_config, stage_config_path
     from draftwheel.home import apply_offline_defaults
-    from serving.gate import ShadowConfig
-    from serving.reference import default_target_dir
+    from draftwheel.evaluation.gate import ShadowConfig
+    from draftwheel.serving.engine.reference import default_target_dir
 
     apply_offline_defaults()
     path = str(args.config) if args.config else (stage_config_path("", "shadow") or None)

@@ -103,7 +103,7 @@ def record_shadow(version: str, summary: dict[str, Any], name: str = DRAFT_MODEL
 
 
 def record_delivered(version: str, gain: dict[str, Any], name: str = DRAFT_MODEL) -> None:
-    """Tag `version` with the monitor's delivered gain (`flows.served.delivered_gain`)."""
+    """Tag `version` with the monitor's delivered gain (`draftwheel.flows.served.delivered_gain`)."""
     tracking.set_version_tags(version, {DELIVERED_TAG: gain}, name=name)
 
 

@@ -42,7 +42,7 @@ PARENT_TAG = "parent_version"
 STAGE_TAG = "stage"
 """What produced the version: "bootstrap", or the trainer's name."""
 DRAFT_KIND_TAG = "draft_kind"
-"""The version's kind, one of `DRAFT_KINDS`, as its files say at registration (`serving.models.draft_kind`), so a
+"""The version's kind, one of `DRAFT_KINDS`, as its files say at registration (`draftwheel.serving.engine.models.draft_kind`), so a
 reader of the registry knows what a version is without downloading it."""
 
 

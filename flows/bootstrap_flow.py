@@ -1,9 +1,9 @@
 """The `bootstrap` flow: the reference target and the v0 draft, registered as the first champion.
 
-A Prefect wrapper around `training.bootstrap.bootstrap` (what `draftwheel bootstrap` runs), so a
+A Prefect wrapper around `draftwheel.training.bootstrap.bootstrap` (what `draftwheel bootstrap` runs), so a
 fresh deployment can be brought up from the same scheduler as the rest of the loop. `needs_bootstrap`
 tells whether there is a champion already; `v0_version` finds the draft bootstrap registered (the
-demo starts from it). Building and registering are `training.bootstrap`'s business.
+demo starts from it). Building and registering are `draftwheel.training.bootstrap`'s business.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ def bootstrap_prompts(config_path: str | None = None) -> set[str]:
     """The prompts bootstrap trains the v0 draft on (its config's workload, size and seed), so that a
     caller can keep them out of anything it measures."""
     from draftwheel.config import stage_config_path
-    from mining.workloads import build_workload
-    from training.bootstrap import BootstrapConfig
+    from draftwheel.mining.workloads import build_workload
+    from draftwheel.training.bootstrap import BootstrapConfig
 
     config = load_config(BootstrapConfig, stage_config_path(config_path or "", "bootstrap") or None)
     return {row["prompt"] for row in build_workload(config.workload, config.n_prompts + config.holdout_prompts,
@@ -51,7 +51,7 @@ def bootstrap_prompts(config_path: str | None = None) -> set[str]:
 @task(name="bootstrap", cache_policy=NONE)
 def bootstrap_task(config_path: str | None, overrides: list[str]) -> dict[str, Any]:
     from draftwheel.config import stage_config_path
-    from training.bootstrap import BootstrapConfig, bootstrap
+    from draftwheel.training.bootstrap import BootstrapConfig, bootstrap
 
     return bootstrap(load_config(BootstrapConfig, stage_config_path(config_path or "", "bootstrap") or None, overrides))
 
@@ -59,7 +59,7 @@ def bootstrap_task(config_path: str | None, overrides: list[str]) -> dict[str, A
 @flow(name="bootstrap")
 def bootstrap_flow(config_path: str | None = None, overrides: list[str] | None = None,
                    force: bool = False) -> dict[str, Any]:
-    """Run `training.bootstrap.bootstrap` (config: `config_path`, default the shipped configs/bootstrap.yaml)
+    """Run `draftwheel.training.bootstrap.bootstrap` (config: `config_path`, default the shipped configs/bootstrap.yaml)
     unless a champion exists (or `force`)."""
     if not force and not needs_bootstrap():
         print("bootstrap: a champion is registered already; nothing to do", flush=True)

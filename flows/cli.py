@@ -18,7 +18,7 @@ from typing import Any
 from draftwheel.cli_help import add_log_dir, examples, flag_overrides
 from draftwheel.config import add_override_arguments
 from draftwheel.exit_codes import FAILURE, USAGE
-from serving.cli_flags import add_dtype, add_k, add_min_path_prob
+from draftwheel.serving.server.cli_flags import add_dtype, add_k, add_min_path_prob
 
 
 SCHEDULE_HELP = "serve a deployment on this cron schedule (needs `prefect server start` and PREFECT_API_URL)"
@@ -113,7 +113,7 @@ def _run_scheduled_flow(args: argparse.Namespace, flow_obj: Any, config_cls: typ
                         summarise: Any) -> int:
     """Validate the config, then serve `flow_obj` on `--schedule` or run it once and print `summarise(result)`."""
     from draftwheel.locks import LockedError
-    from flows.flywheel import StageError
+    from draftwheel.flows.flywheel import StageError
 
     if not _check_config(args, config_cls):
         return USAGE
@@ -132,7 +132,7 @@ def _run_scheduled_flow(args: argparse.Namespace, flow_obj: Any, config_cls: typ
 
 
 def _flywheel(args: argparse.Namespace) -> int:
-    from flows.flywheel import FlywheelConfig, flywheel
+    from draftwheel.flows.flywheel import FlywheelConfig, flywheel
 
     args.overrides = flag_overrides(args, FLAG_FIELDS)
     return _run_scheduled_flow(
@@ -141,7 +141,7 @@ def _flywheel(args: argparse.Namespace) -> int:
 
 
 def _monitor(args: argparse.Namespace) -> int:
-    from flows.monitor import MonitorConfig, monitor
+    from draftwheel.flows.monitor import MonitorConfig, monitor
 
     args.overrides = flag_overrides(args, FLAG_FIELDS)
     return _run_scheduled_flow(args, monitor, MonitorConfig, "the triggered flywheel failed",
@@ -149,7 +149,7 @@ def _monitor(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from flows.demo import DemoConfig, demo
+    from draftwheel.flows.demo import DemoConfig, demo
 
     args.overrides = flag_overrides(args, FLAG_FIELDS)
     if not _check_config(args, DemoConfig):

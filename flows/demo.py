@@ -25,9 +25,9 @@ from prefect import flow
 from draftwheel import home
 from draftwheel.config import load_config, to_dict
 from draftwheel.registry_names import CHAMPION_URI
-from flows import report
-from flows.flywheel import FlywheelConfig, override
-from serving.precision import check_dtype_name
+from draftwheel.flows import report
+from draftwheel.flows.flywheel import FlywheelConfig, override
+from draftwheel.serving.engine.precision import check_dtype_name
 
 SLICES = ("chat", "code")
 STEPS = 7
@@ -57,7 +57,7 @@ class DemoConfig:
     earlier requests and the request itself when that promises more than the draft), and measure both
     champions that way too, beside each draft alone."""
     dtype: str = "auto"
-    """Serving precision (serving.precision): auto = bfloat16 on AMX-BF16 CPUs, else float32. The flywheel's
+    """Serving precision (draftwheel.serving.engine.precision): auto = bfloat16 on AMX-BF16 CPUs, else float32. The flywheel's
     shadow replay uses configs/shadow.yaml's own `dtype` (also auto)."""
     seed: int = 0
     trigger_ratio: float = 0.85
@@ -132,7 +132,7 @@ def banner(step: int, text: str, started: float) -> None:
 
 def fresh_prompts(name: str, n: int, seed: int, exclude: set[str]) -> list[dict[str, str]]:
     """`n` distinct prompts of workload `name`, none of them in `exclude`."""
-    from mining.workloads import build_workload
+    from draftwheel.mining.workloads import build_workload
 
     candidates = build_workload(name, 2 * n + len(exclude), seed)  # enough even if most are excluded
     unique = {row["prompt"]: row for row in candidates if row["prompt"] not in exclude}
@@ -201,7 +201,7 @@ class DemoRun:
         return self.run_dir / "logs"
 
     def serve(self, rows: list[dict[str, str]]) -> dict[str, Any]:
-        from mining.replay_workload import run_traffic
+        from draftwheel.mining.replay_workload import run_traffic
 
         summary = run_traffic(self.engine, rows, self.logs_dir, self.params, progress=True)
         rates = {name: s["acceptance_rate"] for name, s in summary["by_slice"].items()}
@@ -211,13 +211,13 @@ class DemoRun:
 
 def _start(config: DemoConfig) -> DemoRun:
     """Bootstrap if needed, start from the v0 draft, load the models once, build the prompts."""
-    from flows import tasks
-    from flows.bootstrap_flow import bootstrap_flow, bootstrap_prompts, v0_version
-    from serving.engine import Engine
-    from serving.models import load_model
-    from serving.params import SamplingParams
-    from serving.precision import resolve_dtype
-    from serving.suffix import SuffixIndex, target_key
+    from draftwheel.flows import tasks
+    from draftwheel.flows.bootstrap_flow import bootstrap_flow, bootstrap_prompts, v0_version
+    from draftwheel.serving.engine.engine import Engine
+    from draftwheel.serving.engine.models import load_model
+    from draftwheel.serving.engine.params import SamplingParams
+    from draftwheel.serving.engine.precision import resolve_dtype
+    from draftwheel.serving.engine.suffix import SuffixIndex, target_key
 
     root = Path(config.out_dir) if config.out_dir else home.state_dir() / "demo"
     run = DemoRun(config, root / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
@@ -231,7 +231,7 @@ def _start(config: DemoConfig) -> DemoRun:
     target_dir = target["dir"]
     loaded = load_model(target_dir)
     # Traffic is served as `draftwheel serve` serves it: with the suffix tier, mode hybrid beside an index
-    # that learns from every finished request, so the logs say what the served stack missed (mining.residual).
+    # that learns from every finished request, so the logs say what the served stack missed (draftwheel.mining.residual).
     index = SuffixIndex(target_key(loaded.model_id)) if config.suffix_tier else None
     run.engine = Engine(loaded, load_model(CHAMPION_URI),  # run_traffic gives it a sink per phase
                         dtype=resolve_dtype(config.dtype), min_path_prob=config.min_path_prob, suffix_index=index)
@@ -243,7 +243,7 @@ def _start(config: DemoConfig) -> DemoRun:
 
 def _shift_and_flywheel(run: DemoRun) -> dict[str, Any]:
     """Serve chat, check, serve code, check -> the monitor runs the flywheel. Returns the monitor's result."""
-    from flows.monitor import MonitorConfig, acceptance_by_slice, monitor, read_records, window
+    from draftwheel.flows.monitor import MonitorConfig, acceptance_by_slice, monitor, read_records, window
 
     config = run.config
     banner(2, f"serve {config.chat_requests} chat requests with the champion", run.started)
@@ -288,8 +288,8 @@ def _before_after(run: DemoRun, before: Any, after: Any) -> dict[str, Any]:
     """Plain decoding, the old champion and the new one on the held-out prompts of each slice: the drafts
     alone (mode draft), and with `suffix_tier` also as serving runs them with the suffix tier (mode
     hybrid, slices "<slice>/hybrid"), over an index of this run's logs that no measured request joins."""
-    from serving.engine import Engine
-    from serving.suffix import ReadOnlyIndex, SuffixIndex, target_key
+    from draftwheel.serving.engine.engine import Engine
+    from draftwheel.serving.engine.suffix import ReadOnlyIndex, SuffixIndex, target_key
 
     cut, target = run.config.min_path_prob, run.engine.target  # one target in memory, shared
     engines = {"plain": (run.engine, "autoregressive"), "before": (Engine(target, before, min_path_prob=cut), "draft"),
@@ -310,8 +310,8 @@ def _before_after(run: DemoRun, before: Any, after: Any) -> dict[str, Any]:
 
 
 def run_demo(config: DemoConfig) -> dict[str, Any]:
-    from flows.monitor import monitor
-    from serving.models import load_model
+    from draftwheel.flows.monitor import monitor
+    from draftwheel.serving.engine.models import load_model
 
     run = _start(config)
     old = run.engine.draft

@@ -9,7 +9,7 @@ still the one it was gated against; any stage failure stops the flow before the 
 the stage's and the parent's MLflow runs FAILED (tags `failed_stage`, `failure_reason`) and fails the
 Prefect flow run. Mining keeps a replay share of every served slice (the logs' and the canary set's); when
 the gate rejects on slice regressions alone, the turn retries (`max_retries`) with more replay of the
-blocking slices, or more rehearsal where they have nothing logged to replay (`flows.replay`); each attempt
+blocking slices, or more rehearsal where they have nothing logged to replay (`draftwheel.flows.replay`); each attempt
 is a nested MLflow run `attempt-N` holding its stages. Registering and promoting go through
 `draftwheel.registry`, as on the command line.
 This module wires stages; what each stage does lives in mining/, training/, serving/ and draftwheel/.
@@ -30,8 +30,8 @@ from draftwheel import home
 from draftwheel.config import ConfigError, load_config, stage_config_path, to_dict
 from draftwheel.locks import state_lock
 from draftwheel.registry_names import CHAMPION_URI, MEDUSA_MODEL, PARENT_TAG, URI_PREFIX
-from flows import replay, tasks
-from training.trainers import TRAINERS
+from draftwheel.flows import replay, tasks
+from draftwheel.training.trainers import TRAINERS
 
 BUILTIN_TRAINERS = tuple(TRAINERS)
 AUTO = "auto"
@@ -42,7 +42,7 @@ def trainer_for(config: "FlywheelConfig", champion_dir: str) -> str:
     """The trainer this turn runs: the configured one, or with `auto` the one for the champion's kind."""
     if config.trainer != AUTO:
         return config.trainer
-    from serving.eagle import is_eagle3_dir
+    from draftwheel.serving.engine.eagle import is_eagle3_dir
 
     return AUTO_CHOICES["eagle3" if is_eagle3_dir(champion_dir) else "lm"]
 MEDUSA_NOTE = ("medusa: shadow replay compares draft models, so Medusa heads are registered as challenger of "
@@ -55,7 +55,7 @@ class FlywheelConfig:
 
     trainer: str = "auto"
     """auto (the champion's kind: eagle for an eagle3 champion, else distill) | distill | dpo | medusa | eagle,
-    or "package.module:function" for your own trainer (see flows.tasks)."""
+    or "package.module:function" for your own trainer (see draftwheel.flows.tasks)."""
     logs_dir: str = ""
     """Serving logs to mine ("" = the state dir's logs/)."""
     target: str = ""
@@ -79,7 +79,7 @@ class FlywheelConfig:
     work_dir: str = ""
     """Per-run datasets and reports go under here ("" = <state dir>/flywheel)."""
     corpus: bool = True
-    """Keep every round's mined rows in the retained corpus (mining.corpus) and train each round on a sample
+    """Keep every round's mined rows in the retained corpus (draftwheel.mining.corpus) and train each round on a sample
     of earlier rounds' rows too, so round n's draft has seen rounds 1..n."""
     corpus_dir: str = ""
     """Where the corpus lives ("" = <state dir>/corpus)."""
@@ -113,8 +113,8 @@ class FlywheelConfig:
                 raise ValueError(f"{name}: no such file {path!r}")
 
     def corpus_policy(self) -> Any:
-        """The retained corpus's bounds (mining.corpus.CorpusPolicy), or None with `corpus` off."""
-        from mining.corpus import CorpusPolicy
+        """The retained corpus's bounds (draftwheel.mining.corpus.CorpusPolicy), or None with `corpus` off."""
+        from draftwheel.mining.corpus import CorpusPolicy
 
         policy = CorpusPolicy(self.corpus_max_per_slice, self.corpus_max_age_days, self.corpus_ratio)
         return policy if self.corpus else None
@@ -122,8 +122,8 @@ class FlywheelConfig:
     def check_stages(self) -> None:
         """Load every stage's config with its overrides (the flow's own paths as placeholders): a bad
         field raises `ConfigError` naming the stage and the field, before any stage runs."""
-        from mining.config import MiningConfig
-        from serving.shadow import ShadowConfig
+        from draftwheel.mining.config import MiningConfig
+        from draftwheel.evaluation.shadow import ShadowConfig
 
         checks = [("mining", MiningConfig, self.mining_config, "mining", list(self.mining_overrides)),
                   ("shadow", ShadowConfig, self.shadow_config, "shadow", list(self.shadow_overrides))]
@@ -228,7 +228,7 @@ def _shadow(config: FlywheelConfig, tracker: Any, work: Path, champion: dict, tr
     report = tasks.shadow_compare(champion["dir"], trained["dir"], target["dir"],
                                   str(home.mined_dataset("holdout", work / "datasets")), config.shadow_config,
                                   logs + list(config.shadow_overrides), str(report_path), tracker=tracker)
-    from training.common import read_training_info
+    from draftwheel.training.common import read_training_info
 
     predicted = prediction_against_gate(read_training_info(trained["dir"]), report)
     if predicted:
@@ -257,8 +257,8 @@ def prediction_against_gate(info: dict[str, Any], report: dict[str, Any]) -> dic
 def _register(config: FlywheelConfig, trained: dict, shadow: dict, mined: dict, champion: dict,
               target: dict) -> str:
     from draftwheel.registry import candidate_tags
-    from serving.models import draft_kind
-    from training.common import read_training_info
+    from draftwheel.serving.engine.models import draft_kind
+    from draftwheel.training.common import read_training_info
 
     tags = candidate_tags(read_training_info(trained["dir"]), target["sha256"], manifest_sha256=mined["sha256"],
                           stage=config.trainer if config.trainer in TRAINERS else None, trainer=config.trainer,
@@ -304,7 +304,7 @@ def _turn(config: FlywheelConfig, tracker: Any, work: Path) -> dict[str, Any]:
 
 def _rehearsal_ratio(config: FlywheelConfig) -> float | None:
     """The trainer's rehearsal_ratio when it rehearses (the built-in eagle trainer), else None: a retry's
-    lever for blocking slices with no replay samples in the logs (`flows.replay.plan_retry`)."""
+    lever for blocking slices with no replay samples in the logs (`draftwheel.flows.replay.plan_retry`)."""
     if config.trainer not in TRAINERS:
         return None
     train = config.train_stage_config(config.trainer)
@@ -314,7 +314,7 @@ def _rehearsal_ratio(config: FlywheelConfig) -> float | None:
 
 def _served_slices(config: FlywheelConfig) -> list[str]:
     """The canary set's slices when the shadow stage replays it (mining keeps replay of each)."""
-    from serving.shadow import ShadowConfig
+    from draftwheel.evaluation.shadow import ShadowConfig
 
     shadow = load_config(ShadowConfig, stage_config_path(config.shadow_config, "shadow") or None,
                          config.shadow_overrides)

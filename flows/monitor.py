@@ -30,12 +30,12 @@ from prefect import flow
 from draftwheel import home
 from draftwheel.config import load_config
 from draftwheel.registry_names import CHAMPION_URI, TARGET_SHA_TAG
-from flows import tasks
-from flows.flywheel import FlywheelConfig, flywheel
-from flows.served import (DRAFTING_MODES, SliceStats, VersionTally, acceptance_by_slice, delivered_gain,
+from draftwheel.flows import tasks
+from draftwheel.flows.flywheel import FlywheelConfig, flywheel
+from draftwheel.flows.served import (DRAFTING_MODES, SliceStats, VersionTally, acceptance_by_slice, delivered_gain,
                           delivered_metrics, is_drafted)
-from serving.records import AcceptanceRecord
-from serving.sink import log_files, valid_records
+from draftwheel.serving.engine.records import AcceptanceRecord
+from draftwheel.serving.engine.sink import log_files, valid_records
 
 
 @dataclass
@@ -81,7 +81,7 @@ class MonitorConfig:
     delivered_gain: bool = True
     """Report the champion's live figures per slice against the previous champion's and tag its version."""
     delivered_confidence: float = 0.95
-    """Two-sided level of the delivered change's bootstrap interval (flows.served.mal_change_interval)."""
+    """Two-sided level of the delivered change's bootstrap interval (draftwheel.flows.served.mal_change_interval)."""
     tracking: bool = True
     """Log the delivered gain to an MLflow run `monitor`."""
 
@@ -174,7 +174,7 @@ def window(records: Iterable[AcceptanceRecord], config: MonitorConfig, now: floa
 
 def paced_out(record: AcceptanceRecord) -> bool:
     """A hybrid request that took plain steps before its last token: the step pace found drafting did not
-    pay there and the suffix index had nothing (serving.adaptive.StepPace). Under serving's default mode
+    pay there and the suffix index had nothing (draftwheel.serving.engine.adaptive.StepPace). Under serving's default mode
     that is how a draft that fails on a slice shows: few drafted tokens, mostly rejected, many plain steps.
     A request the index served entirely says nothing about the draft and does not count."""
     return record.mode == "hybrid" and any(not step.k for step in record.steps[:-1])

@@ -12,7 +12,7 @@
 - `attempts_report(attempts)`: the final report's summary: what blocked and what was tried.
 
 Plain functions over the gate's decision dict and the manifest's `replay` section; running the stages is
-`flows.flywheel`'s job.
+`draftwheel.flows.flywheel`'s job.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 def served_slices(shadow: Any) -> list[str]:
     """Slices of the canary set the shadow stage replays (none when `include_canary` is off)."""
-    from serving.shadow import DEFAULT_CANARY, load_canary
+    from draftwheel.evaluation.shadow import DEFAULT_CANARY, load_canary
 
     if not shadow.include_canary:
         return []

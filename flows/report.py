@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from serving.acceptance import acceptance_rate, mean_accepted_length
+from draftwheel.serving.engine.acceptance import acceptance_rate, mean_accepted_length
 
 # (key, label, format); speedup and tokens/s come from wall time, the other two from token counts.
 METRICS = [

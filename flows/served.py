@@ -2,7 +2,7 @@
 and the delivered gain of a promotion.
 
 - `SliceStats` / `acceptance_by_slice`: token-weighted counts per slice and "overall"; the figures come
-  from `serving.acceptance` (the one definition of acceptance rate and mean accepted length).
+  from `draftwheel.serving.engine.acceptance` (the one definition of acceptance rate and mean accepted length).
 - `VersionTally.watch(records)`: passes records through unchanged while counting, per draft version,
   the drafted records each version served (the draft's own steps), and every step of every request it
   served (`as_served`: the hybrid's suffix-index and plain steps too), so the monitor reads the logs once.
@@ -14,7 +14,7 @@ and the delivered gain of a promotion.
   slice mix (`same_mix_change`), so a shift of traffic between slices is not reported as a gain.
 - `delivered_metrics(gain)`: the same as flat MLflow metric names.
 
-Plain functions: no MLflow, no registry, no Prefect; `flows.monitor` logs and records the results.
+Plain functions: no MLflow, no registry, no Prefect; `draftwheel.flows.monitor` logs and records the results.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from serving.acceptance import acceptance_rate, mean_accepted_length
-from serving.records import AcceptanceRecord, draft_counts
+from draftwheel.serving.engine.acceptance import acceptance_rate, mean_accepted_length
+from draftwheel.serving.engine.records import AcceptanceRecord, draft_counts
 
 # Records without the draft model (plain decoding, suffix only) say nothing about the draft; of a hybrid
-# record only the steps the draft drafted count (serving.records.draft_counts).
+# record only the steps the draft drafted count (draftwheel.serving.engine.records.draft_counts).
 DRAFTING_MODES = ("draft", "medusa", "hybrid")
 
 
@@ -140,7 +140,7 @@ def _resampled_sums(stats: SliceStats, rng: np.random.Generator, resamples: int)
 
 
 def _mal(accepted: Any, steps: Any) -> Any:
-    """serving.acceptance.mean_accepted_length, elementwise over arrays too."""
+    """draftwheel.serving.engine.acceptance.mean_accepted_length, elementwise over arrays too."""
     return (accepted + steps) / np.maximum(steps, 1)
 
 

@@ -2,7 +2,7 @@
 
 Registry I/O gets retries (a sqlite lock or a remote MLflow hiccup is transient); training is cached
 on its inputs (trainer, mined data sha256, config, starting draft, target), so re-running a flow
-on unchanged data does not retrain. Each stage opens its MLflow run in the flow (see `flows.flywheel`);
+on unchanged data does not retrain. Each stage opens its MLflow run in the flow (see `draftwheel.flows.flywheel`);
 the tasks themselves hold no state and never move tensors between them. Stage packages are imported
 inside the tasks, so importing this module stays cheap.
 
@@ -28,7 +28,7 @@ from prefect.cache_policies import NONE
 from draftwheel import home
 from draftwheel.config import load_config, stage_config_path, to_dict
 from draftwheel.hashing import file_sha256, tree_sha256
-from training.trainers import TRAINERS  # built-ins; anything else is "package.module:function"
+from draftwheel.training.trainers import TRAINERS  # built-ins; anything else is "package.module:function"
 
 def is_transient(exc: BaseException | None) -> bool:
     """Registry failures worth retrying: the database or the transport failed. A missing model, version
@@ -55,8 +55,8 @@ def datasets_sha256(root: str | Path, names: tuple[str, ...] = home.DATASET_KIND
 @task(name="resolve-target", cache_policy=NONE)
 def resolve_target(spec: str) -> dict[str, str]:
     """The target model dir ("" = the reference target, converted once) and its weights sha256."""
-    from serving.models import weights_sha256
-    from serving.reference import ensure_reference_target
+    from draftwheel.serving.engine.models import weights_sha256
+    from draftwheel.serving.engine.reference import ensure_reference_target
 
     path = Path(spec) if spec else ensure_reference_target(home.models_dir())
     return {"dir": str(path), "sha256": weights_sha256(path)}
@@ -66,7 +66,7 @@ def resolve_target(spec: str) -> dict[str, str]:
 def resolve_champion(uri: str) -> dict[str, Any]:
     """Download (or find cached) the champion: its local dir, version, tags and weights sha256."""
     from draftwheel.tracking import resolve_model_uri
-    from serving.models import weights_sha256
+    from draftwheel.serving.engine.models import weights_sha256
 
     local_dir, version, tags = resolve_model_uri(uri)
     return {"uri": uri, "dir": str(local_dir), "version": version, "tags": tags,
@@ -77,11 +77,11 @@ def resolve_champion(uri: str) -> dict[str, Any]:
 def mine_datasets(logs_dir: str, out_dir: str, config_path: str, overrides: list[str],
                   target_dir: str, corpus: Any = None, corpus_dir: str = "") -> dict[str, Any]:
     """Mine the serving logs into distill/preference/holdout datasets; return the manifest (+ its path).
-    With a `corpus` policy (mining.corpus) the mined distill rows join the retained corpus at `corpus_dir`,
+    With a `corpus` policy (draftwheel.mining.corpus) the mined distill rows join the retained corpus at `corpus_dir`,
     and a sample of earlier rounds' rows joins the distill set (before the data's sha256 is taken)."""
-    from mining import corpus as retained
-    from mining.config import MiningConfig
-    from mining.pipeline import mine
+    from draftwheel.mining import corpus as retained
+    from draftwheel.mining.config import MiningConfig
+    from draftwheel.mining.pipeline import mine
 
     config = load_config(MiningConfig, stage_config_path(config_path, "mining") or None, overrides)
     if config.tokenizer is None:  # the target's tokenizer decodes preference tokens, unless one is configured
@@ -160,7 +160,7 @@ def shadow_compare(champion_dir: str, challenger_dir: str, target_dir: str, hold
                    config_path: str, overrides: list[str], report_path: str, tracker: Any = None) -> dict[str, Any]:
     """Replay the hold-out (+ canaries) through champion and challenger; the report carries the gate's decision.
     It is logged to `tracker`'s open run (the flywheel's shadow stage run)."""
-    from serving.shadow import ShadowConfig, run_shadow
+    from draftwheel.evaluation.shadow import ShadowConfig, run_shadow
 
     config = load_config(ShadowConfig, stage_config_path(config_path, "shadow") or None, overrides)
     return run_shadow(champion_dir, challenger_dir, target_dir, holdout_dir, config, tracker=tracker,

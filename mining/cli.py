@@ -1,7 +1,7 @@
 """`draftwheel traffic` and `draftwheel mine`: thin command-line wrappers over the mining package.
 
 Heavy imports (torch, transformers, datasets) happen inside the command functions so that
-`draftwheel --help` stays fast. The work itself lives in `mining.replay_workload` and `mining.pipeline`.
+`draftwheel --help` stays fast. The work itself lives in `draftwheel.mining.replay_workload` and `draftwheel.mining.pipeline`.
 Errors are one line; the exit code follows `draftwheel.exit_codes` (2: an input the user can fix, 1: the
 run failed).
 """
@@ -18,7 +18,7 @@ from typing import Any
 from draftwheel.cli_help import add_deprecated_alias, add_log_dir, examples
 from draftwheel.config import add_override_arguments
 from draftwheel.exit_codes import FAILURE, USAGE, fail
-from serving.cli_flags import add_dtype, add_k, add_min_path_prob
+from draftwheel.serving.server.cli_flags import add_dtype, add_k, add_min_path_prob
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "mining.yaml"
 
@@ -71,12 +71,12 @@ def register(subparsers: Any) -> None:
 
 def _traffic_command(args: argparse.Namespace) -> int:
     from draftwheel.home import logs_dir
-    from mining.replay_workload import run_traffic
-    from mining.workloads import load_workload
-    from serving.engine import Engine
-    from serving.params import SamplingParams
-    from serving.precision import resolve_dtype
-    from serving.reference import DEFAULT_DRAFT_URI, default_target_dir
+    from draftwheel.mining.replay_workload import run_traffic
+    from draftwheel.mining.workloads import load_workload
+    from draftwheel.serving.engine.engine import Engine
+    from draftwheel.serving.engine.params import SamplingParams
+    from draftwheel.serving.engine.precision import resolve_dtype
+    from draftwheel.serving.engine.reference import DEFAULT_DRAFT_URI, default_target_dir
 
     try:
         workload = load_workload(args.workload, args.n, args.seed)
@@ -95,9 +95,9 @@ def _traffic_command(args: argparse.Namespace) -> int:
 def _mine_command(args: argparse.Namespace) -> int:
     from draftwheel.config import load_config
     from draftwheel.home import logs_dir, mined_dir
-    from mining.config import MiningConfig
-    from mining.pipeline import mine
-    from serving.reference import default_target_dir
+    from draftwheel.mining.config import MiningConfig
+    from draftwheel.mining.pipeline import mine
+    from draftwheel.serving.engine.reference import default_target_dir
 
     overrides = list(args.overrides) + ([f"tokenizer={args.tokenizer}"] if args.tokenizer else [])
     try:

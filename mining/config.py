@@ -2,7 +2,7 @@
 
 Loaded with `draftwheel.config.load_config(MiningConfig, path, overrides)`; unknown keys are rejected
 there, and `__post_init__` here rejects bad values with a `ValueError` naming the field. This module
-holds settings only; the stage itself is `mining.pipeline.mine`.
+holds settings only; the stage itself is `draftwheel.mining.pipeline.mine`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class MiningConfig:
     """At most this many hold-out requests are written (a uniform sample of the held-out window)."""
     hard_by: str = "served"
     """What "hard" ranks by: `served`, the share of the output the served stack drafted and the target
-    accepted (suffix index and draft together: mining.residual), or `draft`, the draft model's own
+    accepted (suffix index and draft together: draftwheel.mining.residual), or `draft`, the draft model's own
     acceptance rate."""
     hard_quantile: float = 0.25
     """Per slice, the requests at the bottom `hard_quantile` of that rate are hard (if hard_threshold is None)."""

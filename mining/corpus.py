@@ -5,7 +5,7 @@ Each round mines one window of serving logs; without a memory, round n's draft h
 by chance. The corpus keeps every round's mined `distill/` rows -- already PII-scrubbed and de-duplicated
 by mining -- in one dataset under the state dir, bounded:
 
-- de-duplicated across rounds by prompt (mining.dedupe.exact_key): a prompt seen again keeps its newest row;
+- de-duplicated across rounds by prompt (draftwheel.mining.dedupe.exact_key): a prompt seen again keeps its newest row;
 - at most `max_per_slice` rows per slice, the newest kept;
 - rows older than `max_age_days` dropped (0 = no age limit).
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mining.dedupe import exact_key
+from draftwheel.mining.dedupe import exact_key
 
 ADDED = "corpus_added_ts"
 """Column: when a row joined the corpus (seconds since the epoch)."""

@@ -7,7 +7,7 @@ priority order -- hold-out first, then hard, rollback, uniform and replay sample
 best first) -- unless they are an exact or near duplicate of something admitted before (the hold-out
 included, so no training prompt resembles a hold-out prompt), or need scrubbing while no tokenizer is
 there to re-derive their ids. The uniform and replay quotas follow what the categories before them
-actually kept. Writing the datasets is `mining.outputs`' job.
+actually kept. Writing the datasets is `draftwheel.mining.outputs`' job.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from mining.config import MiningConfig
-from mining.dedupe import NearDupIndex, exact_key
-from mining.pii import Scrubber, contains_pii
-from mining.log_reader import fetch_lines
-from mining.select import Selection, replay_quotas
-from serving.records import RecordError, read_record
+from draftwheel.mining.config import MiningConfig
+from draftwheel.mining.dedupe import NearDupIndex, exact_key
+from draftwheel.mining.pii import Scrubber, contains_pii
+from draftwheel.mining.log_reader import fetch_lines
+from draftwheel.mining.select import Selection, replay_quotas
+from draftwheel.serving.engine.records import RecordError, read_record
 
 CATEGORIES = ("hard", "rollback", "uniform", "replay")
 FOCUS = CATEGORIES[:3]

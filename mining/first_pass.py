@@ -1,10 +1,10 @@
 """The first pass of mining: every log line once -> quarantine, per-slice stats and the request index.
 
-Files are split into contiguous groups scanned by worker processes (`python -m mining.first_pass JOB`:
+Files are split into contiguous groups scanned by worker processes (`python -m draftwheel.mining.first_pass JOB`:
 fresh interpreters, so nothing is inherited by accident and callers need no `__main__` guard); each
 writes its own index and quarantine part, and the parts are merged in file order, so the result is
 identical whatever the number of workers. One group runs in-process. Per line: count a line over
-the length limit (`scan_lines` quarantined it unread), skip blanks, validate (`serving.records.read_record`, token ids against the vocabulary when it is known),
+the length limit (`scan_lines` quarantined it unread), skip blanks, validate (`draftwheel.serving.engine.records.read_record`, token ids against the vocabulary when it is known),
 quarantine bad lines with their position, apply the
 time and slice filters, skip requests the suffix tier served well (`skip_suffix_served_above`), compute the request's stats, and append one index row. Selection, text and
 outputs are later stages' business.
@@ -26,14 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from mining.config import MiningConfig
-from mining.dedupe import exact_key
-from mining.index import IndexFile
-from mining.pii import Scrubber
-from mining.log_reader import Quarantine, file_size, scan_lines
-from mining.residual import served_share
-from mining.stats import SliceStats, request_stats, suffix_served_length
-from serving.records import RecordError, read_record
+from draftwheel.mining.config import MiningConfig
+from draftwheel.mining.dedupe import exact_key
+from draftwheel.mining.index import IndexFile
+from draftwheel.mining.pii import Scrubber
+from draftwheel.mining.log_reader import Quarantine, file_size, scan_lines
+from draftwheel.mining.residual import served_share
+from draftwheel.mining.stats import SliceStats, request_stats, suffix_served_length
+from draftwheel.serving.engine.records import RecordError, read_record
 
 AUTO_PARALLEL_BYTES = 256 * 2**20  # below this, starting workers costs more than it saves
 MAX_WORKERS = 8
@@ -152,14 +152,14 @@ def scan_pass(files: list[Path], scratch: Path, quarantine_path: Path, config: M
 
 
 def _run_workers(jobs: list[tuple], scratch: Path) -> list[ScanResult]:
-    """Run each job in its own `python -m mining.first_pass` process; results come back as pickles."""
+    """Run each job in its own `python -m draftwheel.mining.first_pass` process; results come back as pickles."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                                        os.environ.get("PYTHONPATH", "")]))
     procs = []
     for part, job in enumerate(jobs):
         job_path = scratch / f"job.{part}.pkl"
         job_path.write_bytes(pickle.dumps(job))
-        procs.append(subprocess.Popen([sys.executable, "-m", "mining.first_pass", str(job_path)], env=env,
+        procs.append(subprocess.Popen([sys.executable, "-m", "draftwheel.mining.first_pass", str(job_path)], env=env,
                                       stderr=subprocess.PIPE))
     errors = [(part, proc.communicate()[1]) for part, proc in enumerate(procs)]
     failed = [(part, err) for (part, err), proc in zip(errors, procs) if proc.returncode != 0]
@@ -223,7 +223,7 @@ def _merge(parts: list[ScanResult], scratch: Path, quarantine_path: Path) -> tup
 
 
 if __name__ == "__main__":
-    # Import by name so pickled classes belong to `mining.first_pass`, not to `__main__`.
-    from mining.first_pass import _worker_main as worker_main
+    # Import by name so pickled classes belong to `draftwheel.mining.first_pass`, not to `__main__`.
+    from draftwheel.mining.first_pass import _worker_main as worker_main
 
     worker_main(Path(sys.argv[1]))

@@ -4,7 +4,7 @@ Selection needs to compare every request (quantiles, deepest rollbacks, the hold
 but not their text. The scan writes ~50 bytes per request here (position in the log, ts, slice,
 acceptance, rollback depth, prompt key, sampling key) and selection reads it back in fixed-size
 chunks, so memory stays flat however long the log is; the text is re-read only for the few
-requests selected (`mining.log_reader.fetch_lines`).
+requests selected (`draftwheel.mining.log_reader.fetch_lines`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Reading serving logs: list rotated files, decode and validate every line, quarantine the bad ones.
 
-Lines are validated by `serving.records.read_record`, the one definition of log schema v1 (this
+Lines are validated by `draftwheel.serving.engine.records.read_record`, the one definition of log schema v1 (this
 module keeps no copy of it). `scan_lines` streams lines from plain and gzip files with their line
 number and byte offset, so memory depends neither on file size nor on line length: a line longer than
-`serving.sink.MAX_LINE_BYTES` (8 MiB) is read in bounded chunks, dropped and quarantined as `too_long`.
+`draftwheel.serving.engine.sink.MAX_LINE_BYTES` (8 MiB) is read in bounded chunks, dropped and quarantined as `too_long`.
 `fetch_lines` re-reads selected lines later. A file that cannot be opened (a symlink loop, no permission)
 is quarantined as a whole, never fatal. `Quarantine` writes bad lines (scrubbed, cut) with kind, reason and
 position. Deciding what to do with good records is the caller's.
@@ -19,12 +19,12 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
-from mining.pii import Scrubber
-from serving.sink import MAX_LINE_BYTES, Line, bounded_lines, log_files
+from draftwheel.mining.pii import Scrubber
+from draftwheel.serving.engine.sink import MAX_LINE_BYTES, Line, bounded_lines, log_files
 
 
 def list_log_files(logs: str | Path) -> list[Path]:
-    """A file, or a directory's logs in write order (serving.sink naming), then other *.jsonl[.gz] by name."""
+    """A file, or a directory's logs in write order (draftwheel.serving.engine.sink naming), then other *.jsonl[.gz] by name."""
     logs = Path(logs)
     if logs.is_file():
         return [logs]
@@ -104,7 +104,7 @@ def fetch_lines(path: Path, positions: Iterable[tuple[int, int]]) -> Iterator[tu
 
 class Quarantine:
     """quarantine.jsonl: one JSON object per bad line with file, line, offset, kind, reason and the
-    (scrubbed) text. Kinds: `serving.records.RecordError.kind`, `truncated`, `too_long`, `unreadable_file`."""
+    (scrubbed) text. Kinds: `draftwheel.serving.engine.records.RecordError.kind`, `truncated`, `too_long`, `unreadable_file`."""
 
     def __init__(self, path: Path, scrubber: Scrubber | None, max_chars: int):
         self.path = path

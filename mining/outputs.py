@@ -20,8 +20,8 @@ import pyarrow as pa
 from datasets import Dataset, Features, List, Value
 
 from draftwheel.hashing import tree_sha256
-from mining.pii import Scrubber, contains_pii
-from mining.residual import served_residual
+from draftwheel.mining.pii import Scrubber, contains_pii
+from draftwheel.mining.residual import served_residual
 
 _IDS = List(Value("int32"))
 DISTILL = Features({"prompt": Value("string"), "completion": Value("string"), "prompt_token_ids": _IDS,
@@ -69,7 +69,7 @@ def distill_row(record: Any, prep: TextPrep, weight: float) -> dict[str, Any] | 
     completion = prep.text_and_ids(record.output, record.output_token_ids)
     if prompt is None or completion is None:
         return None
-    # Per completion token, what the served stack missed (mining.residual); a completion re-tokenised by
+    # Per completion token, what the served stack missed (draftwheel.mining.residual); a completion re-tokenised by
     # the PII scrub no longer lines up with the logged steps, so all of it counts.
     residual = served_residual(record) if completion[1] == list(record.output_token_ids) else [1.0] * len(completion[1])
     return {"prompt": prompt[0], "completion": completion[0], "prompt_token_ids": prompt[1],

@@ -23,15 +23,15 @@ from typing import Any
 import numpy as np
 
 from draftwheel.config import to_dict
-from mining.config import MiningConfig
-from mining.curate import Curated, curate, iter_records
-from mining.outputs import DISTILL, HOLDOUT, PREFERENCE, DatasetWriter, TextPrep, distill_row, holdout_row, \
+from draftwheel.mining.config import MiningConfig
+from draftwheel.mining.curate import Curated, curate, iter_records
+from draftwheel.mining.outputs import DISTILL, HOLDOUT, PREFERENCE, DatasetWriter, TextPrep, distill_row, holdout_row, \
     path_sha256, preference_rows
-from mining.pii import Scrubber
-from mining.log_reader import list_log_files
-from mining.first_pass import ScanResult, scan_pass
-from mining.select import Selection, select
-from mining.token_freq import token_table
+from draftwheel.mining.pii import Scrubber
+from draftwheel.mining.log_reader import list_log_files
+from draftwheel.mining.first_pass import ScanResult, scan_pass
+from draftwheel.mining.select import Selection, select
+from draftwheel.mining.token_freq import token_table
 
 MANIFEST_SCHEMA = "draftwheel.mining.manifest/v1"
 
@@ -69,7 +69,7 @@ def write_outputs(files: list[Path], selection: Selection, curated: Curated, con
                "preference": DatasetWriter(PREFERENCE, scratch / "preference.arrow"),
                "holdout": DatasetWriter(HOLDOUT, scratch / "holdout.arrow")}
     holdout_rows = selection.holdout[np.isin(selection.holdout["row"], curated.holdout)]
-    counts = {"distill": Counter(), "holdout": Counter()}  # output-token frequencies (mining.token_freq)
+    counts = {"distill": Counter(), "holdout": Counter()}  # output-token frequencies (draftwheel.mining.token_freq)
     for _, record in iter_records(files, holdout_rows):
         row = holdout_row(record, preps["holdout"])
         writers["holdout"].add(row)
@@ -148,7 +148,7 @@ def mine(logs_dir: str | Path, out_dir: str | Path, config: MiningConfig | None 
     outputs["quarantine"] = {"path": "quarantine.jsonl", "rows": scan.counts["quarantined"],
                              "sha256": path_sha256(out / "quarantine.jsonl")}
     if config.plot:
-        from mining.plots import plot_acceptance
+        from draftwheel.mining.plots import plot_acceptance
 
         plot_acceptance(scan.stats, out / "acceptance_by_slice.png")
         outputs["plot"] = {"path": "acceptance_by_slice.png", "sha256": path_sha256(out / "acceptance_by_slice.png")}

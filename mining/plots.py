@@ -1,6 +1,6 @@
 """The acceptance-distribution plot of a mining run: one density curve per slice (matplotlib, Agg).
 
-Draws from the per-slice histograms in `mining.stats.SliceStats`; reads no logs, returns nothing.
+Draws from the per-slice histograms in `draftwheel.mining.stats.SliceStats`; reads no logs, returns nothing.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mining.stats import BINS, SliceStats
-from serving.acceptance import acceptance_rate
+from draftwheel.mining.stats import BINS, SliceStats
+from draftwheel.serving.engine.acceptance import acceptance_rate
 
 
 def plot_acceptance(stats: dict[str, SliceStats], path: Path) -> None:

@@ -2,8 +2,8 @@
 
 `run_traffic(engine, workload, log_dir, params)` sends every prompt through `engine.generate` with the
 chat template applied and the item's slice, and writes each request's `AcceptanceRecord` to a
-`serving.sink.JsonlSink` in `log_dir` (or leaves logging to the engine's own sink when `log_dir` is
-None). It returns a per-slice summary. It does not build workloads (`mining.workloads`) or models.
+`draftwheel.serving.engine.sink.JsonlSink` in `log_dir` (or leaves logging to the engine's own sink when `log_dir` is
+None). It returns a per-slice summary. It does not build workloads (`draftwheel.mining.workloads`) or models.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from serving.acceptance import acceptance_rate, mean_accepted_length
-from serving.params import SamplingParams
+from draftwheel.serving.engine.acceptance import acceptance_rate, mean_accepted_length
+from draftwheel.serving.engine.params import SamplingParams
 
 
 def _summary(totals: list[int]) -> dict[str, Any]:
@@ -27,7 +27,7 @@ def _summary(totals: list[int]) -> dict[str, Any]:
 def run_traffic(engine: Any, workload: list[dict[str, str]], log_dir: str | Path | None,
                 params: SamplingParams | None = None, chat: bool = True, progress: bool = False) -> dict[str, Any]:
     """Generate every workload prompt; returns {"requests", "failed", "seconds", "by_slice", "log_dir"}."""
-    from serving.sink import JsonlSink
+    from draftwheel.serving.engine.sink import JsonlSink
 
     if log_dir is not None and getattr(engine, "sink", None) is not None:
         raise ValueError("log_dir: the engine already writes to a sink; pass log_dir=None to use it")

@@ -10,7 +10,7 @@ learned them. So each output token gets a residual of
     0.0  drafted by the index or the draft model and accepted (the served stack already has it),
     1.0  emitted by the target itself (nobody drafted it, or what was drafted there was rejected).
 
-Training weighs a position by max(residual, floor) (training.eagle_train, `residual_floor`): a copied
+Training weighs a position by max(residual, floor) (draftwheel.training.eagle_train, `residual_floor`): a copied
 span weighs ~nothing, a span where the draft and the index both failed weighs fully, and the floor keeps
 what the draft already does right from being forgotten. `served_share` is the share of a request's
 output the stack drafted (1 - mean residual): mining's hard requests are the lowest (`hard_by: served`).

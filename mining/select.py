@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mining.config import MiningConfig
-from mining.index import ROW, IndexFile
+from draftwheel.mining.config import MiningConfig
+from draftwheel.mining.index import ROW, IndexFile
 
 OVERSAMPLE = 2
 HOLDOUT_GROUP = -1  # the hold-out sample is drawn over all slices together, keeping the traffic mix

@@ -1,7 +1,7 @@
 """Per-request and per-slice acceptance statistics.
 
 Per request (`request_stats`), over the steps the draft model drafted (a hybrid record's suffix-index
-steps are the index's, `serving.records.draft_counts`): acceptance rate and mean accepted length (`serving.acceptance`, the
+steps are the index's, `draftwheel.serving.engine.records.draft_counts`): acceptance rate and mean accepted length (`draftwheel.serving.engine.acceptance`, the
 one definition; a request that drafted nothing gets rate NaN here, so it is neither a hard sample nor in
 the acceptance histogram), max rollback depth (max over steps of k - accepted). Per slice (`SliceStats`): counts,
 token-weighted rates, a 100-bin histogram of request acceptance (for quantiles and the plot), a
@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from serving.acceptance import acceptance_rate, mean_accepted_length
-from serving.records import draft_counts, draft_steps
+from draftwheel.serving.engine.acceptance import acceptance_rate, mean_accepted_length
+from draftwheel.serving.engine.records import draft_counts, draft_steps
 
 BINS = 100
 MAX_DEPTH = 255  # rollback depths are stored as uint8; k is at most 32 in serving.

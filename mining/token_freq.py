@@ -1,7 +1,7 @@
 """Output-token frequencies of the mined traffic, for the manifest (FR-Spec's signal for a draft vocabulary).
 
 An eagle3 draft proposes over the N most frequent output tokens of its training data
-(training.eagle_train); this table shows a user, before any training, how concentrated the new
+(draftwheel.training.eagle_train); this table shows a user, before any training, how concentrated the new
 traffic's outputs are: the top tokens and how much of the training and hold-out outputs the top N of
 the training outputs cover, for a few N. Counting only; the trainer picks its vocabulary itself (its
 data may be lengthened first) and decides whether to rebuild it.

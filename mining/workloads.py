@@ -13,7 +13,7 @@ the traffic served after it are the same kind (drawing file by file, seed 1's 80
 from 7 files and seed 2's from 6 others, a second shift rather than more of the first). When a source
 runs out, prompts repeat (as real traffic does). A workload file is JSONL with `prompt` and `slice` per
 line (`read_workload` / `write_workload`), so users bring their own. Running the prompts is
-`mining.replay_workload`'s job.
+`draftwheel.mining.replay_workload`'s job.
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
 """`draftwheel bootstrap`: the reference target and the v0 draft, registered as the first champion.
 
 Steps, each skipped when its result already exists (so re-running is cheap and safe):
-1. the reference target (`serving.reference.ensure_reference_target`, offline, sha256-checked);
-2. general traffic: the target's own greedy completions of `chat` workload prompts (`training.target_completions`),
+1. the reference target (`draftwheel.serving.engine.reference.ensure_reference_target`, offline, sha256-checked);
+2. general traffic: the target's own greedy completions of `chat` workload prompts (`draftwheel.training.target_completions`),
    saved as distill/ + holdout/ datasets (with its top-k log-probs for an `lm` draft);
 3. the v0 draft, by `draft_kind`:
-   - `eagle3` (default): an EAGLE-3 draft (serving.eagle) trained with `training.eagle_train` on those
+   - `eagle3` (default): an EAGLE-3 draft (draftwheel.serving.engine.eagle) trained with `draftwheel.training.eagle_train` on those
      completions plus offline text (stdlib docstrings, teacher-forced: a batched target forward is far
      cheaper on CPU than generating);
    - `lm`: a shallow Llama whose decoder layers are copies of chosen target layers and whose
      embeddings, final norm and LM head are the target's (embeddings/head frozen during training),
-     briefly distilled on that traffic (`training.distill`);
+     briefly distilled on that traffic (`draftwheel.training.distill`);
 4. registration as `draftwheel-draft` with the target's weights sha256 and draft-kind tags, alias `champion`.
 
 It does not serve or mine; the CLI and the Prefect bootstrap flow call `bootstrap()`.
@@ -26,7 +26,7 @@ from typing import Any
 
 from draftwheel import home
 from draftwheel.config import to_dict
-from training import common
+from draftwheel.training import common
 
 
 DRAFT_KINDS = ("eagle3", "lm")
@@ -40,14 +40,14 @@ class BootstrapConfig:
     draft_kind: str = "eagle3"   # eagle3 (one layer over the target's features) | lm (a small causal LM)
     draft_name: str = "v0-draft"  # dir under <state>/models for the v0 draft
     init_layers: list[int] = field(default_factory=lambda: [0, 1])  # target layers copied into the draft
-    workload: str = "chat"       # mining.workloads name for the general traffic
+    workload: str = "chat"       # draftwheel.mining.workloads name for the general traffic
     n_prompts: int = 256         # training prompts (target completions)
     holdout_prompts: int = 16    # hold-out prompts for the per-epoch evaluation
     max_new_tokens: int = 128    # target completion length
     gen_batch_size: int = 32     # prompts per batched target generation
     top_k: int = 64              # lm: teacher log-probs kept per generated position (eagle3 reads features instead)
     seed: int = 0                # workload sampling seed
-    loss: str = "fkl"            # distillation loss (training.losses)
+    loss: str = "fkl"            # distillation loss (draftwheel.training.losses)
     learning_rate: float = 5e-3  # training learning rate (cosine decay)
     epochs: float = 16.0         # training epochs (eagle3 hold-out MAL rises to ~epoch 14)
     batch_size: int = 8          # training batch size
@@ -64,7 +64,7 @@ class BootstrapConfig:
         return self.draft_kind == "eagle3" and self.bf16
 
     def __post_init__(self) -> None:
-        from serving.precision import resolve_bf16
+        from draftwheel.serving.engine.precision import resolve_bf16
 
         self.bf16 = resolve_bf16(self.bf16)  # auto: bfloat16 only on CPUs where it is fast (AMX)
         common.require(self.draft_kind in DRAFT_KINDS, "draft_kind",
@@ -108,17 +108,17 @@ def init_draft_from_target(target: Any, layers: list[int]) -> Any:
 
 
 def _traffic(config: BootstrapConfig, target: Any, data_dir: Path, workload: list[dict] | None) -> dict[str, Path]:
-    from training.target_completions import save_traffic, target_traffic
+    from draftwheel.training.target_completions import save_traffic, target_traffic
 
     if (data_dir / "distill" / "dataset_info.json").is_file():
         print(f"bootstrap: traffic exists at {data_dir}", flush=True)
         return {"distill": data_dir / "distill", "holdout": data_dir / "holdout"}
     if workload is None:
-        from mining.workloads import build_workload
+        from draftwheel.mining.workloads import build_workload
 
         workload = build_workload(config.workload, config.n_prompts + config.holdout_prompts, config.seed)
     print(f"bootstrap: target completions of {len(workload)} {config.workload} prompts", flush=True)
-    from training.eagle_train import generation_model
+    from draftwheel.training.eagle_train import generation_model
 
     # The lm v0 distils cached top-k log-probs, kept in float32; the eagle3 v0 reads only the token ids
     # (its teacher comes from the feature forward), so a bfloat16 copy may generate them (135 s instead of
@@ -137,7 +137,7 @@ def _traffic(config: BootstrapConfig, target: Any, data_dir: Path, workload: lis
 def text_rows(tokenizer: Any, n: int, seed: int, max_length: int) -> list[dict]:
     """Offline text as extra eagle3 data: stdlib docstring paragraphs (the `prose` workload's source), the
     whole text a "completion", so every position teaches the draft the target's prediction there."""
-    from mining.workloads import build_workload
+    from draftwheel.mining.workloads import build_workload
 
     rows = []
     for item in build_workload("prose", n, seed):
@@ -153,8 +153,8 @@ def _build_eagle_draft(config: BootstrapConfig, target: Any, data: dict[str, Pat
     trained on the target's completions plus offline text."""
     from datasets import concatenate_datasets, load_from_disk
 
-    from training.eagle_train import EagleConfig, train_eagle
-    from training.target_completions import save_rows
+    from draftwheel.training.eagle_train import EagleConfig, train_eagle
+    from draftwheel.training.target_completions import save_rows
 
     dataset = data["distill"]
     if config.text_sequences:
@@ -179,7 +179,7 @@ def _build_eagle_draft(config: BootstrapConfig, target: Any, data: dict[str, Pat
 
 
 def _build_draft(config: BootstrapConfig, target: Any, data: dict[str, Path], draft_dir: Path, tracker: Any) -> None:
-    from training.distill import DistillConfig, train_distill
+    from draftwheel.training.distill import DistillConfig, train_distill
 
     if config.draft_kind == "eagle3":
         return _build_eagle_draft(config, target, data, draft_dir, tracker)
@@ -226,7 +226,7 @@ def _register(config: BootstrapConfig, draft_dir: Path, target_sha: str) -> dict
 def bootstrap(config: BootstrapConfig | None = None, workload: list[dict] | None = None) -> dict[str, Any]:
     """Reference target + v0 draft (+ registration). `workload` overrides the generated prompts (tests)."""
     from draftwheel.tracking import get_tracker
-    from serving.models import load_model
+    from draftwheel.serving.engine.models import load_model
 
     config = config or BootstrapConfig()
     home.apply_offline_defaults()

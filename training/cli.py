@@ -1,7 +1,7 @@
 """`draftwheel train {distill,dpo,medusa,...} [--config F] [--set KEY=VALUE ...]` and `draftwheel bootstrap`.
 
 Thin wrappers: parse arguments, load the stage's typed config, call the stage function, print the
-resulting dir. The trainers come from the one table in `training.trainers`. With no path overrides a
+resulting dir. The trainers come from the one table in `draftwheel.training.trainers`. With no path overrides a
 trainer reads what `draftwheel mine` wrote by default and starts from the champion.
 torch/transformers/trl/mlflow are imported inside the command functions so `draftwheel --help` stays fast.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 from draftwheel.cli_help import examples
 from draftwheel.config import add_override_arguments
-from training.trainers import TRAINERS
+from draftwheel.training.trainers import TRAINERS
 
 
 def register(subparsers: Any) -> None:
@@ -62,7 +62,7 @@ def _train_command(args: argparse.Namespace) -> int:
 
 def _bootstrap_command(args: argparse.Namespace) -> int:
     from draftwheel.config import load_config
-    from training.bootstrap import BootstrapConfig, bootstrap
+    from draftwheel.training.bootstrap import BootstrapConfig, bootstrap
 
     result = bootstrap(load_config(BootstrapConfig, args.config, args.overrides))
     print(json.dumps(result, indent=2, default=str))

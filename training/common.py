@@ -77,12 +77,12 @@ class LoraFields:
 
 @dataclass
 class EpochSelectionFields:
-    """Which epoch's weights a trainer saves: the best for the shadow gate (training.evaluate.EpochSelection)."""
+    """Which epoch's weights a trainer saves: the best for the shadow gate (draftwheel.training.evaluate.EpochSelection)."""
 
     keep_best_epoch: bool = True  # save the epoch best for the shadow gate (hold-out, per slice), not the last
     early_stop_patience: int = 2  # stop after this many epochs without a better one (0 = run every epoch)
     forgetting_tolerance: float = 0.05  # an epoch whose slice dropped more than this (vs the start) is not eligible
-    eval_min_slice_examples: int = 10   # smaller hold-out slices are judged pooled (serving.gate.slice_groups)
+    eval_min_slice_examples: int = 10   # smaller hold-out slices are judged pooled (draftwheel.evaluation.gate.slice_groups)
 
     def check_selection(self) -> None:
         require(self.early_stop_patience >= 0, "early_stop_patience", f"must be >= 0, got {self.early_stop_patience}")
@@ -92,7 +92,7 @@ class EpochSelectionFields:
                 f"must be >= 1, got {self.eval_min_slice_examples}")
 
     def epoch_selection(self) -> Any:
-        from training.evaluate import EpochSelection
+        from draftwheel.training.evaluate import EpochSelection
 
         return EpochSelection(tolerance=self.forgetting_tolerance, min_slice_examples=self.eval_min_slice_examples,
                               patience=self.early_stop_patience, keep_best=self.keep_best_epoch)
@@ -102,7 +102,7 @@ def resolve_target(spec: str) -> str:
     """The target spec, or the reference target (converted once) when empty."""
     if spec:
         return spec
-    from serving.reference import ensure_reference_target
+    from draftwheel.serving.engine.reference import ensure_reference_target
 
     return str(ensure_reference_target(home.models_dir()))
 

@@ -60,7 +60,7 @@ TEACHER_COLUMNS = ("teacher_topk_values", "teacher_topk_indices")
 
 
 def has_teacher_topk(dataset: Any) -> bool:
-    """True when rows carry the target's top-k log-probs per completion token (see training.target_completions)."""
+    """True when rows carry the target's top-k log-probs per completion token (see draftwheel.training.target_completions)."""
     return all(c in dataset.column_names for c in TEACHER_COLUMNS)
 
 

@@ -2,12 +2,12 @@
 
 `train_distill(config)` loads the student (current champion, or any model dir) and the target, and
 trains the student with a `transformers.Trainer` whose only change is `compute_loss`: a divergence from
-`training.losses` between target and student next-token distributions on completion tokens,
+`draftwheel.training.losses` between target and student next-token distributions on completion tokens,
 weighted per sequence (`prompt_loss` adds prompt tokens; `on_policy_fraction` lets the student write
 some completions itself, GKD-style). Teacher logits come either from a forward pass of the frozen target each step
 (`teacher_mode: online`) or from a top-k log-prob cache on disk built once (`teacher_mode: cached`).
 Full fine-tune or LoRA (merged before saving). Runs in-process or as
-`accelerate launch -m training.distill --config F` (the Trainer handles the accelerate state).
+`accelerate launch -m draftwheel.training.distill --config F` (the Trainer handles the accelerate state).
 
 It does not mine data, register models or decide promotion.
 """
@@ -26,10 +26,10 @@ from transformers import Trainer, TrainingArguments
 from draftwheel.config import to_dict
 from draftwheel.registry_names import CHAMPION_URI
 from draftwheel.tracking import get_tracker
-from training import common, losses
-from training.data import (DistillCollator, build_teacher_cache, cache_key, has_teacher_topk, load_dataset_dir,
+from draftwheel.training import common, losses
+from draftwheel.training.data import (DistillCollator, build_teacher_cache, cache_key, has_teacher_topk, load_dataset_dir,
                            load_holdout, loss_mask_for, tokenize_distill)
-from training.evaluate import AgreementCallback, TrackerCallback, target_references
+from draftwheel.training.evaluate import AgreementCallback, TrackerCallback, target_references
 
 DISTILL_COLUMNS = ("prompt_token_ids", "completion_token_ids")
 
@@ -175,7 +175,7 @@ def _train_dataset(config: DistillConfig, dataset_dir: Path, teacher: Any, teach
 
 def train_distill(config: DistillConfig, tracker: Any = None) -> Path:
     """Distil the student towards the target; return the saved candidate dir."""
-    from serving.models import load_model
+    from draftwheel.serving.engine.models import load_model
 
     tracker = tracker or get_tracker(config.tracking)
     dataset_dir, holdout_dir = _resolve_paths(config)
@@ -217,7 +217,7 @@ def train_distill(config: DistillConfig, tracker: Any = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for `python -m training.distill` / `accelerate launch -m training.distill`."""
+    """Entry point for `python -m draftwheel.training.distill` / `accelerate launch -m draftwheel.training.distill`."""
     return common.module_main(train_distill, DistillConfig, "Distil a draft model from the target.",
                               "configs/distill.yaml", argv)
 

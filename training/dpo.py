@@ -23,9 +23,9 @@ from trl import DPOConfig, DPOTrainer
 from draftwheel.config import to_dict
 from draftwheel.registry_names import CHAMPION_URI
 from draftwheel.tracking import get_tracker
-from training import common
-from training.data import load_dataset_dir, load_holdout
-from training.evaluate import AgreementCallback, TrackerCallback, target_references
+from draftwheel.training import common
+from draftwheel.training.data import load_dataset_dir, load_holdout
+from draftwheel.training.evaluate import AgreementCallback, TrackerCallback, target_references
 
 PREFERENCE_COLUMNS = ("prompt_token_ids", "chosen_token_ids", "rejected_token_ids")
 
@@ -89,7 +89,7 @@ def _peft_config(config: DpoConfig) -> Any:
 
 def train_dpo(config: DpoConfig, tracker: Any = None) -> Path:
     """DPO-tune the start model on the preference pairs; return the saved (merged) candidate dir."""
-    from serving.models import load_model
+    from draftwheel.serving.engine.models import load_model
 
     tracker = tracker or get_tracker(config.tracking)
     dataset_dir, holdout_dir = _paths(config)
@@ -125,7 +125,7 @@ def train_dpo(config: DpoConfig, tracker: Any = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for `python -m training.dpo` / `accelerate launch -m training.dpo`."""
+    """Entry point for `python -m draftwheel.training.dpo` / `accelerate launch -m draftwheel.training.dpo`."""
     return common.module_main(train_dpo, DpoConfig, "DPO-tune the draft on accept/reject pairs.",
                               "configs/dpo.yaml", argv)
 

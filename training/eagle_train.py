@@ -1,16 +1,16 @@
-"""`draftwheel train eagle`: train an EAGLE-3 draft (serving.eagle) on the target's own outputs.
+"""`draftwheel train eagle`: train an EAGLE-3 draft (draftwheel.serving.engine.eagle) on the target's own outputs.
 
 Data: the mined `distill/` dataset (prompt + the target's output token ids). Features: one batched,
-teacher-forced target forward per group of sequences, cached on disk (training.eagle_features).
+teacher-forced target forward per group of sequences, cached on disk (draftwheel.training.eagle_features).
 Loss: forward KL from the target's distribution restricted to the draft vocabulary, with the draft
-unrolled on its own outputs for `ttt_steps` steps, step s weighted `ttt_decay**s` (training.eagle_ttt).
+unrolled on its own outputs for `ttt_steps` steps, step s weighted `ttt_decay**s` (draftwheel.training.eagle_ttt).
 Vocabulary: the `draft_vocab_size` most frequent output tokens (FR-Spec); a warm-started draft keeps
 its champion's vocabulary while that still covers `min_vocab_coverage` of the data's output tokens.
 Continuation (`continue_to`): logged outputs that a request's max_new_tokens cut short are continued
 with the target's own greedy tokens (batched generation, cached), several times the in-domain data of
 the logged requests at a fraction of serving them.
 Prompt variants (`prompt_variants`): each multi-line mined prompt cut 1..N lines short is another request
-of its slice; the same generation answers it with the target's greedy tokens (training.prompt_variants).
+of its slice; the same generation answers it with the target's greedy tokens (draftwheel.training.prompt_variants).
 Rehearsal (against forgetting): a warm-started draft also trains on a fixed, seeded sample of the data
 its warm start learned from (`rehearsal: auto` follows its training info back to the bootstrap data,
 whose features are already cached), `rehearsal_ratio` sequences per mined one, so a round on one new
@@ -20,8 +20,8 @@ Epoch selection (against forgetting too): before training and after each epoch, 
 accepted length at k = `eval_k` is measured per slice on a probe -- the round's hold-out, the warm
 start's own hold-out and the canary prompts -- and the saved weights are those of the epoch best for
 the shadow gate: no slice down more than `forgetting_tolerance`, then the largest gain (the rule the
-lm trainer uses, training.evaluate.EpochSelection). A `transformers.Trainer`, so `accelerate launch -m
-training.eagle_train --config F` works as for the other trainers.
+lm trainer uses, draftwheel.training.evaluate.EpochSelection). A `transformers.Trainer`, so `accelerate launch -m
+draftwheel.training.eagle_train --config F` works as for the other trainers.
 
 It does not mine, register or promote.
 """
@@ -44,16 +44,16 @@ from draftwheel import home
 from draftwheel.config import to_dict
 from draftwheel.registry_names import CHAMPION_URI
 from draftwheel.tracking import get_tracker
-from serving.eagle import Eagle3Config, Eagle3Draft, default_aux_layer_ids, save_eagle3, vocab_from_counts
-from serving.precision import resolve_bf16
-from serving.prepack import can_prepack, prepack_linears
-from serving.reference import hub_id
-from training import common
-from training.data import join_and_truncate, load_dataset_dir
-from training.eagle_features import Features, cached_features, compute_features, join_features, row_from_states
-from training.eagle_ttt import chain_acceptance, implied_mal, served_walk, unroll, unrolled_loss
-from training.evaluate import EpochSelectionCallback, slice_key
-from training.prompt_variants import variant_prompts
+from draftwheel.serving.engine.eagle import Eagle3Config, Eagle3Draft, default_aux_layer_ids, save_eagle3, vocab_from_counts
+from draftwheel.serving.engine.precision import resolve_bf16
+from draftwheel.serving.engine.prepack import can_prepack, prepack_linears
+from draftwheel.serving.engine.reference import hub_id
+from draftwheel.training import common
+from draftwheel.training.data import join_and_truncate, load_dataset_dir
+from draftwheel.training.eagle_features import Features, cached_features, compute_features, join_features, row_from_states
+from draftwheel.training.eagle_ttt import chain_acceptance, implied_mal, served_walk, unroll, unrolled_loss
+from draftwheel.training.evaluate import EpochSelectionCallback, slice_key
+from draftwheel.training.prompt_variants import variant_prompts
 
 METRIC = "implied_mal"  # the per-epoch probe's teacher-forced figure: every answer position's chain averaged
 SERVED = "served_mal"  # beside it, serving's walk over the same chains: what the gate measures
@@ -78,7 +78,7 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     teacher_temperature: float = 1.0  # the target's distribution is learned at this temperature (< 1: sharpened)
     acceptance_weight: float = 0.0  # add this times the rejection chance 1 - sum min(p, q) to each step's KL (0 = KL alone)
     prompt_loss: bool = True     # also learn positions inside the prompt (more signal; serving sees prompts too)
-    residual_floor: float = 1.0  # weight of a mined answer token the served stack drafted and had accepted (mining.residual);
+    residual_floor: float = 1.0  # weight of a mined answer token the served stack drafted and had accepted (draftwheel.mining.residual);
                                  # what it missed weighs 1. 1.0 = every position alike (uniform)
     feature_cache: str = ""      # "" = <state>/cache/eagle-features
     continue_to: int = 0         # lengthen outputs cut at their length limit with the target's greedy continuation to this many tokens (0 = off)
@@ -92,7 +92,7 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     select_on: str = METRIC      # the probe figure epoch selection compares: implied_mal | served_mal (what the gate measures)
     eval_min_path_prob: float = 0.25  # serving's chain cut, walked by the probe's served_mal (configs/serve.yaml's min_path_prob)
     identity_init: bool = True   # a fresh draft starts as the target's top aux feature through its norm and head
-    bf16: bool | str = "auto"    # bfloat16 autocast for the target features and training; auto = where it is fast (serving.precision.resolve_bf16)
+    bf16: bool | str = "auto"    # bfloat16 autocast for the target features and training; auto = where it is fast (draftwheel.serving.engine.precision.resolve_bf16)
     learning_rate: float = 2e-3
     epochs: float = 4.0
     batch_size: int = 8
@@ -242,7 +242,7 @@ def revocab(draft: Eagle3Draft, counts: torch.Tensor, size: int, target: Any, eo
 
 def generation_model(target: Any, bf16: bool) -> Any:
     """The target for batched generation: a copy with its linear layers prepacked for oneDNN, as serving
-    runs it (serving.prepack: MKL re-packs every weight on each of decoding's small calls; a shifted-code round's
+    runs it (draftwheel.serving.engine.prepack: MKL re-packs every weight on each of decoding's small calls; a shifted-code round's
     round continuations took 74.1 s instead of 97.1 s, the same tokens for 82/82), in bfloat16 with `bf16`
     (~1.9x faster on AMX CPUs, and the precision serving runs with dtype: auto). With neither to do (a
     GPU target in float32) it is the model itself: no second copy in memory."""
@@ -282,10 +282,10 @@ def lengthen(seqs: Sequences, target: Any, eos: set[int], config: EagleConfig, c
     each one's limit), like the features.
 
     Returns (info, feature rows): generation's forward passes already ran the target over every position
-    of a continued sequence, so its hidden states become that sequence's features (training.eagle_features
+    of a continued sequence, so its hidden states become that sequence's features (draftwheel.training.eagle_features
     .feature_row) instead of a second forward over the same tokens. None come back on a cache hit, or
     with `aux_layer_ids` None (continuations only)."""
-    from training.target_completions import greedy_continuations
+    from draftwheel.training.target_completions import greedy_continuations
 
     room = continuation_room(seqs, eos, config)
     todo = list(room)
@@ -320,7 +320,7 @@ def lengthen(seqs: Sequences, target: Any, eos: set[int], config: EagleConfig, c
 
 def add_prompt_variants(seqs: Sequences, tokenizer: Any, config: EagleConfig, info: dict[str, Any]) -> None:
     """Append (in place) the mined prompts cut 1..`prompt_variants` lines short and renamed `prompt_renames`
-    times (training.prompt_variants), with no answer yet: the continuation step answers them with the target's greedy tokens, up to
+    times (draftwheel.training.prompt_variants), with no answer yet: the continuation step answers them with the target's greedy tokens, up to
     `continue_to`, in the same generation that lengthens the logged outputs."""
     if not (config.prompt_variants or config.prompt_renames):
         return
@@ -359,8 +359,8 @@ def rehearsal_source(config: EagleConfig, student_dir: str | None) -> tuple[Path
 def canary_sequences(target: Any, config: EagleConfig, cache_root: Path) -> Sequences:
     """The shadow gate's canary prompts with the target's greedy answers (generated once, cached): the
     slices the gate will always weigh, whatever the round mined."""
-    from serving.shadow import DEFAULT_CANARY, load_canary
-    from training.target_completions import target_traffic
+    from draftwheel.evaluation.shadow import DEFAULT_CANARY, load_canary
+    from draftwheel.training.target_completions import target_traffic
 
     canary = load_canary(DEFAULT_CANARY)
     longest = max(c.max_new_tokens for c in canary)
@@ -572,7 +572,7 @@ def answer_chains(target: Any, draft: Eagle3Draft, prompt_ids: list[int], answer
 
 class ChainCallback(EpochSelectionCallback):
     """Per-epoch evaluation of the draft's chains on the probe (the round's hold-out and the slices it
-    must not forget), keeping the epoch best for the shadow gate (training.evaluate.EpochSelection) by
+    must not forget), keeping the epoch best for the shadow gate (draftwheel.training.evaluate.EpochSelection) by
     `metric`: METRIC (default) or SERVED."""
 
     def __init__(self, dataset: EagleDataset, k: int, tracker: Any, selection: Any, bf16: bool = False,
@@ -596,7 +596,7 @@ class ChainCallback(EpochSelectionCallback):
 
 def load_warm_start(config: EagleConfig) -> tuple[Eagle3Draft | None, dict[str, Any]]:
     """The eagle3 draft `config.student` names, or None (a fresh draft) when it is none or not there."""
-    from serving.models import load_model
+    from draftwheel.serving.engine.models import load_model
 
     if config.student:
         try:
@@ -644,8 +644,8 @@ def prepare_draft(config: EagleConfig, target: Any, counts: torch.Tensor, eos: l
 
 def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
     """Train an EAGLE-3 draft; return the saved candidate dir (speculators format)."""
-    from serving.engine import eos_token_ids
-    from serving.models import load_model
+    from draftwheel.serving.engine.engine import eos_token_ids
+    from draftwheel.serving.engine.models import load_model
 
     tracker = tracker or get_tracker(config.tracking)
     dataset_dir = Path(config.dataset) if config.dataset else home.datasets_dir() / "distill"
@@ -743,7 +743,7 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for `python -m training.eagle_train` / `accelerate launch -m training.eagle_train`."""
+    """Entry point for `python -m draftwheel.training.eagle_train` / `accelerate launch -m draftwheel.training.eagle_train`."""
     return common.module_main(train_eagle, EagleConfig, "Train an EAGLE-3 draft on the target's features.",
                               "configs/eagle.yaml", argv)
 

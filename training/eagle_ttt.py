@@ -24,7 +24,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from serving.eagle import Eagle3Draft
+from draftwheel.serving.engine.eagle import Eagle3Draft
 
 
 def ttt_mask(n: int, step: int, device: torch.device | None = None) -> torch.Tensor:
@@ -247,14 +247,14 @@ def served_walk(step_logits: list[torch.Tensor], reference: torch.Tensor, draft:
     The implied mean accepted length averages the chains anchored at every position. Serving anchors a
     chain only where the last step left off: after an accepted run of a tokens and the bonus token, the
     next chain starts a + 1 positions on, so it meets the positions right after a miss more often than
-    the average does. Per row this walks as the engine does (serving.eagle_decoding, k = len(step_logits)):
+    the average does. Per row this walks as the engine does (draftwheel.serving.engine.eagle_decoding, k = len(step_logits)):
     the prefill emits the first answer token, the first chain is anchored at the slot that pairs the last
     prompt position with it, k is cut to the tokens left less one, and the last token is a plain step.
     mask[B, T] (prompt_loss off) marks the answer's positions [P-1, T-2]; reference as `chain_acceptance`.
     On live code prompts this walk gave the engine's own mean accepted length on 15 of 16 requests
     exactly, where the implied figure was 10 % higher.
 
-    `min_path_prob` walks serving's chain cut too (serving.eagle_decoding._run_ahead): a chain stops after
+    `min_path_prob` walks serving's chain cut too (draftwheel.serving.engine.eagle_decoding._run_ahead): a chain stops after
     the token at which the draft's own probability of the chain falls below it. Along an accepted prefix
     the teacher-forced chain is the draft's own, so its probabilities are the ones serving would see.
     """

@@ -17,8 +17,8 @@ training and after every epoch; with an `EpochSelection` it stops early and keep
 best for the shadow gate (no slice group losing more than a tolerance, then the largest gain), not
 the one with the lowest training loss.
 
-It does not run the Engine (that is `serving.shadow`'s job), does not sample, and holds no statistics
-of its own: slice grouping comes from `serving.gate`.
+It does not run the Engine (that is `draftwheel.evaluation.shadow`'s job), does not sample, and holds no statistics
+of its own: slice grouping comes from `draftwheel.evaluation.gate`.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from serving.acceptance import acceptance_rate, mean_accepted_length
-from serving.gate import slice_groups
-from training.data import HoldoutExample
+from draftwheel.serving.engine.acceptance import acceptance_rate, mean_accepted_length
+from draftwheel.evaluation.gate import slice_groups
+from draftwheel.training.data import HoldoutExample
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ class EpochSelection:
     Each evaluation is compared with the first (before training, the starting draft) on
     `request_mean_accepted_length` (the mean over requests of each request's replayed accepted length,
     what the gate averages), per slice group: every slice with `min_slice_examples` examples, and the
-    pool of the smaller ones if it has that many (`serving.gate.slice_groups`). An evaluation is
+    pool of the smaller ones if it has that many (`draftwheel.evaluation.gate.slice_groups`). An evaluation is
     *eligible* when no group dropped by more than `tolerance`; the best is the eligible one with the
     largest overall gain, or, if none is eligible, the one whose worst group dropped least."""
 

@@ -1,6 +1,6 @@
 """Medusa-1 head training on a frozen target (`draftwheel train medusa`).
 
-The target stays frozen; only the heads' residual blocks learn (`serving.medusa.MedusaHeads`). Data is
+The target stays frozen; only the heads' residual blocks learn (`draftwheel.serving.engine.medusa.MedusaHeads`). Data is
 self-distillation: the `distill/` dataset's completions are the target's own outputs, and the loss for
 head `i` at position `t` is either cross-entropy on the token at `t + i + 2` (`loss: ce`) or the KL from
 the target's own distribution for that token (its logits at `t + i + 1`, `loss: kl`). Head losses are
@@ -24,11 +24,11 @@ from transformers import Trainer, TrainingArguments
 
 from draftwheel.config import to_dict
 from draftwheel.tracking import get_tracker
-from serving.acceptance import mean_accepted_length
-from serving.medusa import MedusaHeads
-from training import common, losses
-from training.data import DistillCollator, HoldoutExample, load_dataset_dir, load_holdout, tokenize_distill
-from training.evaluate import TrackerCallback
+from draftwheel.serving.engine.acceptance import mean_accepted_length
+from draftwheel.serving.engine.medusa import MedusaHeads
+from draftwheel.training import common, losses
+from draftwheel.training.data import DistillCollator, HoldoutExample, load_dataset_dir, load_holdout, tokenize_distill
+from draftwheel.training.evaluate import TrackerCallback
 
 
 @dataclass
@@ -154,7 +154,7 @@ def _paths(config: MedusaConfig) -> tuple[Path, Path | None]:
 
 def train_medusa(config: MedusaConfig, tracker: Any = None) -> Path:
     """Train Medusa heads on the frozen target; return the saved heads dir."""
-    from serving.models import load_model
+    from draftwheel.serving.engine.models import load_model
 
     tracker = tracker or get_tracker(config.tracking)
     dataset_dir, holdout_dir = _paths(config)
@@ -191,7 +191,7 @@ def train_medusa(config: MedusaConfig, tracker: Any = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for `python -m training.medusa_train` / `accelerate launch -m training.medusa_train`."""
+    """Entry point for `python -m draftwheel.training.medusa_train` / `accelerate launch -m draftwheel.training.medusa_train`."""
     return common.module_main(train_medusa, MedusaConfig, "Train Medusa heads on the frozen target.",
                               "configs/medusa.yaml", argv)
 

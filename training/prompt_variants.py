@@ -7,7 +7,7 @@ lines short, is another request of the same kind -- the same function with one b
 same list with one item fewer -- and the target's greedy answer to it is more of what serving will be
 asked to draft: new positions on the target's own path, for the price of generating them. The trainer
 appends the cut prompts with no answer; the continuation step (`continue_to`) then answers them in the
-same batched generation that lengthens the logged outputs, features included (training.eagle_train).
+same batched generation that lengthens the logged outputs, features included (draftwheel.training.eagle_train).
 
 Only the user message is cut, inside the chat template's frame; a closing ``` fence is kept. Messages
 left with fewer than MIN_LINES lines give none, so one-line requests (most chat and prose) give none.
@@ -110,7 +110,7 @@ def variant_prompts(prompts: list[list[int]], slices: list[str], tokenizer: Any,
     short and `renames` times renamed (`renamed_message`, names drawn from the same slice's requests),
     each re-templated as serving encodes a request, at most `max_prompt_tokens` long; none that is one
     of `prompts` itself."""
-    from training.target_completions import encode_prompt
+    from draftwheel.training.target_completions import encode_prompt
 
     frame = chat_frame(tokenizer)
     if frame is None or (n < 1 and renames < 1):

@@ -1,7 +1,7 @@
 """Target-generated traffic for bootstrapping and benchmarks: greedy completions as training data.
 
 `target_traffic` runs batched greedy generation of the target on workload prompts (chat template
-applied the way `serving.engine.Engine.encode` does), and can keep the target's top-k log-probs at every
+applied the way `draftwheel.serving.engine.engine.Engine.encode` does), and can keep the target's top-k log-probs at every
 generated position for free (they are a by-product of generation), which saves the distillation a
 teacher forward pass per step. `save_traffic` writes them as `distill/` and `holdout/` datasets with
 the columns `mining` uses (docs/architecture.md), plus the optional per-completion-token

@@ -43,13 +43,13 @@ class Trainer:
 
 
 TRAINERS: dict[str, Trainer] = {t.name: t for t in (
-    Trainer("distill", "training.distill", "DistillConfig", "train_distill",
+    Trainer("distill", "draftwheel.training.distill", "DistillConfig", "train_distill",
             "distil the draft from the target (KD: fkl/rkl/jsd/tvd)", example="loss=tvd"),
-    Trainer("dpo", "training.dpo", "DpoConfig", "train_dpo",
+    Trainer("dpo", "draftwheel.training.dpo", "DpoConfig", "train_dpo",
             "preference-tune the draft on accept/reject pairs (TRL DPO)", dataset="preference", example="beta=0.2"),
-    Trainer("medusa", "training.medusa_train", "MedusaConfig", "train_medusa",
+    Trainer("medusa", "draftwheel.training.medusa_train", "MedusaConfig", "train_medusa",
             "train Medusa heads on the frozen target", student=False, example="n_heads=4"),
-    Trainer("eagle", "training.eagle_train", "EagleConfig", "train_eagle",
+    Trainer("eagle", "draftwheel.training.eagle_train", "EagleConfig", "train_eagle",
             "train an EAGLE-3 draft (one layer over the target's hidden states, mined draft vocabulary)",
             example="ttt_steps=4"),
 )}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from serving.toy import tiny_pair
+from draftwheel.serving.testing import tiny_pair
 
 
 def test_help(load_benchmark, help_text):

@@ -13,7 +13,7 @@ def test_help(load_benchmark, help_text):
 
 def test_one_mining_pass_counts_and_quarantines(load_benchmark, tmp_path, capsys):
     bench = load_benchmark("bench_mining")
-    from serving.toy import build_tokenizer
+    from draftwheel.serving.testing import build_tokenizer
 
     build_tokenizer().save_pretrained(tmp_path / "tokenizer")
     bench.generate(tmp_path / "logs", 1000)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 
-from serving.engine import Engine
-from serving.server import ServeConfig, background_server, create_app
-from serving.sink import JsonlSink
-from serving.toy import tiny_pair
+from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.server.app import ServeConfig, background_server, create_app
+from draftwheel.serving.engine.sink import JsonlSink
+from draftwheel.serving.testing import tiny_pair
 
 
 def test_help(load_benchmark, help_text):

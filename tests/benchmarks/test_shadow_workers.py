@@ -8,7 +8,7 @@ from __future__ import annotations
 from datasets import Dataset
 from transformers import AutoTokenizer
 
-from serving.toy import tiny_pair
+from draftwheel.serving.testing import tiny_pair
 
 
 def test_help(load_benchmark, help_text):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from draftwheel.cli import build_parser
+from draftwheel.flows.commands import build_parser
 from draftwheel.cli_help import EXAMPLES_HEADER
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,38 +61,38 @@ def _load(args: argparse.Namespace) -> object:
     from draftwheel.config import load_config, stage_config_path
 
     if args.command == "serve":
-        from serving.server_cli import build_config
+        from draftwheel.serving.server.cli import build_config
 
         return build_config(args)
     if args.command == "bench":
-        from serving.engine_cli import bench_settings
+        from draftwheel.serving.server.engine_cli import bench_settings
 
         return bench_settings(args)
     if args.command == "mine":
-        from mining.config import MiningConfig
+        from draftwheel.mining.config import MiningConfig
 
         return load_config(MiningConfig, args.config, args.overrides)
     if args.command == "train":
-        from training.trainers import TRAINERS
+        from draftwheel.training.trainers import TRAINERS
 
         path = stage_config_path(args.config or "", args.method) or None
         return load_config(TRAINERS[args.method].load()[0], path, args.overrides)
     if args.command == "bootstrap":
-        from training.bootstrap import BootstrapConfig
+        from draftwheel.training.bootstrap import BootstrapConfig
 
         return load_config(BootstrapConfig, args.config, args.overrides)
     if args.command == "shadow":
         from draftwheel.cli_help import flag_overrides
-        from draftwheel.registry_cli import SHADOW_FLAG_FIELDS
-        from serving.shadow import ShadowConfig
+        from draftwheel.flows.registry_cli import SHADOW_FLAG_FIELDS
+        from draftwheel.evaluation.shadow import ShadowConfig
 
         return load_config(ShadowConfig, args.config, flag_overrides(args, SHADOW_FLAG_FIELDS))
     if args.command in ("flywheel", "monitor", "demo"):
         from draftwheel.cli_help import flag_overrides
-        from flows.cli import FLAG_FIELDS
-        from flows.demo import DemoConfig
-        from flows.flywheel import FlywheelConfig
-        from flows.monitor import MonitorConfig
+        from draftwheel.flows.cli import FLAG_FIELDS
+        from draftwheel.flows.demo import DemoConfig
+        from draftwheel.flows.flywheel import FlywheelConfig
+        from draftwheel.flows.monitor import MonitorConfig
 
         cls = {"flywheel": FlywheelConfig, "monitor": MonitorConfig, "demo": DemoConfig}[args.command]
         return load_config(cls, args.config, flag_overrides(args, FLAG_FIELDS))
@@ -167,7 +167,7 @@ def test_help_imports_nothing_heavy():
     import subprocess
     import sys
 
-    code = ("import sys; from draftwheel.cli import build_parser; build_parser(); "
+    code = ("import sys; from draftwheel.flows.commands import build_parser; build_parser(); "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'prefect', 'mlflow'}))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr

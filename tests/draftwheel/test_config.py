@@ -162,7 +162,7 @@ def test_a_float_in_a_file_or_a_mapping_refuses_nan_naming_the_key(tmp_path):
 def test_a_shipped_config_refuses_nan_where_it_once_disabled_the_gate():
     """`min_gain=nan` used to load, and `ci_low > nan` is false for every report: no challenger could
     ever be promoted, and nothing said why."""
-    from serving.shadow import ShadowConfig
+    from draftwheel.evaluation.shadow import ShadowConfig
 
     message = refused("min_gain: expected a finite float, got 'nan'", load_config, ShadowConfig,
                       CONFIGS / "shadow.yaml", ["min_gain=nan"])
@@ -222,12 +222,12 @@ def test_unknown_fields_and_missing_files_are_still_refused(tmp_path):
 # --- the shipped configs load under these rules --------------------------------------------------------
 
 SHIPPED = {
-    "bootstrap": "training.bootstrap:BootstrapConfig", "demo": "flows.demo:DemoConfig",
-    "distill": "training.distill:DistillConfig", "dpo": "training.dpo:DpoConfig",
-    "eagle": "training.eagle_train:EagleConfig", "flywheel": "flows.flywheel:FlywheelConfig",
-    "medusa": "training.medusa_train:MedusaConfig", "mining": "mining.config:MiningConfig",
-    "monitor": "flows.monitor:MonitorConfig", "serve": "serving.serve_config:ServeConfig",
-    "shadow": "serving.shadow:ShadowConfig",
+    "bootstrap": "draftwheel.training.bootstrap:BootstrapConfig", "demo": "draftwheel.flows.demo:DemoConfig",
+    "distill": "draftwheel.training.distill:DistillConfig", "dpo": "draftwheel.training.dpo:DpoConfig",
+    "eagle": "draftwheel.training.eagle_train:EagleConfig", "flywheel": "draftwheel.flows.flywheel:FlywheelConfig",
+    "medusa": "draftwheel.training.medusa_train:MedusaConfig", "mining": "draftwheel.mining.config:MiningConfig",
+    "monitor": "draftwheel.flows.monitor:MonitorConfig", "serve": "draftwheel.serving.server.serve_config:ServeConfig",
+    "shadow": "draftwheel.evaluation.shadow:ShadowConfig",
 }
 
 

@@ -13,7 +13,8 @@ import json
 
 import pytest
 
-from draftwheel import registry, registry_cli, tracking
+from draftwheel import registry, tracking
+from draftwheel.flows import registry_cli
 from draftwheel.registry_names import DRAFT_KIND_TAG, SHADOW_REPORT_TAG, TARGET_SHA_TAG
 from tests.conftest import make_champion
 from tests.draftwheel.test_tracking import fake_model_dir
@@ -121,8 +122,8 @@ def test_status_shows_the_retained_corpus(home, capsys):
     from datasets import Dataset
 
     from draftwheel.home import state_dir
-    from mining.corpus import CorpusPolicy, retain
-    from mining.outputs import DISTILL
+    from draftwheel.mining.corpus import CorpusPolicy, retain
+    from draftwheel.mining.outputs import DISTILL
 
     assert run("status") == 0
     assert "retained corpus: empty" in capsys.readouterr().out
@@ -135,8 +136,8 @@ def test_status_shows_the_retained_corpus(home, capsys):
 
 
 def test_status_shows_the_suffix_index_the_server_wrote(home, capsys):
-    from serving.serving_state import serving_dir, write_suffix_stats
-    from serving.suffix import SuffixIndex
+    from draftwheel.serving.server.serving_state import serving_dir, write_suffix_stats
+    from draftwheel.serving.engine.suffix import SuffixIndex
 
     assert run("status") == 0
     assert "suffix index: none written" in capsys.readouterr().out.splitlines()[-1]

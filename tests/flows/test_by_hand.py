@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from draftwheel import home, tracking
-from draftwheel.cli import main
+from draftwheel.flows.commands import main
 from draftwheel.registry_names import STAGE_TAG, TARGET_SHA_TAG
-from flows.flywheel import flywheel, override
-from serving.reference import default_target_dir
+from draftwheel.flows.flywheel import flywheel, override
+from draftwheel.serving.engine.reference import default_target_dir
 from tests.conftest import make_champion
 from tests.flows.toy_world import build_models, register_drafts, word_salads
 

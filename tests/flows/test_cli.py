@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from draftwheel.cli import main
+from draftwheel.flows.commands import main
 
 
 def test_bad_config_fails_fast_with_the_field_named(capsys):
@@ -20,7 +20,7 @@ def test_bad_config_fails_fast_with_the_field_named(capsys):
 
 def test_stage_configs_are_checked_before_anything_starts(capsys):
     """Probe 10: every stage's sub-config, for the flywheel and for the flywheel a monitor or the demo starts."""
-    from flows.flywheel import override
+    from draftwheel.flows.flywheel import override
 
     assert main(["flywheel", "--set", override("shadow_overrides", ["no_such_field=1"])]) == 2
     err = capsys.readouterr().err
@@ -48,12 +48,12 @@ def test_flags_are_overrides_of_their_config_field_and_win():
     """`--log-dir` is the flywheel's and monitor's `logs_dir`; demo's `--k`, `--min-path-prob`, `--dtype`
     are its fields of those names. They follow the `--set` overrides, so they win (and a scheduled
     deployment gets them with the rest)."""
-    from draftwheel.cli import build_parser
+    from draftwheel.flows.commands import build_parser
     from draftwheel.cli_help import flag_overrides
     from draftwheel.config import load_config
-    from flows.cli import FLAG_FIELDS
-    from flows.demo import DemoConfig
-    from flows.monitor import MonitorConfig
+    from draftwheel.flows.cli import FLAG_FIELDS
+    from draftwheel.flows.demo import DemoConfig
+    from draftwheel.flows.monitor import MonitorConfig
 
     parser = build_parser()
     args = parser.parse_args(["monitor", "--set", "logs_dir=/a", "--log-dir", "/b", "run_flywheel=false"])

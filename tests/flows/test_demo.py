@@ -18,13 +18,13 @@ from transformers import AutoModelForCausalLM
 
 from draftwheel import registry, tracking
 from draftwheel.registry_names import STAGE_TAG, TARGET_SHA_TAG
-from flows.bootstrap_flow import bootstrap_prompts
-from flows.demo import DemoConfig, demo, workloads
-from flows.flywheel import override
-from serving.engine import Engine
-from serving.models import load_model, weights_sha256
-from serving.params import SamplingParams
-from serving.toy import build_tokenizer, save_model
+from draftwheel.flows.bootstrap_flow import bootstrap_prompts
+from draftwheel.flows.demo import DemoConfig, demo, workloads
+from draftwheel.flows.flywheel import override
+from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.engine.models import load_model, weights_sha256
+from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.testing import build_tokenizer, save_model
 from tests.flows.toy_world import build_models
 
 SIZES = {"chat_requests": 6, "code_requests": 10, "after_requests": 2, "eval_requests": 3, "max_new_tokens": 12}

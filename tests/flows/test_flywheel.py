@@ -16,17 +16,17 @@ from pathlib import Path
 import pytest
 
 from draftwheel import home, tracking
-from draftwheel.cli import main
+from draftwheel.flows.commands import main
 from draftwheel.config import ConfigError, load_config
 from draftwheel.locks import LockedError, state_lock
 from draftwheel.registry_names import CHAMPION_URI, SHADOW_REPORT_TAG, TARGET_SHA_TAG
-from flows.flywheel import FlywheelConfig, StageError, flywheel, override
-from flows.tasks import datasets_sha256
-from mining import corpus
-from serving.engine import Engine
-from serving.models import weights_sha256
-from serving.params import SamplingParams
-from serving.sink import JsonlSink
+from draftwheel.flows.flywheel import FlywheelConfig, StageError, flywheel, override
+from draftwheel.flows.tasks import datasets_sha256
+from draftwheel.mining import corpus
+from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.engine.models import weights_sha256
+from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.engine.sink import JsonlSink
 from tests.conftest import make_champion
 from tests.flows.toy_world import build_models, register_drafts, word_salads
 
@@ -106,7 +106,7 @@ def test_flywheel_promotes_a_better_candidate(world):
     assert status == "FINISHED"
     assert {"resolve", "attempt-1", "mine", "train", "shadow", "register", "promote"} <= set(children)
     assert "attempt-2" not in children and result["attempts"][0]["next"] is None  # promoted: no retry
-    # the round's mined rows are kept for the rounds after it (mining.corpus)
+    # the round's mined rows are kept for the rounds after it (draftwheel.mining.corpus)
     assert sum(corpus.sizes(home.state_dir() / "corpus").values()) > 0
     # The report is logged once, on the shadow stage run itself (no nested run of its own).
     with sqlite3.connect(world["root"] / "home" / "mlflow.db") as db:
@@ -155,7 +155,7 @@ def test_flywheel_config_file_and_validation(tmp_path):
 
 
 def test_monitor_flow_reads_the_logs_and_triggers_or_not(world):
-    from flows.monitor import monitor
+    from draftwheel.flows.monitor import monitor
 
     make_champion(world["versions"]["bad"])  # the champion that served the logged traffic
     common = [f"logs_dir={world['logs']}", f"target={world['dirs']['target']}", "run_flywheel=false",
@@ -277,7 +277,7 @@ def test_a_retry_for_slices_with_nothing_to_replay_hands_the_trainer_more_rehear
     attempt_dirs = [Path(result["work_dir"]).parent, Path(result["work_dir"])]
     assert attempt_dirs[1].name == "attempt-2"
     assert datasets_sha256(attempt_dirs[0] / "datasets") == datasets_sha256(attempt_dirs[1] / "datasets")
-    assert first["module"] == second["module"] == "training.eagle_train"
+    assert first["module"] == second["module"] == "draftwheel.training.eagle_train"
     assert not any(item.startswith("rehearsal_ratio=") for item in first["overrides"])
     assert "rehearsal_ratio=6" in second["overrides"]
     out_dir = [dict(item.split("=", 1) for item in call["overrides"])["output_dir"] for call in (first, second)]
@@ -303,7 +303,7 @@ def test_retries_stop_at_max_retries_and_the_report_names_the_blocking_slices(wo
 def test_monitor_reports_the_delivered_gain_after_a_promotion(world, tmp_path, capsys):
     """The promoted champion's live figures per slice against the previous champion's, from the logs; the
     registry version carries them and `draftwheel status` shows them."""
-    from flows.monitor import monitor
+    from draftwheel.flows.monitor import monitor
 
     logs = tmp_path / "logs"
     with JsonlSink(logs) as sink:
@@ -337,7 +337,7 @@ def test_monitor_reports_the_delivered_gain_after_a_promotion(world, tmp_path, c
 def test_monitor_holds_its_trigger_after_a_rejected_round_until_new_traffic(world, tmp_path):
     """A rejected round leaves the same low acceptance in the logs: re-triggering on them would train the
     same challenger again. The monitor waits for `retrigger_after_requests` requests served since."""
-    from flows.monitor import monitor
+    from draftwheel.flows.monitor import monitor
 
     make_champion(world["versions"]["bad"])
     logs = tmp_path / "logs"
@@ -366,7 +366,7 @@ def test_training_prediction_sits_beside_what_the_gate_measured():
     """The challenger's probe (serving's walk with the chain cut, and the teacher-forced figure) beside
     the gate's replay of the same draft alone and as served; the gap is walk minus alone. Trainers
     without the probe, or gates without draft-alone replays, give None rather than a made-up figure."""
-    from flows.flywheel import prediction_against_gate
+    from draftwheel.flows.flywheel import prediction_against_gate
 
     info = {"metrics": {"eval_served_mal": 1.62, "eval_implied_mal": 1.85}}
     report = {"overall": {"challenger": {"mean_accepted_length": 2.28,
@@ -382,7 +382,7 @@ def test_a_cached_candidate_from_a_copied_state_dirs_original_is_read_in_the_cop
     """Prefect's cache travels with a copied state dir: its cached training result names the original's
     candidate dir. The copy's own candidate at the same cache key is read instead; a candidate a custom
     trainer wrote outside the state dir, with nothing at `out_dir`, is kept as it is."""
-    from flows.flywheel import candidate_dir
+    from draftwheel.flows.flywheel import candidate_dir
 
     monkeypatch.setenv("DRAFTWHEEL_HOME", str(tmp_path / "copy"))
     out_dir = tmp_path / "copy" / "models" / "candidates" / "k"

@@ -23,12 +23,12 @@ import pytest
 
 from draftwheel import tracking
 from draftwheel.registry_names import CHAMPION_URI
-from flows.flywheel import flywheel, override
-from serving.acceptance import mean_accepted_length
-from serving.eagle import is_eagle3_dir
-from serving.engine import Engine
-from serving.params import SamplingParams
-from serving.sink import JsonlSink
+from draftwheel.flows.flywheel import flywheel, override
+from draftwheel.serving.engine.acceptance import mean_accepted_length
+from draftwheel.serving.engine.eagle import is_eagle3_dir
+from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.engine.sink import JsonlSink
 from tests.flows.toy_world import build_models, slice_salads
 
 PARAMS = SamplingParams(max_new_tokens=24, k=3)
@@ -43,7 +43,7 @@ def draft_alone_mal(target_dir, draft_dir, rows) -> float:
 
 @pytest.fixture(scope="module")
 def eagle_world(tmp_path_factory, prefect_server, one_torch_thread):
-    from training.bootstrap import BootstrapConfig, bootstrap
+    from draftwheel.training.bootstrap import BootstrapConfig, bootstrap
 
     root = tmp_path_factory.mktemp("flywheel-eagle")
     with pytest.MonkeyPatch.context() as patch:

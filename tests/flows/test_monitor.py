@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from draftwheel.config import ConfigError, load_config
-from flows.monitor import MonitorConfig, acceptance_by_slice, decide, read_records, window
-from serving.records import AcceptanceRecord, ModelId, Sampling, Step
+from draftwheel.flows.monitor import MonitorConfig, acceptance_by_slice, decide, read_records, window
+from draftwheel.serving.engine.records import AcceptanceRecord, ModelId, Sampling, Step
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 CHAMPION = "c" * 64
@@ -139,7 +139,7 @@ def served_by(version: str, slice: str, accepted: int, n: int) -> list[Acceptanc
 
 
 def test_delivered_gain_compares_the_champion_with_the_previous_champion_per_slice():
-    from flows.served import VersionTally, delivered_gain, delivered_metrics
+    from draftwheel.flows.served import VersionTally, delivered_gain, delivered_metrics
 
     records = (served_by("1", "code", 2, 4) + served_by("2", "code", 6, 4) + served_by("2", "chat", 5, 2)
                + served_by("3", "code", 9, 3) + [record(9, "code", 0, mode="autoregressive")])
@@ -147,7 +147,7 @@ def test_delivered_gain_compares_the_champion_with_the_previous_champion_per_sli
     assert list(tally.watch(records)) == records  # passes everything through
     gain = delivered_gain(tally, "2", "1")
     code = gain["slices"]["code"]
-    # one step of 10 drafts per request: MAL = (accepted + 1) / 1, acceptance = accepted / 10 (serving.acceptance)
+    # one step of 10 drafts per request: MAL = (accepted + 1) / 1, acceptance = accepted / 10 (draftwheel.serving.engine.acceptance)
     assert code["champion"] == {"requests": 4, "acceptance_rate": 0.6, "mean_accepted_length": 7.0}
     assert code["previous"]["mean_accepted_length"] == 3.0 and code["mal_change"] == pytest.approx(7 / 3 - 1)
     assert gain["slices"]["chat"]["previous"] is None and gain["slices"]["chat"]["mal_change"] is None
@@ -174,7 +174,7 @@ def test_delivered_gain_as_served_counts_every_step_of_hybrid_requests():
     """The draft's own figure counts its steps; the user's speed comes from every step. In the hybrid
     the suffix index drafts most code steps, so a draft that doubled its own figure may move the request's
     little (a shifted-code round: +42 % on its own steps, +1-3 % as served)."""
-    from flows.served import VersionTally, delivered_gain, delivered_metrics
+    from draftwheel.flows.served import VersionTally, delivered_gain, delivered_metrics
 
     v1 = [hybrid("1", [("suffix", 4, 3), ("suffix", 4, 3), ("eagle3", 4, 0), (None, 0, 0)], i) for i in range(3)]
     v1.append(hybrid("1", [("suffix", 4, 3), (None, 0, 0)], 3))  # the draft drafted nothing: as served only
@@ -197,7 +197,7 @@ def test_delivered_gain_as_served_counts_every_step_of_hybrid_requests():
 
 
 def test_delivered_as_served_equals_the_drafts_own_figure_in_draft_mode():
-    from flows.served import VersionTally, delivered_gain
+    from draftwheel.flows.served import VersionTally, delivered_gain
 
     tally = VersionTally("draftwheel-draft", ["1", "2"])
     list(tally.watch(served_by("1", "code", 2, 4) + served_by("2", "code", 6, 4)))
@@ -209,7 +209,7 @@ def test_status_leads_with_the_as_served_figure_only_where_it_differs():
     import json
 
     from draftwheel.registry import _delivered_cell
-    from flows.served import VersionTally, delivered_gain
+    from draftwheel.flows.served import VersionTally, delivered_gain
 
     tally = VersionTally("draftwheel-draft", ["1", "2"])
     list(tally.watch([hybrid("1", [("suffix", 4, 3), ("eagle3", 4, 0)]), hybrid("2", [("suffix", 4, 3), ("eagle3", 4, 2)])]))
@@ -222,7 +222,7 @@ def test_status_leads_with_the_as_served_figure_only_where_it_differs():
 
 def stats_of(accepted: list[int], slice: str = "code"):
     """A slice's stats over one-step requests that accepted these many tokens each."""
-    from flows.served import SliceStats
+    from draftwheel.flows.served import SliceStats
 
     stats = SliceStats()
     for i, a in enumerate(accepted):
@@ -231,7 +231,7 @@ def stats_of(accepted: list[int], slice: str = "code"):
 
 
 def test_delivered_change_interval_separates_a_real_gain_from_sampling_noise():
-    from flows.served import mal_change_interval
+    from draftwheel.flows.served import mal_change_interval
 
     rng = random.Random(0)
     before = stats_of([rng.choice([0, 0, 1, 2]) for _ in range(40)])  # MAL ~1.75
@@ -253,7 +253,7 @@ def test_delivered_change_interval_separates_a_real_gain_from_sampling_noise():
 
 
 def test_delivered_interval_subsamples_a_huge_arm_and_stays_bounded(monkeypatch):
-    import flows.served as served
+    import draftwheel.flows.served as served
 
     monkeypatch.setattr(served, "MAX_RESAMPLED_REQUESTS", 50)
     big = stats_of([i % 3 for i in range(500)])
@@ -264,7 +264,7 @@ def test_delivered_interval_subsamples_a_huge_arm_and_stays_bounded(monkeypatch)
 def test_overall_delivered_change_compares_at_the_champions_mix_not_the_traffic_shift():
     # The previous champion served mostly chat (MAL 4) and some code (MAL 2); the champion serves only
     # code, at 2.5. Per slice: code +25 %. The raw overall ratio would read 2.5 / (a chat-heavy 3.7) - 1 < 0.
-    from flows.served import VersionTally, delivered_gain
+    from draftwheel.flows.served import VersionTally, delivered_gain
 
     tally = VersionTally("draftwheel-draft", ["2", "1"])
     list(tally.watch(served_by("1", "chat", 3, 30) + served_by("1", "code", 1, 4) + served_by("2", "code", 1, 2)
@@ -280,7 +280,7 @@ def test_overall_delivered_change_compares_at_the_champions_mix_not_the_traffic_
 
 
 def test_same_mix_change_weights_the_previous_figures_by_the_champions_steps():
-    from flows.served import mal_change_interval, same_mix_change
+    from draftwheel.flows.served import mal_change_interval, same_mix_change
 
     pairs = [(stats_of([2] * 6, "chat"), stats_of([1] * 5, "chat")),  # chat 3.0 vs 2.0
              (stats_of([1] * 2, "code"), stats_of([1] * 9, "code"))]  # code 2.0 vs 2.0
@@ -341,8 +341,8 @@ def test_a_changed_target_triggers_even_after_a_rejected_round():
 
 def test_monitor_prints_the_as_served_gain_of_hybrid_traffic(monkeypatch, capsys):
     from draftwheel import registry
-    from flows.monitor import _delivered
-    from flows.served import VersionTally
+    from draftwheel.flows.monitor import _delivered
+    from draftwheel.flows.served import VersionTally
 
     stored = {}
     monkeypatch.setattr(registry, "record_delivered", lambda version, gain, name: stored.update({version: gain}))
@@ -387,7 +387,7 @@ def served_hybrid(ts: float, steps: list[tuple[str | None, int, int]], slice: st
 
 
 def test_the_as_served_window_keeps_requests_the_index_served_entirely():
-    from flows.monitor import windows
+    from draftwheel.flows.monitor import windows
 
     by_index = [served_hybrid(i, [("suffix", 4, 4)] * 3 + [(None, 0, 0)]) for i in range(6)]
     by_draft = [served_hybrid(10 + i, [("eagle3", 4, 3), (None, 0, 0)]) for i in range(4)]

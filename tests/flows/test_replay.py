@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flows.replay import attempts_report, plan_retry, served_slices
-from serving.shadow import ShadowConfig
+from draftwheel.flows.replay import attempts_report, plan_retry, served_slices
+from draftwheel.evaluation.shadow import ShadowConfig
 
 REPLAY = {"slices": {"chat": {"quota": 8, "kept": 8}, "prose": {"quota": 8, "kept": 0}, "code": {"quota": 8, "kept": 3}}}
 
@@ -63,7 +63,7 @@ def test_served_slices_are_the_canary_sets(tmp_path):
 
 
 def test_the_rehearsal_lever_is_the_built_in_eagle_trainers_rehearsal_ratio():
-    from flows.flywheel import FlywheelConfig, _rehearsal_ratio
+    from draftwheel.flows.flywheel import FlywheelConfig, _rehearsal_ratio
 
     assert _rehearsal_ratio(FlywheelConfig(trainer="eagle")) == 2.0  # configs/eagle.yaml
     assert _rehearsal_ratio(FlywheelConfig(trainer="eagle", train_overrides=["rehearsal_ratio=0.5"])) == 0.5

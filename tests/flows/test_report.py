@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from draftwheel.config import load_config
-from flows import report
-from flows.demo import DemoConfig
+from draftwheel.flows import report
+from draftwheel.flows.demo import DemoConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

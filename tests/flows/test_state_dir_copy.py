@@ -19,14 +19,14 @@ from urllib.parse import unquote, urlparse
 import pytest
 
 from draftwheel import home, tracking
-from draftwheel.cli import main
+from draftwheel.flows.commands import main
 from draftwheel.registry_names import CHAMPION_URI, version_uri
 from draftwheel.store_root import URI_COLUMNS
-from flows.flywheel import flywheel, override
-from serving.engine import Engine
-from serving.models import load_model
-from serving.params import SamplingParams
-from serving.sink import JsonlSink
+from draftwheel.flows.flywheel import flywheel, override
+from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.engine.models import load_model
+from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.engine.sink import JsonlSink
 from tests.conftest import make_champion
 from tests.flows.toy_world import build_models, register_drafts, word_salads
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from draftwheel.tracking import ArtifactError, RegistryError
-from flows import tasks
+from draftwheel.flows import tasks
 
 
 class NotFound(Exception):
@@ -50,9 +50,9 @@ def test_stage_overrides_point_each_trainer_at_its_data():
 
 def test_launch_command_runs_the_trainer_module_under_the_launcher():
     command = tasks.launch_command("accelerate launch --num_processes 2", "distill", "configs/distill.yaml", ["a=1"])
-    assert command == ["accelerate", "launch", "--num_processes", "2", "-m", "training.distill",
+    assert command == ["accelerate", "launch", "--num_processes", "2", "-m", "draftwheel.training.distill",
                        "--config", "configs/distill.yaml", "a=1"]
-    assert tasks.launch_command("python", "dpo", "", []) == ["python", "-m", "training.dpo"]
+    assert tasks.launch_command("python", "dpo", "", []) == ["python", "-m", "draftwheel.training.dpo"]
 
 
 def test_unknown_trainer_names_the_choices():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from serving.toy import build_tokenizer, save_model, tiny_llama, zero_extended_target
+from draftwheel.serving.testing import build_tokenizer, save_model, tiny_llama, zero_extended_target
 
 WORDS = ("sea sky fox dog poem stack list items read write test class return import print line "
          "question lazy brown quick help today short things").split()
@@ -30,7 +30,7 @@ def register_drafts(dirs: dict[str, Path], names: tuple[str, ...]) -> dict[str, 
     """Register the named drafts in the state dir's registry, tagged as trained for `dirs["target"]`."""
     from draftwheel import tracking
     from draftwheel.registry_names import TARGET_SHA_TAG
-    from serving.models import weights_sha256
+    from draftwheel.serving.engine.models import weights_sha256
 
     tags = {TARGET_SHA_TAG: weights_sha256(dirs["target"])}
     return {name: tracking.register_draft(dirs[name], tags) for name in names}

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mining.config import MiningConfig
-from mining.synthetic import synthetic_record
+from draftwheel.mining.config import MiningConfig
+from draftwheel.mining.testing import synthetic_record
 
 
 def make_record(index: int = 0, ts: float = 1.7e9, seed: int = 0, **overrides) -> dict:
@@ -47,7 +47,7 @@ def _home(tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory) -> Path:
     """The toy byte-level BPE tokenizer (vocab 384, chat template) saved as a local dir."""
-    from serving.toy import build_tokenizer
+    from draftwheel.serving.testing import build_tokenizer
 
     path = tmp_path_factory.mktemp("tokenizer")
     build_tokenizer().save_pretrained(path)

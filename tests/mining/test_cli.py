@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftwheel.cli import main
+from draftwheel.flows.commands import main
 from tests.mining.conftest import make_record, write_lines
 
 
@@ -50,7 +50,7 @@ def test_an_alias_bomb_in_slices_is_one_line_naming_the_file(logs, tmp_path, cap
 
 
 def test_log_dir_is_the_flag_and_logs_a_deprecated_alias(logs, capsys):
-    from draftwheel.cli import build_parser
+    from draftwheel.flows.commands import build_parser
 
     parser = build_parser()
     assert parser.parse_args(["mine", "--log-dir", str(logs)]).log_dir == logs

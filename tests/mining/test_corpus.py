@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from datasets import Dataset, load_from_disk
 
-from mining.corpus import ADDED, CorpusPolicy, mix_into, retain, sizes
-from mining.outputs import DISTILL
+from draftwheel.mining.corpus import ADDED, CorpusPolicy, mix_into, retain, sizes
+from draftwheel.mining.outputs import DISTILL
 
 
 def distill(path, prompts, slice_name="code"):

@@ -8,10 +8,10 @@ import random
 import numpy as np
 import pytest
 
-from mining.config import MiningConfig
-from mining.dedupe import NearDupIndex, exact_key
-from mining.index import ROW, IndexFile
-from mining.select import OVERSAMPLE, kth_largest, select
+from draftwheel.mining.config import MiningConfig
+from draftwheel.mining.dedupe import NearDupIndex, exact_key
+from draftwheel.mining.index import ROW, IndexFile
+from draftwheel.mining.select import OVERSAMPLE, kth_largest, select
 
 
 def _words(rng: random.Random, n: int) -> list[str]:

@@ -1,4 +1,4 @@
-"""Scanning logs: the one-pass msgspec path of serving.records.parse_record agrees with its standard
+"""Scanning logs: the one-pass msgspec path of draftwheel.serving.engine.records.parse_record agrees with its standard
 library path, bad lines and unreadable files are quarantined with reason and position, good lines are
 never dropped, gzip/rotation/truncation are handled."""
 
@@ -10,10 +10,10 @@ import json
 import random
 import pytest
 
-from mining.pipeline import mine
-from mining.log_reader import Quarantine, list_log_files, scan_lines
-from serving.sink import MAX_LINE_BYTES
-from serving.records import RecordError, check_record, parse_record, record_from_dict
+from draftwheel.mining.pipeline import mine
+from draftwheel.mining.log_reader import Quarantine, list_log_files, scan_lines
+from draftwheel.serving.engine.sink import MAX_LINE_BYTES
+from draftwheel.serving.engine.records import RecordError, check_record, parse_record, record_from_dict
 from tests.mining.conftest import fast_config, make_record, write_lines
 
 

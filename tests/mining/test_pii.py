@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mining.pii import Scrubber, contains_pii, luhn_ok, scrub
+from draftwheel.mining.pii import Scrubber, contains_pii, luhn_ok, scrub
 
 
 @pytest.mark.parametrize("text, expected, kind", [

@@ -11,10 +11,10 @@ import pytest
 from datasets import load_from_disk
 
 from draftwheel.config import ConfigError, load_config
-from mining.config import MiningConfig
-from mining.dedupe import NearDupIndex, normalize
-from mining.outputs import path_sha256
-from mining.pipeline import mine
+from draftwheel.mining.config import MiningConfig
+from draftwheel.mining.dedupe import NearDupIndex, normalize
+from draftwheel.mining.outputs import path_sha256
+from draftwheel.mining.pipeline import mine
 from tests.mining.conftest import fast_config, make_record, write_lines
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +64,7 @@ def test_manifest_sha256s_match_the_files_on_disk(mined):
 def test_manifest_counts_output_token_frequencies_of_the_datasets(mined):
     """`output_tokens`: counts of the written distill/holdout outputs, the top tokens, and the coverage of
     the top N distill tokens (monotone in N, 1.0 once N covers every distinct token)."""
-    from mining.token_freq import coverage, token_table
+    from draftwheel.mining.token_freq import coverage, token_table
 
     out, manifest, _, _ = mined
     table = manifest["output_tokens"]
@@ -201,7 +201,7 @@ def test_default_config_file_loads_and_bad_values_name_the_field():
 
 
 def test_request_stats_and_per_position_acceptance():
-    from mining.stats import SliceStats, request_stats
+    from draftwheel.mining.stats import SliceStats, request_stats
     from tests.mining.conftest import make_record as mk
 
     record = mk(0)
@@ -210,7 +210,7 @@ def test_request_stats_and_per_position_acceptance():
              {"k": 2, "accepted": 0, "draft_token_ids": [11, 12], "target_token_id": 13},
              {"k": 100, "accepted": 70, "draft_token_ids": [1] * 100, "target_token_id": 1}]  # absurd k: folded, no crash
     record.update(steps=steps, drafted_tokens=110, accepted_tokens=75, verify_steps=4)
-    from serving.records import parse_record
+    from draftwheel.serving.engine.records import parse_record
 
     parsed = parse_record(json.dumps(record).encode())
     rate, length, depth, codes = request_stats(parsed)
@@ -224,8 +224,8 @@ def test_request_stats_and_per_position_acceptance():
 
 
 def test_request_stats_of_a_hybrid_request_judge_the_draft_alone():
-    from mining.stats import SliceStats, request_stats
-    from serving.records import parse_record
+    from draftwheel.mining.stats import SliceStats, request_stats
+    from draftwheel.serving.engine.records import parse_record
     from tests.mining.conftest import make_record as mk
 
     record = mk(0)
@@ -251,9 +251,9 @@ def test_mining_again_into_the_same_dir_replaces_the_outputs(tmp_path):
 
 
 def test_lines_that_changed_after_the_scan_are_skipped_not_mined(tmp_path):
-    from mining.curate import iter_records
-    from mining.index import IndexFile
-    from mining.first_pass import scan_pass
+    from draftwheel.mining.curate import iter_records
+    from draftwheel.mining.index import IndexFile
+    from draftwheel.mining.first_pass import scan_pass
 
     log = write_lines(tmp_path / "logs" / "a.jsonl", [make_record(i) for i in range(5)])
     files = [log]
@@ -291,7 +291,7 @@ def test_near_duplicates_collapse_in_training_and_never_shadow_the_holdout(tmp_p
 
 def test_distill_rows_carry_the_served_residual_per_completion_token(mined):
     """Each distill row's `served_residual` lines up with its completion tokens, and is 0 on the tokens
-    the logged steps drafted and had accepted (mining.residual)."""
+    the logged steps drafted and had accepted (draftwheel.mining.residual)."""
     out, _, records, _ = mined
     by_prompt = {tuple(r["prompt_token_ids"]): r for r in records}
     dataset = load_from_disk(str(out / "distill"))

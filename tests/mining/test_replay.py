@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 from datasets import load_from_disk
 
-from mining.pipeline import mine
+from draftwheel.mining.pipeline import mine
 from tests.mining.conftest import fast_config, make_record, write_lines
 
 

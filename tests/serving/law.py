@@ -1,7 +1,7 @@
 """The target's exact sampling law, computed without the engine, and a chi-square test against it.
 
 - `hf_warp`: logits -> probabilities through transformers' own logits warpers (temperature, then
-  top-k, then top-p: the order `generate` applies them), not `serving.sampling.warp`, so a bug in the
+  top-k, then top-p: the order `generate` applies them), not `draftwheel.serving.engine.sampling.warp`, so a bug in the
   engine's warp cannot hide in the expected law too.
 - `window_law`: the exact joint law of the generated tokens at positions `start .. start+length-1`,
   chaining the target's conditionals p(x_i | prompt, x_<i) from full forwards (no KV cache) over every
@@ -24,7 +24,7 @@ from transformers.generation.logits_process import (
     LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
 )
 
-from serving.params import SamplingParams
+from draftwheel.serving.engine.params import SamplingParams
 
 MIN_EXPECTED = 5.0  # Pearson's X^2 is close to its chi-square law only when every bin expects >= ~5
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serving.metrics import EXPORTED_NAMES, Metrics
+from draftwheel.serving.server.metrics import EXPORTED_NAMES, Metrics
 from tests.serving.test_metrics import make_record
 
 ALERTS = Path(__file__).resolve().parents[2] / "configs" / "prometheus" / "alerts.yml"

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from draftwheel.cli import main
-from serving.bench import read_prompts
-from serving.prepack import packs_bfloat16
+from draftwheel.flows.commands import main
+from draftwheel.evaluation.bench import read_prompts
+from draftwheel.serving.engine.prepack import packs_bfloat16
 
 
 BENCH_KEYS = {
@@ -28,7 +28,7 @@ FLOAT32_KEYS = {"hf_plain_float32_tokens_per_s", "speedup_vs_hf_plain_float32"}
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_bench_writes_the_design_keys_and_compares_with_stock_hf(dirs, tmp_path, capsys, monkeypatch, dtype):
     monkeypatch.setenv("DRAFTWHEEL_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr("serving.prepack.MIN_PACKED_WEIGHT", 0)  # tiny models: pack every layer
+    monkeypatch.setattr("draftwheel.serving.engine.prepack.MIN_PACKED_WEIGHT", 0)  # tiny models: pack every layer
     target, draft = dirs
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "The quick brown"}\n"Hello! How can"\n')
@@ -117,7 +117,7 @@ def test_bench_sampled_compares_plain_and_speculative(dirs, tmp_path, capsys, mo
 def cheap_pair(tmp_path_factory):
     """(target_dir, draft_dir): a 1-layer draft and a 12-layer target computing exactly its function (the
     extra layers add zero), so every drafted token is accepted and a drafted token costs ~1/12 of a step."""
-    from serving.toy import build_tokenizer, save_model, tiny_llama, zero_extended_target
+    from draftwheel.serving.testing import build_tokenizer, save_model, tiny_llama, zero_extended_target
 
     root = tmp_path_factory.mktemp("cheap")
     tokenizer = build_tokenizer()
@@ -147,7 +147,7 @@ def test_bench_speedup_with_a_cheap_always_accepted_draft(cheap_pair, tmp_path, 
 def test_bench_medusa_mode_reports_its_cost(dirs, tmp_path, capsys, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from serving.medusa import MedusaHeads
+    from draftwheel.serving.engine.medusa import MedusaHeads
 
     monkeypatch.setenv("DRAFTWHEEL_HOME", str(tmp_path / "home"))
     target, _ = dirs

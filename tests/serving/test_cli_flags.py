@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from draftwheel.cli import build_parser, main
+from draftwheel.flows.commands import build_parser, main
 from draftwheel.config import ConfigError
-from serving.engine_cli import bench_settings
-from serving.serve_config import ServeConfig
-from serving.server_cli import build_config
+from draftwheel.serving.server.engine_cli import bench_settings
+from draftwheel.serving.server.serve_config import ServeConfig
+from draftwheel.serving.server.cli import build_config
 
 
 @pytest.fixture(autouse=True)
@@ -97,8 +97,8 @@ def test_shadow_flags_are_its_config_fields_and_win_over_overrides():
     the logs its suffix index is built from (ShadowConfig.suffix_logs)."""
     from draftwheel.cli_help import flag_overrides
     from draftwheel.config import load_config
-    from draftwheel.registry_cli import DEFAULT_CONFIG, SHADOW_FLAG_FIELDS
-    from serving.gate import ShadowConfig
+    from draftwheel.flows.registry_cli import DEFAULT_CONFIG, SHADOW_FLAG_FIELDS
+    from draftwheel.evaluation.gate import ShadowConfig
 
     args = _args("shadow", "--challenger", "d", "--set", "k=6", "--k", "5", "--min-path-prob", "0.1",
                  "--dtype", "float32", "--log-dir", "/tmp/logs", "min_requests=3")

@@ -1,7 +1,7 @@
 """The eagle3 draft kind in the Engine, on a tiny random target (seconds on CPU).
 
 The draft is fitted in the fixture for a few hundred steps on the target's own greedy continuations
-(training-time test, training.eagle_ttt), so acceptance is partial: both the all-accepted and the
+(training-time test, draftwheel.training.eagle_ttt), so acceptance is partial: both the all-accepted and the
 rollback paths run. Greedy output must equal the target's alone; sampled output must follow the
 target's law (chi-square, shared helper with the draft-model test); the speculators directory must
 round-trip with identical outputs and carry every field the format requires. Mode `hybrid` with the
@@ -16,15 +16,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from serving.eagle import Eagle3Config, Eagle3Draft, Eagle3FormatError, load_eagle3, save_eagle3, vocab_from_counts
-from serving.engine import Engine
-from serving.models import IncompatibleModelsError, from_objects, load_model
-from serving.params import SamplingParams
-from serving.suffix import SuffixIndex, target_key
-from serving.toy import build_tokenizer, save_model, tiny_llama
+from draftwheel.serving.engine.eagle import Eagle3Config, Eagle3Draft, Eagle3FormatError, load_eagle3, save_eagle3, vocab_from_counts
+from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.engine.models import IncompatibleModelsError, from_objects, load_model
+from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.engine.suffix import SuffixIndex, target_key
+from draftwheel.serving.testing import build_tokenizer, save_model, tiny_llama
 from tests.serving.test_engine import PROMPTS, check_two_token_law, hf_greedy, noisy_copy
 from tests.serving.test_suffix_engine import corrupted, two_token_sequences  # noqa: F401 - a fixture
-from training.eagle_ttt import teacher_log_probs, ttt_loss, unroll
+from draftwheel.training.eagle_ttt import teacher_log_probs, ttt_loss, unroll
 
 
 def fit_draft(target, tokenizer, steps=300, seed=0) -> Eagle3Draft:
@@ -145,10 +145,10 @@ def test_hybrid_with_suffix_index_greedy_identical(pair, min_path_prob):
 
 
 class EveryThirdStepDrafts:
-    """A stand-in for serving.adaptive.StepPace with a fixed pattern: draft, skip, skip, draft, ..."""
+    """A stand-in for draftwheel.serving.engine.adaptive.StepPace with a fixed pattern: draft, skip, skip, draft, ..."""
 
     def __init__(self):
-        from serving.adaptive import VerifyClock
+        from draftwheel.serving.engine.adaptive import VerifyClock
 
         self.calls = 0
         self.clock = VerifyClock()

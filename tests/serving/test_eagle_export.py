@@ -1,7 +1,7 @@
-"""`draftwheel export` (serving.eagle_export): a portable speculators directory, written whole or not at all.
+"""`draftwheel export` (draftwheel.serving.engine.eagle_export): a portable speculators directory, written whole or not at all.
 
 A tiny random target and an untrained random draft (seconds on CPU): what the export writes does not
-depend on how good the draft is. Each test runs the command as a user does (`draftwheel.cli.main`) and
+depend on how good the draft is. Each test runs the command as a user does (`draftwheel.flows.commands.main`) and
 reads back the files. The round trip through the speculators library itself is the slow test in
 test_speculators_roundtrip.py.
 """
@@ -16,13 +16,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from serving.eagle import Eagle3Config, Eagle3Draft, Eagle3FormatError, check_export, save_eagle3, vocab_from_counts
-from serving.eagle_export import EMBED_KEY, check_portable, resolve_verifier
-from serving.engine import Engine
-from serving.models import load_model
-from serving.params import SamplingParams
-from serving.reference import HUB_ID, REFERENCE_DIR_NAME
-from serving.toy import build_tokenizer, save_model, tiny_llama
+from draftwheel.serving.engine.eagle import Eagle3Config, Eagle3Draft, Eagle3FormatError, check_export, save_eagle3, vocab_from_counts
+from draftwheel.serving.engine.eagle_export import EMBED_KEY, check_portable, resolve_verifier
+from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.engine.models import load_model
+from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.engine.reference import HUB_ID, REFERENCE_DIR_NAME
+from draftwheel.serving.testing import build_tokenizer, save_model, tiny_llama
 
 VERIFIER = "draftwheel-test/tiny-llama"
 PROMPTS = ["def add(a, b):", "The quick brown fox", "Hello"]
@@ -52,7 +52,7 @@ def stored(models, path, verifier: str = "", target_sha: str = ""):
 
 
 def export(src, out, target, *flags: str) -> int:
-    from draftwheel.cli import main
+    from draftwheel.flows.commands import main
 
     return main(["export", "--uri", str(src), "--target", str(target), "--out", str(out), *flags])
 
@@ -139,7 +139,7 @@ def test_a_non_empty_out_is_refused_unless_forced(models, tmp_path, capsys):
 def test_an_interrupted_export_leaves_no_partial_dir(models, tmp_path, monkeypatch, existing):
     """Interrupted after the files are written but before the rename: no `out`, no temporary dir, and a
     forced `out` that was there keeps its old contents."""
-    import serving.eagle_export as eagle_export
+    import draftwheel.serving.engine.eagle_export as eagle_export
 
     target_dir, _, _ = models
     src = stored(models, tmp_path / "stored", verifier=VERIFIER)

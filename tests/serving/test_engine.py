@@ -11,11 +11,11 @@ import threading
 import pytest
 import torch
 
-from serving.engine import Engine, PromptTooLongError
-from serving.kv import CachedLM
-from serving.models import from_objects
-from serving.params import SamplingParams
-from serving.toy import build_tokenizer, tiny_llama
+from draftwheel.serving.engine.engine import Engine, PromptTooLongError
+from draftwheel.serving.engine.kv import CachedLM
+from draftwheel.serving.engine.models import from_objects
+from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.testing import build_tokenizer, tiny_llama
 from tests.serving.law import chi_square, window_law
 from tests.serving.law import assert_in_support
 
@@ -259,7 +259,7 @@ def test_cancel_is_checked_every_step_and_ends_the_stream_without_a_record(pair)
 @pytest.fixture(scope="module")
 def heads(pair):
     """Medusa heads with random (non-identity) blocks: partial acceptance, both verify paths."""
-    from serving.medusa import MedusaHeads
+    from draftwheel.serving.engine.medusa import MedusaHeads
 
     _, target, _ = pair
     heads = MedusaHeads.for_target(target, n_heads=3)
@@ -291,7 +291,7 @@ def test_medusa_greedy_identical_and_sampled_runs(pair, heads, tmp_path):
 def test_medusa_accepts_when_heads_guess_right():
     """A tied-embedding random model repeats its last token, and identity-initialised heads predict
     "the same as the target's next token": the chain is right, so whole chains are accepted."""
-    from serving.medusa import MedusaHeads
+    from draftwheel.serving.engine.medusa import MedusaHeads
 
     tokenizer = build_tokenizer()
     target = tiny_llama(tokenizer, n_layers=2, seed=0, tie_embeddings=True)
@@ -303,7 +303,7 @@ def test_medusa_accepts_when_heads_guess_right():
 
 
 def test_engine_from_paths_with_medusa_dir(pair, heads, tmp_path):
-    from serving.toy import save_model
+    from draftwheel.serving.testing import save_model
 
     tokenizer, target, _ = pair
     target_dir = save_model(target, tokenizer, tmp_path / "target")
@@ -315,7 +315,7 @@ def test_engine_from_paths_with_medusa_dir(pair, heads, tmp_path):
 
 
 def test_adaptive_k_choice_follows_acceptance_and_cost():
-    from serving.adaptive import AdaptiveK, best_k, expected_tokens
+    from draftwheel.serving.engine.adaptive import AdaptiveK, best_k, expected_tokens
 
     assert expected_tokens(0.0, 5) == 1.0 and expected_tokens(1.0, 5) == 6.0
     assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
@@ -335,7 +335,7 @@ def test_adaptive_k_choice_follows_acceptance_and_cost():
 
 
 def test_score_calibration_stops_trusting_an_index_that_over_promises():
-    from serving.adaptive import ScoreCalibration, index_beats_draft
+    from draftwheel.serving.engine.adaptive import ScoreCalibration, index_beats_draft
 
     chat, templated = ScoreCalibration(), ScoreCalibration()
     assert chat.scaled(8.0) == 8.0  # the prior trusts the score
@@ -352,7 +352,7 @@ def test_score_calibration_stops_trusting_an_index_that_over_promises():
 
 
 def test_hybrid_uses_one_token_matches_only_in_place_of_plain_steps():
-    from serving.adaptive import suffix_drafts
+    from draftwheel.serving.engine.adaptive import suffix_drafts
 
     assert suffix_drafts(score=0.9, match_len=1, draft_pays=False, a=0.1, k=5)  # instead of a plain step
     assert not suffix_drafts(score=0.9, match_len=1, draft_pays=True, a=0.1, k=5)  # E(0.1, 5) - 1 = 0.11
@@ -376,7 +376,7 @@ def test_step_pace_keeps_a_draft_that_pays_and_drops_one_that_does_not():
     it more, 1.32 units. 2-3 tokens a step is ~1.9 tokens per unit: it drafts on every step. One token
     a step (0.76 per unit, a draft whose every token is rejected) loses: after the warm-up it drafts on
     a few per cent of steps (the draws whose optimistic tail beats 1), not never, so a recovery shows."""
-    from serving.adaptive import StepPace
+    from draftwheel.serving.engine.adaptive import StepPace
 
     good = StepPace()
     assert all(feed(good, 100, lambda i: 2 + i % 2))
@@ -389,7 +389,7 @@ def test_step_pace_keeps_a_draft_that_pays_and_drops_one_that_does_not():
 
 
 def test_step_pace_notices_a_draft_that_recovers():
-    from serving.adaptive import StepPace
+    from draftwheel.serving.engine.adaptive import StepPace
 
     pace = StepPace()
     feed(pace, 200, lambda i: 1)
@@ -401,7 +401,7 @@ def test_step_pace_notices_a_draft_that_recovers():
 def test_step_pace_weighs_a_marginal_draft_by_the_odds_it_pays():
     """Around break-even the evidence is uncertain: the share of steps drafted follows the estimated
     odds that the draft pays, rising with the draft's true speed (Thompson sampling)."""
-    from serving.adaptive import StepPace
+    from draftwheel.serving.engine.adaptive import StepPace
 
     def share(mean_tokens: float) -> float:
         pace, noise = StepPace(), random.Random(1)  # tokens: 1 + a binomial count, mean `mean_tokens`
@@ -415,7 +415,7 @@ def test_step_pace_weighs_a_marginal_draft_by_the_odds_it_pays():
 def test_step_pace_is_unmoved_by_machine_load_and_deterministic_by_seed():
     """Costs are the drafting time over the same step's verify time: a machine twice as slow for both
     leaves the ratio alone. The draws come from the pace's own seeded generator."""
-    from serving.adaptive import StepPace
+    from draftwheel.serving.engine.adaptive import StepPace
 
     fast, slow = StepPace(), StepPace()
     noise = random.Random(2)
@@ -427,7 +427,7 @@ def test_step_pace_is_unmoved_by_machine_load_and_deterministic_by_seed():
 def test_suffix_proposal_replaces_a_plain_step_only_when_it_beats_one():
     """With drafting ruled out, a 16-token proposal costs 1 + 0.05 * 16 = 1.8 units: it must promise
     more than 0.8 accepted tokens to beat a plain step's one token per unit."""
-    from serving.adaptive import suffix_drafts
+    from draftwheel.serving.engine.adaptive import suffix_drafts
 
     cost = lambda rows: 1.0 + 0.05 * (rows - 1)  # noqa: E731
     assert suffix_drafts(0.9, 4, False, a=0.5, k=4, n_index=16, row_cost=cost)
@@ -436,7 +436,7 @@ def test_suffix_proposal_replaces_a_plain_step_only_when_it_beats_one():
 
 
 def test_pace_memory_resumes_a_copy_per_key_and_keeps_the_newest_keys():
-    from serving.adaptive import PaceMemory, StepPace
+    from draftwheel.serving.engine.adaptive import PaceMemory, StepPace
 
     memory = PaceMemory(max_keys=2)
     first = memory.resume("chat")
@@ -466,7 +466,7 @@ def test_adaptive_k_in_engine_logs_each_step_k(engine, pair):
 
 
 def test_stream_holds_back_a_possible_stop_prefix(pair):
-    from serving.stopping import OutputState
+    from draftwheel.serving.engine.stopping import OutputState
 
     tokenizer, _, _ = pair
     out = OutputState(tokenizer, eos_ids=set(), stop=["END"], max_new_tokens=100)
@@ -483,7 +483,7 @@ def test_the_hybrid_weighs_what_each_choice_costs():
     """Equal promises go to the index once the draft's tokens cost anything (c > 0): a draft that learned
     what the index already copies must not take the step and pay c for the same tokens. Free drafting
     (c = 0, rows free) is the old rule, score > E(a, k) - 1; long index proposals pay for their rows."""
-    from serving.adaptive import expected_tokens, index_beats_draft
+    from draftwheel.serving.engine.adaptive import expected_tokens, index_beats_draft
 
     tie = expected_tokens(0.6, 5) - 1  # the index promises exactly what the draft expects
     assert not index_beats_draft(tie, a=0.6, k=5)
@@ -494,7 +494,7 @@ def test_the_hybrid_weighs_what_each_choice_costs():
 
 
 def test_the_verify_clock_fits_the_cost_of_a_row():
-    from serving.adaptive import VerifyClock
+    from draftwheel.serving.engine.adaptive import VerifyClock
 
     clock = VerifyClock(prior_slope=0.05)
     assert clock.cost(6) == pytest.approx(1.25)  # nothing seen: the prior

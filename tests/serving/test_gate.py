@@ -16,7 +16,7 @@ import copy
 import numpy as np
 import pytest
 
-from serving.gate import (CLEAR_REGRESSION, NON_INFERIORITY, POOLED, TOO_FEW, ShadowConfig, bootstrap_ci, gate,
+from draftwheel.evaluation.gate import (CLEAR_REGRESSION, NON_INFERIORITY, POOLED, TOO_FEW, ShadowConfig, bootstrap_ci, gate,
                           relative_change_ci, slice_groups, slice_table, summarize)
 
 CONFIG = ShadowConfig(bootstrap_resamples=500)

@@ -1,4 +1,4 @@
-"""Calibration of the shadow gate (`serving.gate.gate`) on synthetic reports whose truth is known.
+"""Calibration of the shadow gate (`draftwheel.evaluation.gate.gate`) on synthetic reports whose truth is known.
 
 - Null: the challenger is the champion plus zero-mean per-request noise. The gain check promotes only
   when the lower end of a two-sided `confidence` (95 %) paired-bootstrap interval of the mean gain is
@@ -8,7 +8,7 @@
   A plain percentile bootstrap of a mean from n = 24..40 requests is a little too narrow (the plug-in
   variance, (n-1)/n of the unbiased one, and normal rather than Student-t tails): over 4,000 such
   reports (not run here) it promoted ~3.4 %. The gate widens its intervals for that
-  (`serving.gate.small_sample_widening`); measured the same way it promotes 2.7 % (2.55 % and 2.9 %
+  (`draftwheel.evaluation.gate.small_sample_widening`); measured the same way it promotes 2.7 % (2.55 % and 2.9 %
   over two seeds of 2,000), within a standard error of 2.5 %. The bound below is 0.058 at N = 200.
 - Power: a true +10 % gain on 16 requests, the same noise.
 - The small-slice rules, and the lossless check.
@@ -25,7 +25,7 @@ import math
 import numpy as np
 import pytest
 
-from serving.gate import CLEAR_REGRESSION, METRIC, MIN_EVIDENCE, NON_INFERIORITY, POOLED, TOO_FEW, ShadowConfig, gate
+from draftwheel.evaluation.gate import CLEAR_REGRESSION, METRIC, MIN_EVIDENCE, NON_INFERIORITY, POOLED, TOO_FEW, ShadowConfig, gate
 
 CONFIG = ShadowConfig(bootstrap_resamples=500)
 GATED = getattr(CONFIG, "metric", METRIC)
@@ -72,7 +72,7 @@ ONE_SIDED = (1.0 - CONFIG.confidence) / 2  # 0.025: the gain check is the lower 
 def test_small_sample_widening_is_student_t_over_normal_with_the_unbiased_variance():
     from scipy.stats import norm, t
 
-    from serving.gate import small_sample_widening
+    from draftwheel.evaluation.gate import small_sample_widening
 
     for n in (6, 24, 40):
         expected = math.sqrt(n / (n - 1)) * t.ppf(0.975, n - 1) / norm.ppf(0.975)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serving.engine import Engine
-from serving.greedy_check import greedy_divergence
-from serving.models import load_model
-from serving.params import SamplingParams
+from draftwheel.serving.engine.engine import Engine
+from draftwheel.evaluation.greedy_check import greedy_divergence
+from draftwheel.serving.engine.models import load_model
+from draftwheel.serving.engine.params import SamplingParams
 
 PROMPTS = ["def add(a, b):", "Hello there, how", "SELECT name FROM", "The quick brown fox"]
 MAX_NEW = 40

@@ -6,8 +6,8 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.metrics import EXPORTED_NAMES, Metrics
-from serving.records import AcceptanceRecord, ModelId, Sampling, Step
+from draftwheel.serving.server.metrics import EXPORTED_NAMES, Metrics
+from draftwheel.serving.engine.records import AcceptanceRecord, ModelId, Sampling, Step
 
 
 def make_record(steps: list[tuple[int, int]], n_out: int | None = None, mode: str = "draft",

@@ -5,10 +5,10 @@ import hashlib
 import pytest
 import torch
 
-from serving import reference
-from serving.engine import Engine
-from serving.models import IncompatibleModelsError, UnsafeWeightsError, check_compatible, load_model, weights_sha256
-from serving.toy import build_tokenizer, save_model, tiny_llama
+from draftwheel.serving.engine import reference
+from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.engine.models import IncompatibleModelsError, UnsafeWeightsError, check_compatible, load_model, weights_sha256
+from draftwheel.serving.testing import build_tokenizer, save_model, tiny_llama
 
 
 
@@ -78,7 +78,7 @@ def test_reference_conversion_loads_and_generates(reference_target):
     """The shipped GGUF passes its sha256 check and converts (session fixture) into a safetensors dir that
     loads as SmolLM2-135M-Instruct (30 layers, its 49152-token vocabulary, the chat template) and answers a
     chat prompt with text."""
-    from serving.params import SamplingParams
+    from draftwheel.serving.engine.params import SamplingParams
 
     reference.check_gguf(reference.find_gguf())
     assert reference_target.name == reference.REFERENCE_DIR_NAME

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from serving.openai_api import ApiError, ChatRequest, CompletionRequest, check_text
+from draftwheel.serving.server.openai_api import ApiError, ChatRequest, CompletionRequest, check_text
 
 BASE = {"model": "m", "prompt": "hi"}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

@@ -1,4 +1,4 @@
-"""Serving precision (serving.precision) and row-invariant attention (serving.row_invariant).
+"""Serving precision (draftwheel.serving.engine.precision) and row-invariant attention (draftwheel.serving.engine.row_invariant).
 
 bfloat16 is where a k+1-token verify costs about one decoding step on AMX CPUs, and where rounding
 differences between a multi-row and a one-row forward flip greedy choices. The tests pin down that a
@@ -12,13 +12,13 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from serving.engine import Engine
-from serving.models import from_objects
-from serving.params import SamplingParams
-from serving.precision import resolve_bf16, resolve_dtype
-from serving.prepack import is_packed, packs_bfloat16, prepack_linears
-from serving.row_invariant import NAME, use_row_invariant_attention, use_stock_attention
-from serving.toy import build_tokenizer, tiny_llama
+from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.engine.models import from_objects
+from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.engine.precision import resolve_bf16, resolve_dtype
+from draftwheel.serving.engine.prepack import is_packed, packs_bfloat16, prepack_linears
+from draftwheel.serving.engine.row_invariant import NAME, use_row_invariant_attention, use_stock_attention
+from draftwheel.serving.testing import build_tokenizer, tiny_llama
 from tests.serving.test_eagle import fit_draft
 from tests.serving.test_engine import PROMPTS
 
@@ -51,7 +51,7 @@ def rows_two_ways(model, ids, start, rows):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_verify_rows_are_bitwise_the_one_token_steps(tokenizer, dtype, monkeypatch):
-    monkeypatch.setattr("serving.prepack.MIN_PACKED_WEIGHT", 0)
+    monkeypatch.setattr("draftwheel.serving.engine.prepack.MIN_PACKED_WEIGHT", 0)
     model = gqa_llama(tokenizer).to(dtype)
     prepack_linears(model)
     assert use_row_invariant_attention(model) and model.config._attn_implementation == NAME
@@ -75,8 +75,8 @@ def test_prefill_and_long_calls_match_stock_sdpa(tokenizer):
         assert torch.equal(stock(ids).logits, invariant(ids).logits)  # 80 rows > MAX_ROWS: stock path
         # A short prompt's prefill (no cache) is the stock call too: the same in every mode, and as fast as HF's.
         assert torch.equal(stock(ids[:, :40]).logits, invariant(ids[:, :40]).logits)
-    from serving.row_invariant import MAX_ROWS
-    from serving.suffix import SuffixConfig
+    from draftwheel.serving.engine.row_invariant import MAX_ROWS
+    from draftwheel.serving.engine.suffix import SuffixConfig
 
     SuffixConfig(max_spec_tokens=MAX_ROWS - 1)  # the longest suffix verify still fits
     with pytest.raises(ValueError, match="max_spec_tokens"):
@@ -92,7 +92,7 @@ def test_models_without_sdpa_are_left_alone(tokenizer):
 
 @pytest.mark.parametrize("kind", ["lm", "eagle3"])
 def test_bfloat16_engine_greedy_equals_plain_decoding(tokenizer, kind, monkeypatch):
-    monkeypatch.setattr("serving.prepack.MIN_PACKED_WEIGHT", 0)
+    monkeypatch.setattr("draftwheel.serving.engine.prepack.MIN_PACKED_WEIGHT", 0)
     target = tiny_llama(tokenizer, n_layers=2, seed=0, tie_embeddings=False)
     if kind == "eagle3":
         draft = fit_draft(target, tokenizer, steps=100)
@@ -118,9 +118,9 @@ def test_bfloat16_suffix_proposals_of_16_tokens_stay_identical(tokenizer, monkey
     benchmark diverged on 4 of 8 prompts while only 16 rows were row-invariant). On this tiny model the
     rounding rarely flips a token, so the bitwise row test above (17 and 33 rows) is what catches a too
     small MAX_ROWS; this one runs the whole path end to end."""
-    from serving.suffix import SuffixIndex, target_key
+    from draftwheel.serving.engine.suffix import SuffixIndex, target_key
 
-    monkeypatch.setattr("serving.prepack.MIN_PACKED_WEIGHT", 0)
+    monkeypatch.setattr("draftwheel.serving.engine.prepack.MIN_PACKED_WEIGHT", 0)
     target = tiny_llama(tokenizer, n_layers=2, seed=0, tie_embeddings=False)
     loaded = from_objects(target, tokenizer, "target")
     engine = Engine(loaded, dtype=torch.bfloat16, suffix_index=SuffixIndex(target_key(loaded.model_id)))
@@ -149,9 +149,9 @@ def test_resolve_dtype_names_the_field():
 
 
 def test_configs_refuse_an_unknown_dtype_naming_the_field():
-    from flows.demo import DemoConfig
-    from serving.gate import ShadowConfig
-    from serving.serve_config import ServeConfig
+    from draftwheel.flows.demo import DemoConfig
+    from draftwheel.evaluation.gate import ShadowConfig
+    from draftwheel.serving.server.serve_config import ServeConfig
 
     for config in (ServeConfig, ShadowConfig, DemoConfig):
         with pytest.raises(ValueError, match="dtype: 'fp8' is not one of auto, float32, bfloat16"):
@@ -164,7 +164,7 @@ def test_resolve_bf16_auto_follows_the_cpu(monkeypatch):
     assert resolve_bf16(True) is True and resolve_bf16(False) is False
     assert resolve_bf16("true") is True and resolve_bf16("False") is False
     for has_amx in (True, False):
-        monkeypatch.setattr("serving.precision.cpu_has_amx_bf16", lambda has_amx=has_amx: has_amx)
+        monkeypatch.setattr("draftwheel.serving.engine.precision.cpu_has_amx_bf16", lambda has_amx=has_amx: has_amx)
         assert resolve_bf16("auto") is has_amx
         assert resolve_bf16("auto", device="auto") is has_amx  # no CUDA here: the CPU decides
     for bad in ("fp16", 1, None):

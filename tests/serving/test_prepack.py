@@ -1,4 +1,4 @@
-"""oneDNN weight prepacking (serving.prepack): same results as the stock model, never stale, and
+"""oneDNN weight prepacking (draftwheel.serving.engine.prepack): same results as the stock model, never stale, and
 greedy decoding through the packed engine equals HF generate on an unpacked copy."""
 
 import copy
@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from serving.engine import Engine
-from serving.models import from_objects
-from serving.params import SamplingParams
-from serving.prepack import PackedLinear, is_packed, prepack_linears, unpacked_copy
-from serving.toy import build_tokenizer, tiny_llama
+from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.engine.models import from_objects
+from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.engine.prepack import PackedLinear, is_packed, prepack_linears, unpacked_copy
+from draftwheel.serving.testing import build_tokenizer, tiny_llama
 
 PROMPTS = ["The quick brown", "Hello! How can", "import os\n", "def add(a, b):"]
 
@@ -25,7 +25,7 @@ def tokenizer():
 @pytest.fixture(autouse=True)
 def pack_tiny_layers(monkeypatch):
     """The test models are tiny: pack every layer, not only those big enough to gain from it."""
-    monkeypatch.setattr("serving.prepack.MIN_PACKED_WEIGHT", 0)
+    monkeypatch.setattr("draftwheel.serving.engine.prepack.MIN_PACKED_WEIGHT", 0)
 
 
 def logits(model, ids):

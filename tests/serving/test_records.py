@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from serving.records import (AcceptanceRecord, ModelId, RecordError, Sampling, Step, draft_counts, draft_steps,
+from draftwheel.serving.engine.records import (AcceptanceRecord, ModelId, RecordError, Sampling, Step, draft_counts, draft_steps,
                              parse_record)
 
 
@@ -109,7 +109,7 @@ def test_any_bytes_give_a_record_error_and_nothing_else(line):
 def test_the_line_type_is_generated_from_the_dataclasses_and_reads_the_same_record():
     from dataclasses import fields
 
-    from serving.records import RecordLine, read_record
+    from draftwheel.serving.engine.records import RecordLine, read_record
 
     assert RecordLine.__struct_fields__ == tuple(f.name for f in fields(AcceptanceRecord))
     line = read_record(make_record().to_json())

@@ -1,4 +1,4 @@
-"""`serving.reference.hub_id`: the Hugging Face id a target spec names, or "" where none is known.
+"""`draftwheel.serving.engine.reference.hub_id`: the Hugging Face id a target spec names, or "" where none is known.
 
 The id is what an exported draft records as its verifier (vLLM loads the target by it on another
 machine), so a local path must never come out as one. The GGUF conversion itself is in test_models.py.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving.reference import HUB_ID, REFERENCE_DIR_NAME, hub_id, is_hub_id
+from draftwheel.serving.engine.reference import HUB_ID, REFERENCE_DIR_NAME, hub_id, is_hub_id
 
 
 def test_hub_ids_are_org_slash_name_and_never_paths():

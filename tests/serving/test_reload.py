@@ -1,4 +1,4 @@
-"""Hot reload of the draft from the registry (serving.reload.DraftWatcher) with toy models.
+"""Hot reload of the draft from the registry (draftwheel.serving.server.reload.DraftWatcher) with toy models.
 
 Drafts (see tests/serving/test_shadow.build_toy_models): "good" proposes exactly the target's greedy
 tokens, "bad" always proposes a different token. Each record's steps list the tokens its draft
@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from draftwheel import tracking
-from draftwheel.cli import main
+from draftwheel.flows.commands import main
 from draftwheel.registry import PromotionRefused, promote, register_version
-from serving.engine import Engine
-from serving.models import IncompatibleModelsError, load_model, weights_sha256
-from serving.params import SamplingParams
-from serving.reload import DraftWatcher
+from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.engine.models import IncompatibleModelsError, load_model, weights_sha256
+from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.server.reload import DraftWatcher
 from tests.conftest import make_champion
 from tests.serving.test_shadow import build_toy_models
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serving.router import ARMS, Router, RouterConfig, features, load_state
+from draftwheel.serving.engine.router import ARMS, Router, RouterConfig, features, load_state
 
 
 def test_features_are_scaled_and_slices_hash_stably():

@@ -1,7 +1,7 @@
-"""The router in the engine (serving.routing) and the serving state files (serving.serving_state), on the
+"""The router in the engine (draftwheel.serving.engine.routing) and the serving state files (draftwheel.serving.server.serving_state), on the
 tiny random Llama pair of test_engine.
 
-The router tries every servable arm once before it exploits (serving.router), so with five arms the first
+The router tries every servable arm once before it exploits (draftwheel.serving.engine.router), so with five arms the first
 five requests cover all modes: that is what the arm-coverage assertions rely on. No assertion depends on
 which arm wins, since rewards are wall-clock tokens/s of tiny models.
 """
@@ -10,15 +10,15 @@ import json
 
 import pytest
 
-from serving.engine import Engine
-from serving.models import from_objects
-from serving.params import SamplingParams
-from serving.records import AcceptanceRecord, ModelId, Sampling, Step
-from serving.routing import RequestRouter, available_arms, champion_key
-from serving.serve_config import ServeConfig
-from serving.serving_state import StateSaver, attach_tier, read_suffix_stats, write_suffix_stats
-from serving.sink import JsonlSink
-from serving.suffix import SuffixIndex, newest_within, target_key
+from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.engine.models import from_objects
+from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.engine.records import AcceptanceRecord, ModelId, Sampling, Step
+from draftwheel.serving.engine.routing import RequestRouter, available_arms, champion_key
+from draftwheel.serving.server.serve_config import ServeConfig
+from draftwheel.serving.server.serving_state import StateSaver, attach_tier, read_suffix_stats, write_suffix_stats
+from draftwheel.serving.engine.sink import JsonlSink
+from draftwheel.serving.engine.suffix import SuffixIndex, newest_within, target_key
 from tests.serving.test_engine import PROMPTS, pair  # noqa: F401
 
 PARAMS = SamplingParams(max_new_tokens=12, k=3)
@@ -75,7 +75,7 @@ def test_state_resets_when_the_champion_changes_and_survives_a_restart(pair, tmp
     build(pair, restarted).generate(PROMPTS[:1], PARAMS)
     assert sum(restarted.pulls.values()) == 4  # the saved state kept learning
 
-    engine.swap_draft(from_objects(draft, tokenizer, "draft-v2"))  # what serving.reload does on promotion
+    engine.swap_draft(from_objects(draft, tokenizer, "draft-v2"))  # what draftwheel.serving.server.reload does on promotion
     engine.generate(PROMPTS[:1], PARAMS)
     assert sum(router.pulls.values()) == 1  # fresh for the new champion
     fresh = RequestRouter(state_path=path)
@@ -161,7 +161,7 @@ def test_serve_config_suffix_fields():
 def test_http_request_may_name_the_mode(pair):
     from fastapi.testclient import TestClient
 
-    from serving.server import create_app
+    from draftwheel.serving.server.app import create_app
 
     engine = build(pair)
     config = ServeConfig(suffix_tier=True, mode="hybrid")

@@ -43,16 +43,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import serving.decoding
-import serving.eagle_decoding
-import serving.suffix_decoding
-from serving.engine import Engine
-from serving.medusa import MedusaHeads
-from serving.models import from_objects
-from serving.params import SamplingParams
-from serving.suffix import ReadOnlyIndex, SuffixIndex, target_key
-from serving.toy import build_tokenizer, tiny_llama
-from serving.verify import verify_sampled
+import draftwheel.serving.engine.decoding
+import draftwheel.serving.engine.eagle_decoding
+import draftwheel.serving.engine.suffix_decoding
+from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.engine.medusa import MedusaHeads
+from draftwheel.serving.engine.models import from_objects
+from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.engine.suffix import ReadOnlyIndex, SuffixIndex, target_key
+from draftwheel.serving.testing import build_tokenizer, tiny_llama
+from draftwheel.serving.engine.verify import verify_sampled
 from tests.serving.law import assert_in_support, chi_square, window_law
 from tests.serving.test_eagle import fit_draft
 from tests.serving.test_engine import PROMPTS, hf_greedy, noisy_copy
@@ -214,7 +214,7 @@ def drops_bonus(draft_tokens, draft_probs, target_probs, generator):
 def test_broken_verifier_is_rejected(models, mode, mutant, monkeypatch):
     """The same samples-and-X^2 as `test_window_follows_target_law`, with the loops' verifier swapped for a
     broken one, must reject the target's law (p < 1e-4)."""
-    for module in (serving.decoding, serving.eagle_decoding, serving.suffix_decoding):
+    for module in (draftwheel.serving.engine.decoding, draftwheel.serving.engine.eagle_decoding, draftwheel.serving.engine.suffix_decoding):
         monkeypatch.setattr(module, "verify_sampled", mutant)
     engine, engine_mode = make_engine(models, mode)
     result = law_test(models, sample(engine, engine_mode, HOT, N), HOT)

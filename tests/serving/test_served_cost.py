@@ -1,4 +1,4 @@
-"""The as-served cost model (serving.served_cost) on hand-built steps, and the measured row costs on a toy target.
+"""The as-served cost model (draftwheel.evaluation.served_cost) on hand-built steps, and the measured row costs on a toy target.
 
 A plain step (k = 0) costs exactly one unit and emits one token, so plain decoding is 1.0 by construction;
 a step verifying k drafted tokens costs row_costs[k] plus c per token a draft model drafted, and emits
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from serving import toy
-from serving.records import Step
-from serving.served_cost import StepCost, draft_cost_ratio, measure_row_costs, served_speedup
+from draftwheel.serving import testing as toy
+from draftwheel.serving.engine.records import Step
+from draftwheel.evaluation.served_cost import StepCost, draft_cost_ratio, measure_row_costs, served_speedup
 
 ROWS = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5]
 

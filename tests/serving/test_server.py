@@ -17,14 +17,14 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.engine import Engine
-from serving.metrics import Metrics
-from serving.models import weights_sha256
-from serving.params import SamplingParams
-from serving.records import parse_record
-from serving.server import ServeConfig, background_server, create_app
-from serving.sink import JsonlSink, iter_lines
-from serving.toy import build_tokenizer, save_model, tiny_llama
+from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.server.metrics import Metrics
+from draftwheel.serving.engine.models import weights_sha256
+from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.engine.records import parse_record
+from draftwheel.serving.server.app import ServeConfig, background_server, create_app
+from draftwheel.serving.engine.sink import JsonlSink, iter_lines
+from draftwheel.serving.testing import build_tokenizer, save_model, tiny_llama
 
 PROMPTS = ["The quick brown", "def add(a, b):", "Please write a short", "import os\n"]
 
@@ -325,7 +325,7 @@ def test_reference_target_chat_over_http_matches_hf_generate(reference_target):
     """SmolLM2-135M-Instruct (the session's conversion of the shipped GGUF) with its own chat template, a
     draft made of its first 2 layers: the greedy chat completion over HTTP equals HF generate on the
     templated prompt."""
-    from serving.models import from_objects, load_model
+    from draftwheel.serving.engine.models import from_objects, load_model
 
     target = load_model(reference_target)
     draft = copy.deepcopy(target.model)

@@ -18,12 +18,12 @@ import pytest
 import yaml
 
 from draftwheel.config import ConfigError, load_config
-from serving.engine import Engine
-from serving.records import parse_record
-from serving.server import ServeConfig, background_server, create_app
-from draftwheel.cli import main
-from serving.server_cli import API_KEY_ENV, DEFAULT_CONFIG, _start_watcher, build_config, register
-from serving.sink import iter_lines
+from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.engine.records import parse_record
+from draftwheel.serving.server.app import ServeConfig, background_server, create_app
+from draftwheel.flows.commands import main
+from draftwheel.serving.server.cli import API_KEY_ENV, DEFAULT_CONFIG, _start_watcher, build_config, register
+from draftwheel.serving.engine.sink import iter_lines
 from tests.serving.test_server import model_dirs  # noqa: F401 - a fixture
 
 
@@ -124,7 +124,7 @@ def test_an_unwritable_log_dir_stops_serve_before_loading_models(capsys, tmp_pat
 
 def test_a_missing_log_dir_is_created(tmp_path):
     config = ServeConfig(log_dir=str(tmp_path / "new" / "logs"))
-    from serving.server_cli import open_sink
+    from draftwheel.serving.server.cli import open_sink
 
     open_sink(config).close()
     assert (tmp_path / "new" / "logs").is_dir()

@@ -11,10 +11,10 @@ import time
 import httpx
 import pytest
 
-from serving.engine import Engine
-from serving.metrics import Metrics
-from serving.server import ServeConfig, background_server, create_app
-from serving.sink import JsonlSink
+from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.server.metrics import Metrics
+from draftwheel.serving.server.app import ServeConfig, background_server, create_app
+from draftwheel.serving.engine.sink import JsonlSink
 from tests.serving.test_server import model_dirs  # noqa: F401 - a fixture
 
 NAME = "tiny"

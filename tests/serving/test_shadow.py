@@ -22,11 +22,11 @@ from datasets import Dataset, load_from_disk
 
 from draftwheel.config import ConfigError, load_config
 from draftwheel.tracking import NullTracker
-from serving import toy
-from serving.engine import PromptTooLongError
-from serving.gate import POOLED, ShadowConfig, slice_groups
-from serving.models import load_model
-from serving.shadow import (AUTO_WORKERS_MIN_REQUESTS, DEFAULT_CANARY, exit_with_parent, load_canary,
+from draftwheel.serving import testing as toy
+from draftwheel.serving.engine.engine import PromptTooLongError
+from draftwheel.evaluation.gate import POOLED, ShadowConfig, slice_groups
+from draftwheel.serving.engine.models import load_model
+from draftwheel.evaluation.shadow import (AUTO_WORKERS_MIN_REQUESTS, DEFAULT_CANARY, exit_with_parent, load_canary,
                             replay_figures, replay_workers, run_shadow)
 
 
@@ -231,7 +231,7 @@ def test_shadow_replay_with_the_suffix_tier(toy_models):
 
 def test_a_lossy_challenger_is_caught_and_reported_against_target_only_decoding(toy_models, monkeypatch):
     models, holdout, _ = toy_models
-    import serving.shadow as shadow
+    import draftwheel.evaluation.shadow as shadow
 
     replay = shadow._run
 
@@ -255,7 +255,7 @@ def test_identical_outputs_take_one_target_check_per_prompt(toy_models, monkeypa
     """Both arms' greedy outputs are the target's, token for token: the teacher-forced check runs once per
     prompt, not once per arm (the lossy case above shows a differing arm is still checked on its own)."""
     models, holdout, _ = toy_models
-    import serving.shadow as shadow
+    import draftwheel.evaluation.shadow as shadow
 
     calls = []
     check = shadow._is_target_greedy
@@ -269,10 +269,10 @@ def test_as_served_replay_reads_the_serving_logs_but_never_the_replayed_prompts(
     """The index is what serving had: the logged requests, less any whose prompt is replayed now (their
     logged answers are the replay's answers, which it would copy verbatim). The report carries both arms
     as served and alone, and the cost model's constants."""
-    from serving.engine import Engine
-    from serving.params import SamplingParams
-    from serving.shadow import load_requests, served_index
-    from serving.sink import JsonlSink
+    from draftwheel.serving.engine.engine import Engine
+    from draftwheel.serving.engine.params import SamplingParams
+    from draftwheel.evaluation.shadow import load_requests, served_index
+    from draftwheel.serving.engine.sink import JsonlSink
 
     models, holdout, canary = toy_models
     config = ShadowConfig(bootstrap_resamples=200, canary_path=str(canary), min_requests=4,

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from serving.metrics import Metrics
-from serving.records import RecordError, parse_record
-from serving.sink import MAX_LINE_BYTES, JsonlSink, bounded_lines, iter_lines, log_files, valid_records
+from draftwheel.serving.server.metrics import Metrics
+from draftwheel.serving.engine.records import RecordError, parse_record
+from draftwheel.serving.engine.sink import MAX_LINE_BYTES, JsonlSink, bounded_lines, iter_lines, log_files, valid_records
 from tests.serving.test_metrics import make_record
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,7 +94,7 @@ def test_fsync_is_batched_but_every_line_reaches_the_file_at_once(tmp_path):
 def test_killed_process_loses_nothing_already_written(tmp_path):
     code = (
         "import os, signal, sys\n"
-        "from serving.sink import JsonlSink\n"
+        "from draftwheel.serving.engine.sink import JsonlSink\n"
         "from tests.serving.test_metrics import make_record\n"
         "sink = JsonlSink(sys.argv[1], flush_every=100)\n"
         "for i in range(5):\n"
@@ -110,7 +110,7 @@ def test_killed_process_loses_nothing_already_written(tmp_path):
 def test_normal_exit_without_close_syncs_and_closes_via_atexit(tmp_path):
     code = (
         "import atexit, sys\n"
-        "from serving.sink import JsonlSink\n"
+        "from draftwheel.serving.engine.sink import JsonlSink\n"
         "from tests.serving.test_metrics import make_record\n"
         "holder = []\n"
         "atexit.register(lambda: print('fsyncs', holder[0].fsyncs, 'closed', holder[0]._closed))\n"
@@ -159,7 +159,7 @@ def test_partial_write_at_file_size_limit_is_rolled_back(tmp_path):
     (EFBIG); the sink must truncate that partial line so the file holds only whole records."""
     code = (
         "import json, resource, signal, sys\n"
-        "from serving.sink import JsonlSink\n"
+        "from draftwheel.serving.engine.sink import JsonlSink\n"
         "from tests.serving.test_metrics import make_record\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (1500, resource.RLIM_INFINITY))\n"

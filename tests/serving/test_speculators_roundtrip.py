@@ -27,8 +27,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from serving.eagle import DraftKV, Eagle3Config, Eagle3Draft, save_eagle3, vocab_from_counts
-from serving.toy import build_tokenizer, save_model, tiny_llama
+from draftwheel.serving.engine.eagle import DraftKV, Eagle3Config, Eagle3Draft, save_eagle3, vocab_from_counts
+from draftwheel.serving.testing import build_tokenizer, save_model, tiny_llama
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +67,7 @@ def check(python: str, export: Path, tmp: Path, *args: str) -> dict:
 
 
 def test_speculators_loads_the_export_and_its_logits_match_ours(speculators_python, tmp_path):
-    from draftwheel.cli import main
+    from draftwheel.flows.commands import main
 
     tokenizer = build_tokenizer()
     target = tiny_llama(tokenizer, n_layers=4, seed=0, tie_embeddings=True)  # tied, as SmolLM2's

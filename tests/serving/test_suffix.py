@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from serving.records import AcceptanceRecord, ModelId, Sampling
-from serving.suffix import EMPTY, Proposal, ReadOnlyIndex, RequestIndex, SuffixConfig, SuffixIndex, best_proposal, target_key
+from draftwheel.serving.engine.records import AcceptanceRecord, ModelId, Sampling
+from draftwheel.serving.engine.suffix import EMPTY, Proposal, ReadOnlyIndex, RequestIndex, SuffixConfig, SuffixIndex, best_proposal, target_key
 
 
 def index_of(*sequences, **config):

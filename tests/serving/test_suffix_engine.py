@@ -8,10 +8,10 @@ run. The draft model is test_engine's noisy copy of the target (acceptance rough
 
 import pytest
 
-from serving.engine import Engine
-from serving.models import from_objects
-from serving.params import SamplingParams
-from serving.suffix import SuffixIndex, target_key
+from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.engine.models import from_objects
+from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.engine.suffix import SuffixIndex, target_key
 from tests.serving.test_engine import PROMPTS, TWO_TOKEN_PROMPT, check_two_token_law, hf_greedy, pair  # noqa: F401
 
 
@@ -148,7 +148,7 @@ def test_sampled_tokens_follow_target_distribution(pair, two_token_sequences, mo
 
 
 def test_metrics_count_each_source(pair):
-    from serving.metrics import Metrics
+    from draftwheel.serving.server.metrics import Metrics
 
     metrics = Metrics()
     completions = seeded_engine(pair).generate(PROMPTS[:3], SamplingParams(max_new_tokens=30, k=3), mode="hybrid")

@@ -11,7 +11,7 @@ require p > 0.001 for the correct law, and as a control show that the same stati
 import torch
 from scipy.stats import chisquare
 
-from serving.verify import verify_greedy, verify_sampled
+from draftwheel.serving.engine.verify import verify_greedy, verify_sampled
 
 
 def _logits_with_argmax(tokens, vocab=5):

@@ -1,4 +1,4 @@
-"""`serving.sampling.warp` against transformers' own warpers, as probabilities.
+"""`draftwheel.serving.engine.sampling.warp` against transformers' own warpers, as probabilities.
 
 The reference is what HF `generate` does when sampling: `TemperatureLogitsWarper`, then
 `TopKLogitsWarper`, then `TopPLogitsWarper` (the order of `GenerationMixin._get_logits_processor`), then
@@ -24,8 +24,8 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from serving.params import SamplingParams
-from serving.sampling import warp
+from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.engine.sampling import warp
 
 TEMPERATURES = (1.0, 0.7, 0.3)
 TOP_KS = (0, 1, 3, 50)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from serving import toy
+from draftwheel.serving import testing as toy
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "Hello! How can I help", "To be, or not to be",
            "class Stack:", "Please write a short poem", "import os", "Speculative decoding drafts"]
@@ -36,7 +36,7 @@ def toy_data(tmp_path_factory, toy_models) -> dict[str, Path]:
     """distill/ (with stored teacher top-k) + holdout/ from target traffic, and a preference/ set."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from training.target_completions import save_rows, save_traffic, target_traffic
+    from draftwheel.training.target_completions import save_rows, save_traffic, target_traffic
 
     root = tmp_path_factory.mktemp("toy_data")
     tokenizer = AutoTokenizer.from_pretrained(toy_models["target"])

@@ -8,8 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from draftwheel.config import ConfigError, load_config
-from serving import toy
-from training.bootstrap import BootstrapConfig, bootstrap, init_draft_from_target
+from draftwheel.serving import testing as toy
+from draftwheel.training.bootstrap import BootstrapConfig, bootstrap, init_draft_from_target
 
 from .conftest import PROMPTS
 
@@ -28,7 +28,7 @@ def test_init_draft_copies_chosen_layers_and_shared_weights():
 
 def test_bootstrap_builds_registers_and_is_idempotent(tmp_path):
     from draftwheel.tracking import get_alias_version, get_version_tags
-    from serving.models import weights_sha256
+    from draftwheel.serving.engine.models import weights_sha256
 
     tokenizer = toy.build_tokenizer()
     target_dir = toy.save_model(toy.tiny_llama(tokenizer, n_layers=3, seed=0, tie_embeddings=False), tokenizer,
@@ -46,8 +46,8 @@ def test_bootstrap_builds_registers_and_is_idempotent(tmp_path):
     assert draft.config.num_hidden_layers == 2
     # The recorded agreement is the saved draft's, and copying target layers then distilling beats a random
     # draft of the same shape on the same held-out outputs (the control agrees by chance only).
-    from training.data import load_holdout
-    from training.evaluate import evaluate_agreement
+    from draftwheel.training.data import load_holdout
+    from draftwheel.training.evaluate import evaluate_agreement
 
     holdout = load_holdout(next((tmp_path / "home" / "datasets" / "bootstrap").glob("*/holdout")))
     measured = evaluate_agreement(draft, holdout, progress=False)["agreement"]
@@ -63,9 +63,9 @@ def test_bootstrap_builds_an_eagle3_v0_by_default(tmp_path):
     """The default kind: an eagle3 v0 trained on the target's completions plus offline text, registered
     with its kind, and served by the Engine with output identical to the target alone."""
     from draftwheel.tracking import get_version_tags
-    from serving.engine import Engine
-    from serving.models import load_model
-    from serving.params import SamplingParams
+    from draftwheel.serving.engine.engine import Engine
+    from draftwheel.serving.engine.models import load_model
+    from draftwheel.serving.engine.params import SamplingParams
 
     tokenizer = toy.build_tokenizer()
     target_dir = toy.save_model(toy.tiny_llama(tokenizer, n_layers=3, seed=0, tie_embeddings=False), tokenizer,
@@ -99,10 +99,10 @@ def test_bootstrap_config_validation():
 
 def test_bf16_auto_is_resolved_once_in_the_configs(monkeypatch):
     """The trainers see a bool: what ran (cache keys, MLflow params), not the request."""
-    from training.eagle_train import EagleConfig
+    from draftwheel.training.eagle_train import EagleConfig
 
     for has_amx in (True, False):
-        monkeypatch.setattr("serving.precision.cpu_has_amx_bf16", lambda has_amx=has_amx: has_amx)
+        monkeypatch.setattr("draftwheel.serving.engine.precision.cpu_has_amx_bf16", lambda has_amx=has_amx: has_amx)
         assert load_config(EagleConfig, "configs/eagle.yaml").bf16 is has_amx  # the shipped default: auto
         assert load_config(BootstrapConfig, overrides=["bf16=auto"]).bf16 is has_amx
     assert load_config(EagleConfig, overrides=["bf16=true"]).bf16 is True

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from draftwheel.cli import build_parser, main
+from draftwheel.flows.commands import build_parser, main
 from draftwheel.config import stage_config_path
 
 
 def test_train_subcommands_are_registered():
-    from training.trainers import TRAINERS
+    from draftwheel.training.trainers import TRAINERS
 
     parser = build_parser()
     for method in TRAINERS:
@@ -44,10 +44,10 @@ def test_train_requires_a_method():
 def test_shipped_yaml_files_equal_the_dataclass_defaults():
     """A config loaded without a file (as the flows do by default) behaves like the shipped YAML."""
     from draftwheel.config import load_config
-    from training.bootstrap import BootstrapConfig
-    from training.distill import DistillConfig
-    from training.dpo import DpoConfig
-    from training.medusa_train import MedusaConfig
+    from draftwheel.training.bootstrap import BootstrapConfig
+    from draftwheel.training.distill import DistillConfig
+    from draftwheel.training.dpo import DpoConfig
+    from draftwheel.training.medusa_train import MedusaConfig
 
     for cls, name in [(DistillConfig, "distill"), (DpoConfig, "dpo"), (MedusaConfig, "medusa"),
                       (BootstrapConfig, "bootstrap")]:
@@ -58,7 +58,7 @@ def test_train_without_config_loads_the_shipped_yaml_the_flywheel_uses():
     """`draftwheel train eagle` with no --config trained with the dataclass defaults (no continuation,
     one pass, plain KL), another recipe than the flywheel's configs/eagle.yaml."""
     from draftwheel.config import load_config
-    from training.eagle_train import EagleConfig
+    from draftwheel.training.eagle_train import EagleConfig
 
     assert stage_config_path("", "eagle").endswith("configs/eagle.yaml")
     assert stage_config_path("mine.yaml", "eagle") == "mine.yaml"

@@ -10,10 +10,10 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 from draftwheel.config import ConfigError, load_config
-from training import losses
-from training.data import DatasetError, DistillCollator, join_and_truncate, load_dataset_dir, loss_mask_for, \
+from draftwheel.training import losses
+from draftwheel.training.data import DatasetError, DistillCollator, join_and_truncate, load_dataset_dir, loss_mask_for, \
     tokenize_distill
-from training.distill import DistillConfig, main, on_policy_batch, train_distill
+from draftwheel.training.distill import DistillConfig, main, on_policy_batch, train_distill
 
 
 def _mean_fkl(model_dir, target_dir, distill_dir) -> float:

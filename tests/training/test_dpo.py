@@ -10,8 +10,8 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 from draftwheel.config import load_config
-from training.data import DatasetError, load_dataset_dir
-from training.dpo import DpoConfig, train_dpo
+from draftwheel.training.data import DatasetError, load_dataset_dir
+from draftwheel.training.dpo import DpoConfig, train_dpo
 
 
 def _margin(model_dir, pairs) -> float:

@@ -15,15 +15,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import training.eagle_ttt as eagle_ttt
-from serving.eagle import Eagle3Config, Eagle3Draft, vocab_from_counts
-from serving.engine import Engine
-from serving.models import load_model
-from serving.params import SamplingParams
-from serving.toy import build_tokenizer, tiny_llama
-from training import common
-from training.eagle_train import EagleConfig, load_sequences, mined_epoch, rehearsal_source, train_eagle
-from training.eagle_ttt import (_SoftCrossEntropy, chain_acceptance, chain_slots, implied_mal, served_walk, ttt_attention,
+import draftwheel.training.eagle_ttt as eagle_ttt
+from draftwheel.serving.engine.eagle import Eagle3Config, Eagle3Draft, vocab_from_counts
+from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.engine.models import load_model
+from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.testing import build_tokenizer, tiny_llama
+from draftwheel.training import common
+from draftwheel.training.eagle_train import EagleConfig, load_sequences, mined_epoch, rehearsal_source, train_eagle
+from draftwheel.training.eagle_ttt import (_SoftCrossEntropy, chain_acceptance, chain_slots, implied_mal, served_walk, ttt_attention,
                                 ttt_loss, ttt_mask, unroll)
 
 
@@ -138,7 +138,7 @@ def test_ttt_loss_is_the_masked_weighted_forward_kl():
 def test_rejection_is_one_minus_the_overlap_of_draft_and_target():
     """0 where the draft's q equals the target's p, 1 where they share no token, and in between the mass
     of q that sampling would reject: q = (0.5, 0.5, 0), p = (1, 0, 0) keeps 0.5."""
-    from training.eagle_ttt import rejection
+    from draftwheel.training.eagle_ttt import rejection
 
     p = torch.tensor([[0.7, 0.2, 0.1], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
     logits = torch.log(torch.tensor([[0.7, 0.2, 0.1], [1e-9, 1.0, 1e-9], [0.5, 0.5, 1e-12]]))
@@ -146,7 +146,7 @@ def test_rejection_is_one_minus_the_overlap_of_draft_and_target():
 
 
 def test_acceptance_weight_adds_the_weighted_rejection_chance_and_its_gradient():
-    from training.eagle_ttt import rejection
+    from draftwheel.training.eagle_ttt import rejection
 
     torch.manual_seed(1)
     teacher = torch.log_softmax(torch.randn(2, 5, 7), -1)  # [B, T, Vd]
@@ -190,7 +190,7 @@ def test_collate_pads_to_a_multiple_and_the_padding_changes_no_loss_or_gradient(
     """Batch widths round up to PAD_TO_MULTIPLE (few distinct matmul shapes: steps of a changing width
     were slow, eagle_train.PAD_TO_MULTIPLE); the extra positions are masked and come after every real one,
     so the loss and its gradients are what the tightest padding gives."""
-    import training.eagle_train as eagle_train
+    import draftwheel.training.eagle_train as eagle_train
 
     tokenizer = build_tokenizer()
     target = tiny_llama(tokenizer, n_layers=2, seed=0)
@@ -281,8 +281,8 @@ def test_the_verifier_recorded_is_the_targets_hub_id_or_none(tmp_path):
     dir bootstrap trains on, a hub id), else none (`draftwheel export --verifier` names it); never a path."""
     from types import SimpleNamespace
 
-    from serving.reference import HUB_ID, REFERENCE_DIR_NAME
-    from training.eagle_train import verifier_id
+    from draftwheel.serving.engine.reference import HUB_ID, REFERENCE_DIR_NAME
+    from draftwheel.training.eagle_train import verifier_id
 
     reference = SimpleNamespace(path=tmp_path / "models" / REFERENCE_DIR_NAME)
     assert verifier_id(EagleConfig(target=""), reference) == HUB_ID
@@ -329,7 +329,7 @@ def test_epoch_selection_can_compare_the_served_walk(trained, tmp_path):
     scores, and the scores are the served figures' changes, not the implied ones'."""
     from dataclasses import replace
 
-    from training.evaluate import best_evaluation
+    from draftwheel.training.evaluate import best_evaluation
 
     _, config = trained
     out = train_eagle(replace(config, epochs=6, select_on="served_mal", output_dir=str(tmp_path / "served")))
@@ -376,8 +376,8 @@ def test_prompt_variants_join_the_training_data_answered_by_the_target(trained, 
     continuation step; the rehearsal sample stays sized by the mined requests."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from training.prompt_variants import variant_prompts
-    from training.target_completions import save_rows, target_traffic
+    from draftwheel.training.prompt_variants import variant_prompts
+    from draftwheel.training.target_completions import save_rows, target_traffic
 
     out, config = trained
     tokenizer = AutoTokenizer.from_pretrained(toy_models["target"])
@@ -496,10 +496,10 @@ def test_lengthen_continues_cut_outputs_with_the_targets_greedy_tokens(toy_model
     (or an EOS) with exactly the target's greedy continuation, and generation's hidden states come back as
     those sequences' features: the same as a teacher-forced forward over the grown sequence would give.
     The second call reads the cache (and then has no hidden states to give)."""
-    from serving.engine import eos_token_ids
+    from draftwheel.serving.engine.engine import eos_token_ids
     from tests.serving.test_engine import hf_greedy
-    from training.eagle_features import compute_features
-    from training.eagle_train import lengthen
+    from draftwheel.training.eagle_features import compute_features
+    from draftwheel.training.eagle_train import lengthen
 
     target = load_model(toy_models["target"])
     eos = eos_token_ids(target)
@@ -545,7 +545,7 @@ def test_feature_rows_take_the_argmax_generation_chose_and_score_only_the_rest()
     """row_from_states runs the head only where generation chose no token: before `chosen_from` and
     after the chosen run (an EOS's position: nothing is chosen after it). The tokens it is given stand
     at their positions, and every other position gets the head's argmax."""
-    from training.eagle_features import row_from_states
+    from draftwheel.training.eagle_features import row_from_states
 
     model = tiny_llama(build_tokenizer(), n_layers=1, seed=0)
     states = tuple(torch.randn(10, model.config.hidden_size) for _ in range(2))
@@ -567,9 +567,9 @@ def test_generation_runs_a_prepacked_copy_that_decodes_the_same_greedy_tokens():
     are the stock model's. Hidden 384 puts the layers above prepack's size threshold."""
     from types import SimpleNamespace
 
-    from serving.prepack import can_prepack, is_packed
-    from training.eagle_train import generation_model
-    from training.target_completions import greedy_continuations
+    from draftwheel.serving.engine.prepack import can_prepack, is_packed
+    from draftwheel.training.eagle_train import generation_model
+    from draftwheel.training.target_completions import greedy_continuations
 
     tokenizer = build_tokenizer()
     model = tiny_llama(tokenizer, n_layers=1, hidden=384)
@@ -586,7 +586,7 @@ def test_generation_uses_the_target_itself_when_there_is_nothing_to_pack(monkeyp
     """A target oneDNN cannot pack (a GPU model, say) in float32 is generated with as it is: no copy."""
     from types import SimpleNamespace
 
-    import training.eagle_train as eagle_train
+    import draftwheel.training.eagle_train as eagle_train
 
     model = tiny_llama(build_tokenizer(), n_layers=1)
     monkeypatch.setattr(eagle_train, "can_prepack", lambda m: False)
@@ -599,9 +599,9 @@ def test_lengthen_leaves_a_sequence_whose_last_token_was_never_fed_to_the_forwar
                                                                                    monkeypatch):
     """When generation stopped before feeding a kept token (every row ended with an EOS at the last
     step), that sequence gets no features from generation; the feature forward computes it instead."""
-    import training.target_completions as completions
-    from serving.engine import eos_token_ids
-    from training.eagle_train import lengthen
+    import draftwheel.training.target_completions as completions
+    from draftwheel.serving.engine.engine import eos_token_ids
+    from draftwheel.training.eagle_train import lengthen
 
     generate = completions.greedy_continuations
 
@@ -623,9 +623,9 @@ def test_probe_features_cache_the_standing_part_apart_from_the_rounds_holdout(to
                                                                             monkeypatch):
     """The probe's two parts get their own feature caches: a later round with a new hold-out computes
     features for the hold-out only, and the joined features are the ones a single pass would give."""
-    import training.eagle_features as eagle_features
-    from training.eagle_features import compute_features
-    from training.eagle_train import Sequences, probe_with_features
+    import draftwheel.training.eagle_features as eagle_features
+    from draftwheel.training.eagle_features import compute_features
+    from draftwheel.training.eagle_train import Sequences, probe_with_features
 
     target = load_model(toy_models["target"])
     seqs = load_sequences(toy_data["distill"], 64)
@@ -653,9 +653,9 @@ def test_probe_features_cache_the_standing_part_apart_from_the_rounds_holdout(to
 def test_canary_probe_is_the_targets_greedy_answers_cached(toy_models, tmp_path):
     """The forgetting probe's canary part: every canary prompt (all gated slices) with the target's greedy
     answer, generated once and read from the cache after."""
-    from serving.shadow import DEFAULT_CANARY, load_canary
+    from draftwheel.evaluation.shadow import DEFAULT_CANARY, load_canary
     from tests.serving.test_engine import hf_greedy
-    from training.eagle_train import canary_sequences
+    from draftwheel.training.eagle_train import canary_sequences
 
     target = load_model(toy_models["target"])
     config = EagleConfig(max_length=128, bf16=False)  # float32: comparable with hf_greedy
@@ -674,7 +674,7 @@ def test_trained_draft_serves_losslessly(trained, toy_models):
     target = load_model(toy_models["target"])
     engine = Engine(target, load_model(out))
     prompts = ["def add(a, b):", "The quick brown fox", "Hello! How can I help"]
-    # Chat-templated, as the training traffic was (training.target_completions applies the template).
+    # Chat-templated, as the training traffic was (draftwheel.training.target_completions applies the template).
     completions = engine.generate(prompts, SamplingParams(max_new_tokens=24, k=3), chat=True)
     reference = Engine(load_model(toy_models["target"])).generate(prompts, SamplingParams(max_new_tokens=24),
                                                                   mode="autoregressive", chat=True)
@@ -686,7 +686,7 @@ def test_served_walk_gives_the_engines_own_figures(trained, toy_models):
     """The probe's `served_mal` is what the engine measures: greedy serving with the trained draft (full
     chains of k) emits, request by request, the tokens and verification steps that the walk over the
     teacher-forced chains of the same answer gives."""
-    from training.eagle_train import answer_chains
+    from draftwheel.training.eagle_train import answer_chains
 
     out, _ = trained
     target = load_model(toy_models["target"])
@@ -704,7 +704,7 @@ def test_served_walk_gives_the_engines_own_figures(trained, toy_models):
 
 
 def test_revocab_keeps_shared_rows_and_starts_new_ones_from_the_target_head():
-    from training.eagle_train import coverage, revocab
+    from draftwheel.training.eagle_train import coverage, revocab
 
     tokenizer = build_tokenizer()
     target = tiny_llama(tokenizer, n_layers=2, seed=0, tie_embeddings=False)
@@ -735,7 +735,7 @@ def test_a_rebuilt_vocabulary_ranks_the_warm_starts_data_too():
     rebuild at all is still judged on the mined outputs alone."""
     from types import SimpleNamespace
 
-    from training.eagle_train import prepare_draft
+    from draftwheel.training.eagle_train import prepare_draft
 
     tokenizer = build_tokenizer()
     target = tiny_llama(tokenizer, n_layers=2, seed=0, tie_embeddings=False)
@@ -801,7 +801,7 @@ def test_mined_rows_weigh_each_answer_token_by_its_served_residual(tmp_path):
     positions and a continuation past the logged answer weigh 1; floor 1.0 (uniform) ignores the column."""
     from datasets import Dataset
 
-    from training.eagle_train import load_sequences
+    from draftwheel.training.eagle_train import load_sequences
 
     Dataset.from_list([{"prompt_token_ids": [1, 2, 3], "completion_token_ids": [4, 5, 6, 7], "slice": "code",
                         "served_residual": [1.0, 0.0, 0.0, 1.0]}]).save_to_disk(tmp_path / "distill")

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serving import toy
-from training.data import HoldoutExample
-from training.evaluate import (SELECTION_METRIC, AgreementCallback, EpochSelection, best_evaluation,
+from draftwheel.serving import testing as toy
+from draftwheel.training.data import HoldoutExample
+from draftwheel.training.evaluate import (SELECTION_METRIC, AgreementCallback, EpochSelection, best_evaluation,
                                evaluate_agreement, greedy_replay, implied_mean_accepted_length, selection_scores,
                                slice_key, target_references)
 
@@ -212,7 +212,7 @@ def test_callback_stops_early_and_puts_back_the_best_weights():
 def test_distill_keeps_the_selected_epoch(toy_models, toy_data, tmp_path):
     import json
 
-    from training.distill import DistillConfig, train_distill
+    from draftwheel.training.distill import DistillConfig, train_distill
 
     config = DistillConfig(student=str(toy_models["student"]), target=str(toy_models["target"]),
                            dataset=str(toy_data["distill"]), holdout=str(toy_data["holdout"]),
@@ -234,7 +234,7 @@ def test_distill_keeps_the_selected_epoch(toy_models, toy_data, tmp_path):
                                             ("eval_min_slice_examples=0", "eval_min_slice_examples")])
 def test_distill_selection_fields_are_validated(override, field):
     from draftwheel.config import load_config
-    from training.distill import DistillConfig
+    from draftwheel.training.distill import DistillConfig
 
     with pytest.raises(ValueError, match=field):
         load_config(DistillConfig, "configs/distill.yaml", [override])

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from training import losses
+from draftwheel.training import losses
 
 # Two-token vocabulary, one position: teacher p = (0.5, 0.5), student q = (0.25, 0.75).
 P = torch.tensor([0.5, 0.5])

@@ -9,9 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from draftwheel.config import load_config
-from serving import toy
-from serving.medusa import MedusaHeads, is_medusa_dir
-from training.medusa_train import MedusaConfig, head_masks, train_medusa
+from draftwheel.serving import testing as toy
+from draftwheel.serving.engine.medusa import MedusaHeads, is_medusa_dir
+from draftwheel.training.medusa_train import MedusaConfig, head_masks, train_medusa
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +67,8 @@ def test_head_masks_shift_by_head_index():
 
 
 def test_train_medusa_improves_heads_and_decodes_losslessly(toy_models, toy_data, tmp_path):
-    from serving.engine import Engine
-    from serving.params import SamplingParams
+    from draftwheel.serving.engine.engine import Engine
+    from draftwheel.serving.engine.params import SamplingParams
 
     config = MedusaConfig(target=str(toy_models["target"]), dataset=str(toy_data["distill"]),
                           holdout=str(toy_data["holdout"]), output_dir=str(tmp_path / "heads"), n_heads=2,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 import re
 
-from serving.toy import build_tokenizer
-from training.prompt_variants import (chat_frame, cut_lines, defined_names, renamed_message, user_message,
+from draftwheel.serving.testing import build_tokenizer
+from draftwheel.training.prompt_variants import (chat_frame, cut_lines, defined_names, renamed_message, user_message,
                                       variant_messages, variant_prompts)
-from training.target_completions import encode_prompt
+from draftwheel.training.target_completions import encode_prompt
 
 FUNCTION = "Complete this Python function:\n\n```python\ndef area(w, h):\n    \"\"\"Area.\"\"\"\n    a = w * h\n    return a\n```"
 

@@ -1,4 +1,4 @@
-"""The batched greedy loop behind target completions and continuations (training.target_completions):
+"""The batched greedy loop behind target completions and continuations (draftwheel.training.target_completions):
 rows of one batch end at different steps (their own limit, or an EOS) and leave the batch then; every
 row must still get exactly the target's own greedy tokens, and the hidden states of what it was fed."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serving.models import load_model
+from draftwheel.serving.engine.models import load_model
 from tests.serving.test_engine import hf_greedy
-from training.target_completions import _decode_batch, greedy_continuations
+from draftwheel.training.target_completions import _decode_batch, greedy_continuations
 
 SEQUENCES = [[1, 5, 9, 13], [2, 7], [3, 4, 5, 6, 7, 8, 9, 10], [11, 12, 13]]
 

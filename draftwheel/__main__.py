@@ -1,5 +1,0 @@
-import sys
-
-from draftwheel.cli import main
-
-sys.exit(main())

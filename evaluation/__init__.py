@@ -1,0 +1,1 @@
+"""Evaluation: shadow replay of held-out traffic (champion against challenger), the promotion gate with per-slice confidence intervals, the as-served cost model and `draftwheel bench`. Reads mining's datasets; imported by training and the flows."""

@@ -1,0 +1,96 @@
+"""What a request costs as served: a cost model in units of one plain decoding step.
+
+A verification step that checks n drafted tokens runs one target forward over n + 1 rows; on a CPU
+that costs more than a 1-row step, by an amount that depends on the machine and the dtype (on an AMX
+Xeon in bfloat16 a 5-row verify costs ~1.1 plain steps, on an AVX2 EPYC in float32 ~1.5). A draft model
+adds c per token it drafts (c: its per-token time over one plain step); the suffix index's proposals
+cost nothing measurable. So one request's modelled speed against plain decoding is
+
+    served_speedup = tokens its steps emitted / sum over steps of (cost(k + 1 rows) + c * model-drafted k)
+
+where plain decoding costs exactly one unit per token. The figure is a pure function of the logged
+steps and two measured constants, so two drafts replayed on the same prompts are compared without the
+timing noise of each request's wall clock (which `draftwheel.evaluation.shadow` reports beside it).
+
+`measure_row_costs` times the target; `StepCost` summarizes a record's steps; `served_speedup` applies
+the model. It does not decode or decide anything.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+
+from draftwheel.serving.engine.kv import CachedLM
+
+MODEL_SOURCES = ("eagle3", "draft", "lm", "medusa")
+"""Step sources drafted by a model (its per-token cost c applies); `suffix` and plain steps cost nothing extra.
+Records of mode `draft` without a per-step source count as model-drafted too (`StepCost.of`)."""
+
+
+@torch.inference_mode()
+def measure_row_costs(model: Any, max_rows: int, context: int = 128, reps: int = 5) -> tuple[list[float], float]:
+    """([1.0, cost(2 rows), ..., cost(max_rows rows)], seconds of a 1-row forward): the median time of a
+    verify forward of n rows on a `context`-token cache, over the median time of a 1-row forward. Costs
+    are made non-decreasing (a forward over more rows never costs less; a dip is timing noise)."""
+    device = next(model.parameters()).device
+    vocab = int(model.config.vocab_size)
+    generator = torch.Generator().manual_seed(0)
+    lm = CachedLM(model)
+    lm.forward(torch.randint(0, vocab, (context,), generator=generator).to(device), keep=1)
+    seconds = []
+    for rows in range(1, max_rows + 1):
+        ids = torch.randint(0, vocab, (rows,), generator=generator).to(device)
+        lm.forward(ids, keep=rows)  # warm this width's kernels
+        lm.rollback(rows)
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            lm.forward(ids, keep=rows)
+            times.append(time.perf_counter() - start)
+            lm.rollback(rows)
+        seconds.append(statistics.median(times))
+    costs = [s / seconds[0] for s in seconds]
+    for i in range(1, len(costs)):
+        costs[i] = max(costs[i], costs[i - 1])
+    costs[0] = 1.0
+    return costs, seconds[0]
+
+
+@dataclass
+class StepCost:
+    """One request's steps, summarized for the cost model."""
+
+    tokens: int
+    """Tokens the verification steps emitted (accepted + the target's own token, per step)."""
+    verify_cost: float
+    """Sum over steps of the cost of a verify over k + 1 rows, `row_costs[k]` (plain steps: 1)."""
+    model_drafted: int
+    """Tokens a draft model drafted (priced at c each)."""
+
+    @classmethod
+    def of(cls, steps: Iterable[Any], row_costs: list[float], mode: str) -> "StepCost":
+        tokens, verify, model = 0, 0.0, 0
+        for step in steps:
+            tokens += step.accepted + 1
+            verify += row_costs[min(step.k, len(row_costs) - 1)]  # k drafted tokens: k + 1 rows
+            if step.k and (step.source in MODEL_SOURCES or (step.source is None and mode != "hybrid")):
+                model += step.k
+        return cls(tokens=tokens, verify_cost=verify, model_drafted=model)
+
+
+def served_speedup(cost: StepCost, c: float) -> float:
+    """Tokens per unit of plain-step cost (plain decoding = 1.0); 1.0 for a request with no steps."""
+    total = cost.verify_cost + c * cost.model_drafted
+    return cost.tokens / total if total > 0 else 1.0
+
+
+def draft_cost_ratio(draft_seconds: float, model_drafted: int, plain_step_s: float) -> float:
+    """c: seconds spent drafting per model-drafted token over one plain step's seconds (0 with nothing drafted)."""
+    if model_drafted <= 0 or plain_step_s <= 0:
+        return 0.0
+    return draft_seconds / model_drafted / plain_step_s

@@ -1,0 +1,1 @@
+"""The engine: speculative decoding of one request (draft kinds eagle3, Medusa, LM and the suffix tier), lossless verification, KV caches, sampling, acceptance records and their sink. Imports nothing of tracking, mining or the server."""

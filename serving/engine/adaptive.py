@@ -1,0 +1,254 @@
+"""Adaptive speculation length: pick k per verification step from measured acceptance and cost.
+
+With per-token acceptance probability a and draft/target cost ratio c, one step that drafts k tokens
+emits on average E(k) = (1 - a^(k+1)) / (1 - a) tokens and costs (1 + k*c) target-forward units
+(Leviathan et al. 2023, eq. 1 and thm 3.8). The controller chooses k in 1..k_max maximising
+E(k) / (1 + k*c). Pure Python, no torch: testable on its own.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import threading
+from collections import OrderedDict
+from typing import Callable, Hashable
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """Expected tokens emitted by one step with k drafts, bonus/correction token included."""
+    if a >= 1.0:
+        return float(k + 1)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def index_beats_draft(score: float, a: float, k: int, n_index: int = 0, c: float = 0.0,
+                      row_cost: Callable[[int], float] | None = None) -> bool:
+    """The hybrid's rule: verify the suffix index's proposal when it promises more tokens per unit of cost
+    than the draft's chain. The index's step emits 1 + `score` tokens (its estimated accepted length,
+    calibrated by `ScoreCalibration`) for a verify over n_index + 1 rows; the draft's emits E(a, k) for a
+    verify over k + 1 rows plus k draft tokens at `c` each (in units of a 1-row step; `row_cost(rows)`,
+    e.g. `VerifyClock.cost`). With c = 0 and rows free this is score > E(a, k) - 1: equal accepted lengths
+    go to the draft only when it costs nothing more, which on a CPU it never does (a round whose draft
+    learned what the index already copied made the hybrid pick the draft and pay c for the same tokens)."""
+    rows = row_cost or (lambda n: 1.0)
+    return (1.0 + score) / rows(n_index + 1) > expected_tokens(a, k) / (rows(k + 1) + k * c)
+
+
+def suffix_drafts(score: float, match_len: int, draft_pays: bool, a: float, k: int, n_index: int = 0,
+                  c: float = 0.0, row_cost: Callable[[int], float] | None = None) -> bool:
+    """The hybrid's choice for a step that has an index proposal: verify it rather than the draft
+    model's? When drafting with the model does not pay, the proposal competes with a plain step (one
+    token for one unit): it is verified when its 1 + `score` tokens beat its verify rows' cost. Otherwise
+    when it promises more tokens per unit of cost than the draft (`index_beats_draft`), except on a
+    one-token match: the request's own part proposes after a single shared token (draftwheel.serving.engine.suffix,
+    `request_min_match`), evidence good enough to beat a plain step but not a draft that pays."""
+    if not draft_pays:
+        return (1.0 + score) / (row_cost or (lambda n: 1.0))(n_index + 1) > 1.0
+    return match_len > 1 and index_beats_draft(score, a, k, n_index, c, row_cost)
+
+
+class VerifyClock:
+    """What a verify forward over n rows costs relative to a 1-row step on this machine, fitted online:
+    seconds = t0 + t1 * (rows - 1) by discounted least squares over the verify forwards seen, so
+    cost(rows) = 1 + (t1 / t0) (rows - 1). Until the forwards seen span at least two row counts (or when
+    the fit is degenerate) the slope is `prior_slope` (an AMX Xeon in bfloat16 measures ~0.04, an AVX2
+    EPYC in float32 ~0.12). Pure Python."""
+
+    def __init__(self, prior_slope: float = 0.05, decay: float = 0.98):
+        self.prior_slope, self.decay = prior_slope, decay
+        self._sums = [0.0] * 5  # discounted n, sum x, sum y, sum xx, sum xy (x = rows - 1, y = seconds)
+
+    def observe(self, rows: int, seconds: float) -> None:
+        x = rows - 1
+        self._sums = [self.decay * old + new for old, new in zip(self._sums, (1.0, x, seconds, x * x, x * seconds))]
+
+    @property
+    def slope(self) -> float:
+        n, sx, sy, sxx, sxy = self._sums
+        spread = n * sxx - sx * sx
+        if n < 2 or spread <= 1e-9 * max(n * sxx, 1e-12):
+            return self.prior_slope
+        t1 = (n * sxy - sx * sy) / spread
+        t0 = (sy - t1 * sx) / n
+        return min(max(t1 / t0, 0.0), 1.0) if t0 > 0 else self.prior_slope
+
+    def cost(self, rows: int) -> float:
+        return 1.0 + self.slope * (rows - 1)
+
+
+class ScoreCalibration:
+    """How far the suffix index's scores come true in one request: accepted tokens per unit of score
+    over its verified proposals, discounted by `decay` per proposal, with a prior that trusts the score
+    (ratio `prior_ratio`, worth `prior_weight` units of score).
+
+    Why: a score sums branch frequencies, and a context matched once scores its whole continuation
+    as certain. On templated traffic that is right; on chat such matches mostly fail at the first
+    token, and every failed 16-token verify costs a step the draft would have used. The hybrid compares
+    `scaled(score)` with the draft's expectation, so an index that keeps over-promising in a request
+    stops being chosen there, while one whose scores come true keeps its full weight.
+    """
+
+    def __init__(self, prior_ratio: float = 1.0, prior_weight: float = 4.0, decay: float = 0.9):
+        self.accepted = prior_ratio * prior_weight
+        self.promised = prior_weight
+        self.decay = decay
+
+    @property
+    def ratio(self) -> float:
+        return self.accepted / self.promised
+
+    def scaled(self, score: float) -> float:
+        return score * self.ratio
+
+    def update(self, score: float, accepted: int) -> None:
+        self.accepted = self.decay * self.accepted + accepted
+        self.promised = self.decay * self.promised + score
+
+
+class StepPace:
+    """Whether drafting with the model pays in this request: the tokens its draft steps emit per unit of
+    cost, against a plain step's one token per unit (a unit is one 1-row target forward).
+
+    A draft step over k+1 verify rows costs `clock.cost(k + 1) * (1 + draft_s / verify_s)` units: the
+    verify forward's cost by rows (`VerifyClock`, fitted on this machine) and the drafting time as a
+    share of that same step's verify time. Both times come from one step, so a change in machine load
+    between steps scales them alike and cancels; no plain step is ever timed for the comparison (the
+    wall-clock pace this replaces compared draft steps with plain steps taken at other moments, and on
+    a marginal draft its answer flipped with the machine's load: the same champion measured 1.06x and
+    1.22x plain on the same chat prompts).
+
+    The decision weighs the evidence by its uncertainty (Thompson sampling): the draft's speed ratio
+    r = tokens / units is estimated from discounted sums over its draft steps (a ratio estimator, with
+    its standard error from the steps' spread and their effective number); each step draws r from
+    N(r_hat, se^2) and drafts when the draw beats 1. A draft that clearly pays drafts on every step; one
+    that clearly loses almost never; a marginal or little-measured one drafts on a share of steps that
+    matches the odds it pays. Evidence ages: each step the draft sits out discounts it by `age_decay`,
+    and the error never falls below `prior_se / sqrt(weight of evidence)`, so a draft shut out for long
+    is tried again now and then (about one step in 30 for one whose every token is rejected), which is
+    how a draft that recovers is noticed. The first `warmup` draft steps of a pace always draft. The
+    draws use the pace's own seeded generator, never the request's, so sampled output is unaffected.
+
+    One `StepPace` follows one (slice, draft) pair across requests (`PaceMemory`), so a new request
+    starts from what the last one measured instead of paying the warm-up again.
+    """
+
+    def __init__(self, warmup: int = 3, decay: float = 0.95, age_decay: float = 0.99, prior_se: float = 0.2,
+                 seed: int = 0):
+        self.warmup, self.decay, self.age_decay, self.prior_se = warmup, decay, age_decay, prior_se
+        # discounted sums over draft steps: weight, weight^2, tokens, units, tokens^2, units^2, tokens*units
+        self._sums = [0.0] * 7
+        self.draft_steps = 0
+        self.clock = VerifyClock()  # verify cost by rows: the unit of every comparison here
+        self._rng = random.Random(seed)
+
+    @property
+    def ratio(self) -> float:
+        """The draft's emitted tokens per unit of cost (plain decoding: 1.0); 0 before any draft step."""
+        _, _, tokens, units, *_ = self._sums
+        return tokens / units if units else 0.0
+
+    @property
+    def standard_error(self) -> float:
+        """Of `ratio`: the spread of tokens - ratio * units over the draft steps, by their effective number."""
+        w, w2, tokens, units, tt, uu, tu = self._sums
+        if not units or w2 <= 0:
+            return float("inf")
+        r = tokens / units
+        spread = max(tt - 2 * r * tu + r * r * uu, 0.0) / w  # weighted mean squared residual per step
+        effective = w * w / w2
+        return max((spread / effective) ** 0.5 / (units / w), self.prior_se / w ** 0.5)
+
+    def draft_pays(self) -> bool:
+        """Draft with the model this step? A "no" ages the evidence."""
+        pays = self.draft_steps < self.warmup or self._rng.gauss(self.ratio, self.standard_error) > 1.0
+        if not pays:  # the evidence ages: the ratio stays, its weight (and so its certainty) shrinks
+            a = self.age_decay
+            self._sums = [x * f for x, f in zip(self._sums, (a, a * a, a, a, a, a, a))]
+        return pays
+
+    def units(self, rows: int, draft_s: float, verify_s: float) -> float:
+        """What a draft step cost, in 1-row target forwards (class docstring)."""
+        return self.clock.cost(rows) * (1.0 + draft_s / max(verify_s, 1e-9))
+
+    def drafted(self, tokens: int, rows: int, draft_s: float, verify_s: float) -> None:
+        """A draft step emitted `tokens` from a verify over `rows` rows, after `draft_s` seconds drafting
+        and `verify_s` verifying."""
+        u = self.units(rows, draft_s, verify_s)
+        d, d2 = self.decay, self.decay ** 2
+        w, w2, t, un, tt, uu, tu = self._sums
+        self._sums = [d * w + 1, d2 * w2 + 1, d * t + tokens, d * un + u, d * tt + tokens * tokens,
+                      d * uu + u * u, d * tu + tokens * u]
+        self.draft_steps += 1
+
+
+class PaceMemory:
+    """The hybrid's `StepPace` per (slice, draft), carried from one request to the next: each request
+    starts from a copy of the last finished one's (`resume`) and leaves its own (`keep`). A new draft
+    (champion change) has a new key, so it starts fresh. Holds the `max_keys` most recently kept.
+    `factory` builds a fresh pace (default `StepPace()`; another factory tries other pace settings)."""
+
+    def __init__(self, max_keys: int = 256, factory: Callable[[], StepPace] | None = None):
+        self.max_keys = max_keys
+        self.factory = factory or StepPace
+        self._paces: OrderedDict[Hashable, StepPace] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def resume(self, key: Hashable) -> StepPace:
+        with self._lock:
+            last = self._paces.get(key)
+            return copy.deepcopy(last) if last is not None else self.factory()
+
+    def keep(self, key: Hashable, pace: StepPace) -> None:
+        with self._lock:
+            self._paces[key] = pace
+            self._paces.move_to_end(key)
+            while len(self._paces) > self.max_keys:
+                self._paces.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._paces)
+
+
+def speedup(a: float, k: int, c: float) -> float:
+    """Expected tokens per unit of target-forward time, relative to plain decoding."""
+    return expected_tokens(a, k) / (1.0 + k * c)
+
+
+def best_k(a: float, c: float, k_max: int) -> int:
+    return max(range(1, k_max + 1), key=lambda k: speedup(a, k, c))
+
+
+class AdaptiveK:
+    """Per-request controller.
+
+    Acceptance estimate: each step with k drafts and j accepted is j successes followed by one failure
+    when j < k (geometric model), so a = successes / (successes + failures), the maximum-likelihood
+    estimate, discounted by `decay` per step so it follows drift. A prior worth `prior_weight` drafted
+    tokens at `prior_a` keeps the first steps sane. The cost ratio is an exponential moving average of
+    per-step (mean draft forward time) / (target verify forward time).
+    """
+
+    def __init__(self, k_max: int, prior_a: float = 0.7, prior_weight: float = 4.0, decay: float = 0.9,
+                 prior_c: float = 0.2):
+        self.k_max = k_max
+        self.decay = decay
+        self.successes = prior_a * prior_weight
+        self.failures = (1.0 - prior_a) * prior_weight
+        self.c = prior_c
+        self._c_measured = False
+
+    @property
+    def a(self) -> float:
+        return self.successes / (self.successes + self.failures)
+
+    def next_k(self) -> int:
+        return best_k(min(self.a, 0.999), self.c, self.k_max)
+
+    def update(self, k: int, accepted: int, draft_s: float, target_s: float) -> None:
+        self.successes = self.decay * self.successes + accepted
+        self.failures = self.decay * self.failures + (1 if accepted < k else 0)
+        if k > 0 and target_s > 0:
+            ratio = (draft_s / k) / target_s
+            self.c = ratio if not self._c_measured else 0.8 * self.c + 0.2 * ratio
+            self._c_measured = True

@@ -1,0 +1,171 @@
+"""The per-request decoding loops: plain autoregressive and draft-model speculative decoding.
+
+Each loop is a generator that advances one request, pushes the emitted tokens into the request's
+`OutputState` and yields after every step (the engine streams text between steps). Shape comments
+follow gpt-fast. No I/O, no records: the engine turns `Request.steps` and the timings into the log.
+
+Cache discipline of the speculative loop (why nothing is ever re-encoded): each cache holds the
+prompt and emitted tokens except its `*_new` tokens, fed at the next step. For the target that is the
+last emitted token; for the draft it is 1 token after a rejection (the correction) or 2 after a full
+acceptance (the last draft token, never fed to the draft, and the bonus token). At the start both
+are the whole prompt. On rejection both caches are cropped back to the accepted prefix.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from draftwheel.serving.engine.adaptive import AdaptiveK
+from draftwheel.serving.engine.kv import CachedLM
+from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.engine.records import Step
+from draftwheel.serving.engine.sampling import sample, warp
+from draftwheel.serving.engine.stopping import OutputState
+from draftwheel.serving.engine.verify import verify_greedy, verify_sampled
+
+
+@dataclass
+class Request:
+    """The mutable state of one request while it decodes."""
+    prompt_ids: torch.Tensor  # [P] long
+    params: SamplingParams
+    out: OutputState
+    generator: torch.Generator
+    steps: list[Step] = field(default_factory=list)
+    first_token_s: float | None = None  # perf_counter time of the first emitted token
+    draft_s: float = 0.0  # seconds spent drafting, summed over steps (the measured draft cost)
+    verify_s: float = 0.0  # seconds spent in the target's verification forwards
+
+    def timed_step(self, draft_s: float, verify_s: float) -> None:
+        self.draft_s += draft_s
+        self.verify_s += verify_s
+
+    def emit(self, tokens: list[int]) -> None:
+        if self.first_token_s is None:
+            self.first_token_s = time.perf_counter()
+        self.out.extend(tokens)
+
+
+def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    """logits[V] -> one token: argmax when greedy, else a sample from the warped distribution."""
+    if params.greedy:
+        return int(logits.argmax())
+    return int(sample(warp(logits, params), generator))
+
+
+def autoregressive(target: CachedLM, req: Request) -> Iterator[None]:
+    logits = target.forward(req.prompt_ids, keep=1)[-1]  # [V]
+    while True:
+        token = choose(logits, req.params, req.generator)
+        req.emit([token])
+        yield
+        if req.out.finished:
+            return
+        logits = target.forward(torch.tensor([token]), keep=1)[-1]  # [V]
+
+
+def _draft_tokens(draft: CachedLM, pending: torch.Tensor, k: int, req: Request):
+    """Run the draft k times from `pending`[n]; return tokens[k] and, when sampling, probs[k, V].
+
+    The draft cache ends holding pending + the first k-1 drafted tokens (the k-th is never fed).
+    """
+    tokens, probs = [], []
+    step_input = pending
+    for _ in range(k):
+        logits = draft.forward(step_input, keep=1)[-1]  # [V]
+        if req.params.greedy:
+            token = logits.argmax().view(1)  # [1]
+        else:
+            q = warp(logits, req.params)  # [V]
+            token = sample(q, req.generator).view(1)  # [1]
+            probs.append(q)
+        tokens.append(token)
+        step_input = token
+    return torch.cat(tokens), (torch.stack(probs) if probs else None)
+
+
+def speculative(target: CachedLM, draft: CachedLM, req: Request, controller: AdaptiveK | None) -> Iterator[None]:
+    """Draft-model speculative decoding. The first step drafts straight from the prompt and the target
+    reads prompt + drafts in one forward, so there is no separate target prefill (as in HF)."""
+    params = req.params
+    target_new = draft_new = req.prompt_ids  # tokens not yet in each cache
+    while not req.out.finished:
+        k = controller.next_k() if controller else params.k
+        k = min(k, req.out.remaining - 1)  # drafts past max_new_tokens would be thrown away
+        if k <= 0:
+            token = choose(target.forward(target_new, keep=1)[-1], params, req.generator)
+            req.steps.append(Step(k=0, accepted=0, draft_token_ids=[], target_token_id=token))
+            req.emit([token])
+            target_new = draft_new = torch.tensor([token])
+            yield
+            continue
+        start = time.perf_counter()
+        drafted, q = _draft_tokens(draft, draft_new, k, req)  # [k], [k, V] | None
+        draft_s = time.perf_counter() - start
+        logits = target.forward(torch.cat([target_new, drafted]), keep=k + 1)  # [k+1, V]
+        if params.greedy:
+            emitted, accepted = verify_greedy(drafted, logits)
+        else:
+            emitted, accepted = verify_sampled(drafted, q, warp(logits, params), req.generator)
+        target.rollback(k - accepted)
+        if accepted == k:
+            draft_new = emitted[-2:]  # [2]: the last draft token (never fed to the draft) and the bonus
+        else:
+            draft.rollback(k - 1 - accepted)
+            draft_new = emitted[-1:]  # [1]: the target's correction
+        target_new = emitted[-1:]  # [1]
+        req.timed_step(draft_s, target.last_forward_s)
+        if controller:
+            controller.update(k, accepted, draft_s, target.last_forward_s)
+        emitted_list = emitted.tolist()
+        req.steps.append(Step(k=k, accepted=accepted, draft_token_ids=drafted.tolist(),
+                              target_token_id=emitted_list[-1]))
+        req.emit(emitted_list)
+        yield
+
+
+def medusa(target: CachedLM, heads: torch.nn.Module, req: Request) -> Iterator[None]:
+    """Medusa-1 top-1 chain: the heads guess the next tokens from the target's last hidden state; one
+    target forward verifies them. The heads' (warped) distributions play the draft's q, so greedy output
+    equals the target's and sampling stays lossless."""
+    params = req.params
+    logits, hidden = target.forward(req.prompt_ids, keep=1, hidden=True)  # [1, V], [P, H]
+    hidden = hidden[-1]  # [H]: the state whose logits chose `last`
+    last = choose(logits[-1], params, req.generator)
+    req.emit([last])
+    yield
+    while not req.out.finished:
+        k = min(heads.n_heads, params.k, req.out.remaining - 1)
+        if k <= 0:
+            logits = target.forward(torch.tensor([last]), keep=1)[-1]  # [V]
+            last = choose(logits, params, req.generator)
+            req.steps.append(Step(k=0, accepted=0, draft_token_ids=[], target_token_id=last))
+            req.emit([last])
+            yield
+            continue
+        start = time.perf_counter()
+        with torch.inference_mode():
+            # [k, V]: head i guesses the (i+1)-th token after `last`
+            head_logits = heads(hidden.view(1, 1, -1))[:k, 0, 0].cpu()
+        if params.greedy:
+            drafted, q = head_logits.argmax(-1), None  # [k]
+        else:
+            q = warp(head_logits, params)  # [k, V]
+            drafted = sample(q, req.generator)  # [k]
+        draft_s = time.perf_counter() - start
+        logits, hiddens = target.forward(torch.cat([torch.tensor([last]), drafted]), hidden=True)  # [k+1, V], [k+1, H]
+        req.timed_step(draft_s, target.last_forward_s)
+        if params.greedy:
+            emitted, accepted = verify_greedy(drafted, logits)
+        else:
+            emitted, accepted = verify_sampled(drafted, q, warp(logits, params), req.generator)
+        target.rollback(k - accepted)
+        hidden = hiddens[accepted]  # the position whose logits chose the last emitted token
+        last = int(emitted[-1])
+        req.steps.append(Step(k=k, accepted=accepted, draft_token_ids=drafted.tolist(), target_token_id=last))
+        req.emit(emitted.tolist())
+        yield

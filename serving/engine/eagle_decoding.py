@@ -1,0 +1,151 @@
+"""The EAGLE-3 decoding loop: the draft reads the target's own hidden states.
+
+Per step: (1) the draft appends one slot per token the target just confirmed, each pairing the target's
+features at position p (from the verification forward that already ran: no extra target pass) with the
+token at p+1; (2) it runs ahead k tokens, feeding its own output hidden state where target features do
+not exist yet; (3) the target verifies [last token, k drafts] in one forward that also returns the
+features of those positions; (4) the draft's speculative slots are cropped and step (1) repeats with
+the accepted positions' target features. Nothing is re-encoded: each confirmed position enters each
+cache once.
+
+The draft proposes over its own vocabulary; its q is zero outside it, so rejection sampling against
+the target's p (draftwheel.serving.engine.verify) stays exact. Greedy output equals the target's.
+
+Hybrid (mode `hybrid` with an eagle3 draft): each step first asks `propose` (the suffix index,
+draftwheel.serving.engine.suffix_decoding) for a proposal and verifies it instead of drafting when its score beats the
+draft's expected accepted length, or whenever drafting does not pay in this slice
+(`draftwheel.serving.engine.adaptive.StepPace`: its tokens per unit of verify cost, weighed with their uncertainty); with
+no proposal worth its verify rows then, the step is a plain target step. Such steps leave
+the draft cache alone; the positions they confirm join the pending slots, so the draft's next step
+consumes their target features together.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator
+
+import torch
+
+from draftwheel.serving.engine.adaptive import AdaptiveK, ScoreCalibration, StepPace, suffix_drafts
+from draftwheel.serving.engine.decoding import Request, choose
+from draftwheel.serving.engine.eagle import DraftKV, Eagle3Draft
+from draftwheel.serving.engine.kv import CachedLM
+from draftwheel.serving.engine.records import Step
+from draftwheel.serving.engine.sampling import sample, warp
+from draftwheel.serving.engine.suffix import Proposal
+from draftwheel.serving.engine.verify import point_mass_q, verify_greedy, verify_sampled
+
+SOURCE = "eagle3"
+
+
+def _run_ahead(draft: Eagle3Draft, hidden: torch.Tensor, k: int, kv: DraftKV, req: Request,
+               min_path_prob: float = 0.0):
+    """Draft up to k tokens from the last slot's hidden[H]; return target ids[n] and, when sampling, q[n, V].
+
+    Drafting stops early once the draft's own probability of the whole chain so far falls below
+    `min_path_prob` (EAGLE-2's observation: draft confidence predicts acceptance): a further token would
+    most likely be rejected, yet costs a draft step and a verify row. The cut reads only the draft's side,
+    so verification stays exact (any chain length is verified losslessly)."""
+    to_target = draft.draft_to_target  # [Vd]
+    tokens, probs = [], []
+    path_prob = 1.0
+    for i in range(k):
+        with torch.inference_mode():
+            logits = draft.logits(hidden).float()  # [Vd]
+        if req.params.greedy:
+            index = logits.argmax()
+            if min_path_prob:
+                path_prob *= float(torch.softmax(logits, -1)[index])
+        else:
+            q_draft = warp(logits, req.params)  # [Vd]
+            index = sample(q_draft, req.generator)
+            path_prob *= float(q_draft[index])
+            q = torch.zeros(draft.c.vocab_size)  # [V]: zero outside the draft vocabulary
+            q[to_target] = q_draft
+            probs.append(q)
+        token = to_target[index].view(1)  # [1]
+        tokens.append(token)
+        if i == k - 1 or path_prob < min_path_prob:  # the last token is verified, never fed
+            break
+        hidden = draft.extend(token, hidden.view(1, -1), kv)[-1]  # [H]
+    return torch.cat(tokens), (torch.stack(probs) if probs else None)
+
+
+def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: AdaptiveK | None,
+           min_path_prob: float = 0.0,
+           propose: Callable[[list[int], int], Proposal] | None = None,
+           pace: StepPace | None = None) -> Iterator[None]:
+    """Decode one request; with `propose` (context, max_k) -> Proposal, as the hybrid (module docstring),
+    timing its steps into `pace` (a fresh `StepPace` when None)."""
+    params = req.params
+    aux_ids = draft.c.aux_layer_ids
+    kv = DraftKV()
+    estimate = controller or AdaptiveK(params.k)  # the draft's acceptance estimate, for the hybrid choice
+    calibration = ScoreCalibration()  # how far the index's scores come true in this request
+    if propose and pace is None:
+        pace = StepPace()  # the hybrid's "is drafting worth a step here?"
+    logits, features = target.forward(req.prompt_ids, keep=1, aux=aux_ids)  # [1, V], [P, 3H]
+    last = choose(logits[-1], params, req.generator)
+    req.emit([last])
+    yield
+    context = req.prompt_ids.tolist() + [last]  # what the suffix index matches against
+    # Slots waiting to enter the draft cache: feature of position p with the token at p+1.
+    slot_tokens = torch.cat([req.prompt_ids[1:], torch.tensor([last])])  # [P]
+    while not req.out.finished:
+        k = controller.next_k() if controller else params.k
+        k = min(k, req.out.remaining - 1)
+        if k <= 0:  # the last token: nothing to draft
+            last = choose(target.forward(torch.tensor([last]), keep=1)[-1], params, req.generator)
+            req.steps.append(Step(k=0, accepted=0, draft_token_ids=[], target_token_id=last))
+            req.emit([last])
+            yield
+            continue
+        # The index may propose past k (up to its max_spec_tokens): long verbatim spans are its strength.
+        proposal = propose(context, req.out.remaining - 1) if propose else None
+        use_draft = pace.draft_pays() if pace else True
+        from_suffix = bool(proposal and proposal.tokens) and suffix_drafts(
+            calibration.scaled(proposal.score), proposal.match_len, use_draft, estimate.a, k,
+            len(proposal.tokens), estimate.c, pace.clock.cost if pace else None)
+        by_model = use_draft and not from_suffix  # neither: a plain step (the hybrid's third choice)
+        start = time.perf_counter()
+        if not by_model:  # the index's proposal, a point mass; or nothing, for a plain step
+            drafted, q = torch.tensor(proposal.tokens if from_suffix else [], dtype=torch.long), None  # [n]
+        else:
+            prefills_draft = kv.length == 0  # this extend takes in the whole prompt: not a step's usual cost
+            committed = kv.length + slot_tokens.shape[0]
+            hidden = draft.extend(slot_tokens, draft.project(features), kv)[-1]  # [H]
+            drafted, q = _run_ahead(draft, hidden, k, kv, req, min_path_prob)  # [n], [n, V] | None (n <= k)
+        k = drafted.shape[0]
+        draft_s = time.perf_counter() - start
+        logits, new_features = target.forward(torch.cat([torch.tensor([last]), drafted]), keep=k + 1, aux=aux_ids)
+        if params.greedy:
+            emitted, accepted = verify_greedy(drafted, logits)
+        else:
+            if q is None:
+                q = point_mass_q(drafted, logits.shape[-1])  # [n, V]
+            emitted, accepted = verify_sampled(drafted, q, warp(logits, params), req.generator)
+        target.rollback(k - accepted)
+        if pace:
+            pace.clock.observe(k + 1, target.last_forward_s)
+        # new_features[:a+1]: positions of `last` and the accepted drafts; `emitted` follows them.
+        if not by_model:  # the draft consumed nothing this step: these slots queue behind the pending ones
+            if from_suffix:
+                calibration.update(proposal.score, accepted)
+            features = torch.cat([features, new_features[: accepted + 1]])
+            slot_tokens = torch.cat([slot_tokens, emitted])
+        else:
+            kv.crop(committed)  # drop the slots that ran on the draft's own features
+            features, slot_tokens = new_features[: accepted + 1], emitted  # [a+1, 3H], [a+1]
+            # a step whose draft took in the whole prompt says nothing about the draft's per-token cost c
+            estimate.update(k, accepted, draft_s, 0.0 if prefills_draft else target.last_forward_s)
+            if pace:  # the draft's prompt intake counts here: drafting at all in a request pays for it
+                pace.drafted(accepted + 1, k + 1, draft_s, target.last_forward_s)
+        last = int(emitted[-1])
+        req.timed_step(draft_s, target.last_forward_s)
+        source = SOURCE if by_model else "suffix" if from_suffix else None
+        req.steps.append(Step(k=k, accepted=accepted, draft_token_ids=drafted.tolist(), target_token_id=last,
+                              source=source))
+        context.extend(emitted.tolist())
+        req.emit(emitted.tolist())
+        yield

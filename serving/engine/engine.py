@@ -1,0 +1,295 @@
+"""The serving engine: one target, optionally a draft model (or Medusa heads), requests one at a time.
+
+`Engine.generate` / `Engine.stream` tokenise a prompt (applying the chat template when asked), run one
+of the decoding loops in `draftwheel.serving.engine.decoding`, and turn the result into a `Completion` carrying
+per-request stats and the v1 `AcceptanceRecord`, which is also handed to the optional sink and
+metrics objects (and to the suffix index, which learns from every finished request). An optional
+router (`draftwheel.serving.engine.routing`) picks the mode of requests that name none. Batch size is 1; concurrency
+(queueing) is the HTTP layer's business, and concurrent calls are safe because every request owns its
+KV caches. The engine does not scrub PII, rotate logs or export metrics itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from draftwheel.serving.engine.adaptive import AdaptiveK, PaceMemory, StepPace
+from draftwheel.serving.engine.decoding import Request, autoregressive, medusa, speculative
+from draftwheel.serving.engine.eagle_decoding import eagle3
+from draftwheel.serving.engine.kv import CachedLM
+from draftwheel.serving.engine.models import LoadedModel, check_compatible, load_model
+from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.engine.prepack import prepack_linears
+from draftwheel.serving.engine.row_invariant import use_row_invariant_attention
+from draftwheel.serving.engine.records import MODES, AcceptanceRecord, ModelId, Sampling
+from draftwheel.hashing import file_sha256
+from draftwheel.serving.engine.sampling import make_generator
+from draftwheel.serving.engine.stopping import OutputState
+from draftwheel.serving.engine.suffix import SuffixIndex
+from draftwheel.serving.engine.suffix_decoding import suffix_loop
+
+log = logging.getLogger(__name__)
+
+
+class PromptTooLongError(ValueError):
+    """The prompt plus max_new_tokens does not fit the model's context."""
+
+
+@dataclass
+class RequestStats:
+    prompt_tokens: int
+    generated_tokens: int
+    drafted_tokens: int
+    accepted_tokens: int
+    verify_steps: int
+    acceptance_rate: float
+    mean_accepted_length: float
+    ttft_s: float
+    latency_s: float
+    tokens_per_s: float
+    draft_s: float = 0.0   # time spent drafting (draft-model, eagle3 and medusa modes)
+    verify_s: float = 0.0  # time spent in verification forwards
+
+
+@dataclass
+class Completion:
+    request_id: str
+    prompt: Any  # the caller's prompt: a string, or a list of chat messages
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stats: RequestStats
+    record: AcceptanceRecord
+
+
+def eos_token_ids(loaded: LoadedModel) -> set[int]:
+    """EOS ids as HF generate uses them: the generation config's, else the tokenizer's."""
+    eos = getattr(loaded.model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = loaded.tokenizer.eos_token_id
+    return set(eos) if isinstance(eos, (list, tuple)) else ({eos} if eos is not None else set())
+
+
+class Engine:
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, medusa: Any = None,
+                 sink: Any = None, metrics: Any = None, medusa_id: ModelId | None = None, prepack: bool = True,
+                 suffix_index: SuffixIndex | None = None, router: Any = None, dtype: torch.dtype | None = None,
+                 min_path_prob: float = 0.0):
+        """With `prepack` (the default), CPU models get oneDNN-packed linear layers, in place
+        (draftwheel.serving.engine.prepack): the engine owns the models it is given. With `dtype` the target is cast to it
+        in place (draftwheel.serving.engine.precision); by default it keeps the dtype it was loaded in. Drafts and heads
+        always follow the target's dtype. With `router` (a `draftwheel.serving.engine.routing.RequestRouter`), requests
+        that name no mode get the mode and k it picks. `min_path_prob` cuts an eagle3 draft chain once the
+        draft's own probability of it falls below this (draftwheel.serving.engine.eagle_decoding; 0 = always k tokens)."""
+        if not 0.0 <= min_path_prob < 1.0:
+            raise ValueError(f"min_path_prob: must be in [0, 1), got {min_path_prob!r}")
+        self.min_path_prob = min_path_prob
+        if dtype is not None:
+            target.model.to(dtype)
+        self.dtype = next(target.model.parameters()).dtype
+        self.prepack = prepack
+        self._adopt(target)
+        use_row_invariant_attention(target.model)  # verify rows == decoding steps, bitwise (draftwheel.serving.engine.row_invariant)
+        if draft is not None:
+            self._adopt(draft)
+            check_compatible(target, draft)
+        if medusa is not None:
+            medusa.to(self.dtype)
+        self.target = target
+        self._draft = draft
+        self.medusa = medusa
+        self.medusa_id = medusa_id or (ModelId(name="medusa-heads") if medusa is not None else None)
+        self.sink = sink
+        self.metrics = metrics
+        self.eos_ids = eos_token_ids(target)
+        self.suffix_index = suffix_index  # modes suffix/hybrid draft from it; every finished request updates it
+        if suffix_index is not None:
+            suffix_index.check_target(target.model_id)
+        self.router = router
+        self.paces = PaceMemory()  # mode hybrid: per (slice, draft), whether drafting pays (draftwheel.serving.engine.adaptive)
+
+    @classmethod
+    def from_paths(cls, target: str | Path, draft: str | Path | None = None, medusa: str | Path | None = None,
+                   device: str = "cpu", dtype: torch.dtype = torch.float32, sink: Any = None,
+                   metrics: Any = None, prepack: bool = True, min_path_prob: float = 0.0) -> "Engine":
+        """Load and serve in `dtype` (`draftwheel.serving.engine.precision.resolve_dtype` turns a setting into one)."""
+        target_model = load_model(target, device, dtype)
+        draft_model = load_model(draft, device, dtype) if draft is not None else None
+        heads = heads_id = None
+        if medusa is not None:
+            from draftwheel.serving.engine.medusa import WEIGHTS_FILE, MedusaHeads
+
+            heads = MedusaHeads.load(medusa, target_model.model).to(device=device, dtype=dtype).eval()
+            heads_id = ModelId(name=Path(medusa).resolve().name, sha256=file_sha256(Path(medusa) / WEIGHTS_FILE))
+        return cls(target_model, draft_model, heads, sink=sink, metrics=metrics, medusa_id=heads_id, prepack=prepack,
+                   min_path_prob=min_path_prob)
+
+    def _adopt(self, loaded: LoadedModel) -> None:
+        """Cast a model to the engine's dtype (before packing: a packed weight is tied to its dtype), pack it."""
+        loaded.model.to(self.dtype)
+        if self.prepack:
+            prepack_linears(loaded.model)
+
+    @property
+    def draft(self) -> LoadedModel | None:
+        return self._draft
+
+    def swap_draft(self, loaded: LoadedModel) -> None:
+        """Serve a new draft from the next request on; running requests keep the draft they started with."""
+        self._adopt(loaded)
+        check_compatible(self.target, loaded)
+        # A single reference assignment is atomic; every request reads self._draft once at its start.
+        self._draft = loaded
+
+    @property
+    def default_mode(self) -> str:
+        if self._draft is not None:  # with the suffix tier, serving's default is the hybrid (serve_config)
+            return "hybrid" if self.suffix_index is not None else "draft"
+        return "medusa" if self.medusa is not None else "autoregressive"
+
+    def encode(self, prompt: Any, chat: bool) -> tuple[str, list[int]]:
+        """prompt -> (text as fed to the model, token ids). With chat, a string is one user message."""
+        tokenizer = self.target.tokenizer
+        if chat:
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return text, tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not isinstance(prompt, str):
+            raise ValueError("prompt: expected a string (chat=False)")
+        return prompt, tokenizer(prompt)["input_ids"]
+
+    def _check_fits(self, n_prompt: int, params: SamplingParams, models: list[Any]) -> None:
+        if n_prompt == 0:
+            raise ValueError("prompt: empty after tokenisation")
+        for model in models:
+            limit = getattr(model.config, "max_position_embeddings", None)
+            if limit and n_prompt + params.max_new_tokens > limit:
+                raise PromptTooLongError(f"prompt ({n_prompt} tokens) + max_new_tokens ({params.max_new_tokens}) "
+                                         f"exceeds the model context of {limit} tokens")
+
+    def _resolve_mode(self, mode: str | None, draft: LoadedModel | None) -> str:
+        mode = mode or self.default_mode
+        if mode not in MODES:
+            raise ValueError(f"mode: {mode!r} not one of {', '.join(MODES)}")
+        if mode in ("draft", "hybrid") and draft is None:
+            raise ValueError(f"mode: {mode!r} needs a draft model")
+        if mode == "medusa" and self.medusa is None:
+            raise ValueError("mode: 'medusa' needs Medusa heads")
+        return mode
+
+    def _loop(self, mode: str, draft: LoadedModel | None, req: Request, params: SamplingParams,
+              pace: StepPace | None = None):
+        target = CachedLM(self.target.model)
+        if mode in ("suffix", "hybrid"):
+            return suffix_loop(target, draft if mode == "hybrid" else None, self.suffix_index, req,
+                               self.min_path_prob, pace)
+        if mode == "draft":
+            controller = AdaptiveK(params.k) if params.adaptive_k else None
+            if draft.kind == "eagle3":
+                return eagle3(target, draft.model, req, controller, self.min_path_prob)
+            return speculative(target, CachedLM(draft.model), req, controller)
+        if mode == "medusa":
+            return medusa(target, self.medusa, req)
+        return autoregressive(target, req)
+
+    def stream(self, prompt: Any, params: SamplingParams | None = None, slice: str = "default",
+               chat: bool = False, mode: str | None = None,
+               cancel: threading.Event | None = None) -> Iterator[str | Completion]:
+        """Yield text deltas as they become stable, then the final `Completion`. Once `cancel` is set the
+        generator ends at the next step, with no `Completion` and no record: it is checked every step, since
+        text can stay held back (an incomplete character, a stop-string prefix) for the rest of a request."""
+        params = params or SamplingParams()
+        draft = self._draft  # read once: a concurrent swap_draft does not affect this request
+        text_in, ids = self.encode(prompt, chat)
+        pick = self.router.pick(draft, self.suffix_index, slice, ids) if mode is None and self.router else None
+        if pick is not None:
+            mode, params = pick.mode, dataclasses.replace(params, k=pick.k or params.k)
+        mode = self._resolve_mode(mode, draft)
+        self._check_fits(len(ids), params,
+                         [self.target.model] + ([draft.model] if mode in ("draft", "hybrid") else []))
+        seed = params.seed if params.seed is not None or params.greedy else int(torch.randint(0, 2**62, (1,)))
+        req = Request(prompt_ids=torch.tensor(ids), params=params, generator=make_generator(seed),
+                      out=OutputState(self.target.tokenizer, self.eos_ids, params.stop, params.max_new_tokens))
+        # The hybrid's "does drafting pay?" carries over from the slice's last request with this draft.
+        pace_key = (slice, draft.model_id.name, draft.model_id.version, draft.model_id.sha256) \
+            if mode == "hybrid" else None
+        pace = self.paces.resume(pace_key) if pace_key else None
+        ts, start = time.time(), time.perf_counter()
+        sent = 0
+        for _ in self._loop(mode, draft, req, params, pace):
+            if cancel is not None and cancel.is_set():
+                return
+            stable = req.out.stable_text()
+            if len(stable) > sent:
+                yield stable[sent:]
+                sent = len(stable)
+        latency = time.perf_counter() - start
+        if pace_key:
+            self.paces.keep(pace_key, pace)
+        record = self._record(req, mode, draft, slice, text_in, seed, ts, start, latency)
+        self._publish(record)
+        completion = self._completion(prompt, req, record)
+        if pick is not None:
+            self.router.learn(pick, draft, completion.stats.tokens_per_s,
+                              record.acceptance_rate if record.drafted_tokens else None)
+        yield completion
+
+    def generate(self, prompts: list[Any], params: SamplingParams | None = None, slice: str = "default",
+                 chat: bool = False, mode: str | None = None) -> list[Completion]:
+        """Run each prompt to completion, in order."""
+        completions = []
+        for prompt in prompts:
+            *_, completion = self.stream(prompt, params, slice=slice, chat=chat, mode=mode)
+            completions.append(completion)
+        return completions
+
+    def _record(self, req: Request, mode: str, draft: LoadedModel | None, slice: str, text_in: str,
+                seed: int | None, ts: float, start: float, latency: float) -> AcceptanceRecord:
+        p = req.params
+        return AcceptanceRecord(
+            request_id=uuid.uuid4().hex, ts=ts, slice=slice, target_id=self.target.model_id,
+            draft_id={"draft": draft.model_id if draft else None, "medusa": self.medusa_id,
+                      "hybrid": draft.model_id if draft else None}.get(mode), mode=mode,
+            sampling=Sampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seed=seed),
+            prompt=text_in, prompt_token_ids=req.prompt_ids.tolist(), output=req.out.text,
+            output_token_ids=list(req.out.token_ids), finish_reason=req.out.finish_reason or "length",
+            steps=req.steps, drafted_tokens=sum(s.k for s in req.steps),
+            accepted_tokens=sum(s.accepted for s in req.steps), verify_steps=len(req.steps),
+            ttft_s=(req.first_token_s or start) - start, latency_s=latency,
+        )
+
+    def _publish(self, record: AcceptanceRecord) -> None:
+        """Hand the record to the sink and metrics; their failures never fail the request."""
+        for target in (self.sink and self.sink.write, self.metrics and self.metrics.observe,
+                       self.suffix_index and self.suffix_index.add_record):
+            if not target:
+                continue
+            try:
+                target(record)
+            except Exception:  # noqa: BLE001 - logging must not break serving
+                log.exception("publishing acceptance record %s failed", record.request_id)
+
+    @staticmethod
+    def _completion(prompt: Any, req: Request, record: AcceptanceRecord) -> Completion:
+        generated = len(record.output_token_ids)
+        stats = RequestStats(
+            prompt_tokens=len(record.prompt_token_ids), generated_tokens=generated,
+            drafted_tokens=record.drafted_tokens, accepted_tokens=record.accepted_tokens,
+            verify_steps=record.verify_steps, acceptance_rate=record.acceptance_rate,
+            mean_accepted_length=record.mean_accepted_length, ttft_s=record.ttft_s,
+            latency_s=record.latency_s, tokens_per_s=generated / record.latency_s if record.latency_s else 0.0,
+            draft_s=req.draft_s, verify_s=req.verify_s,
+        )
+        return Completion(request_id=record.request_id, prompt=prompt, prompt_token_ids=record.prompt_token_ids,
+                          text=record.output, token_ids=record.output_token_ids,
+                          finish_reason=record.finish_reason, stats=stats, record=record)

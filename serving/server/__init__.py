@@ -1,0 +1,1 @@
+"""The server: the OpenAI-compatible HTTP app around the engine, its guards and Prometheus metrics, hot reload of the champion, the serving state (suffix index, router) and the `serve`, `generate` and `export` commands."""
