@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
     from draftwheel.config import load_config
     from draftwheel.mining.workloads import build_workload
     from draftwheel.serving.engine.engine import Engine
-    from draftwheel.serving.engine.models import load_model
+    from draftwheel.serving.loading import load_model
     from draftwheel.training.bootstrap import BootstrapConfig, bootstrap
     from draftwheel.training.distill import DistillConfig, train_distill
     from draftwheel.training.target_completions import save_traffic, target_traffic

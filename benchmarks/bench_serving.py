@@ -36,7 +36,8 @@ from draftwheel.serving.engine.adaptive import speedup
 from draftwheel.evaluation.bench import run_bench
 from draftwheel.serving.engine.engine import Engine
 from draftwheel.serving.engine.kv import CachedLM
-from draftwheel.serving.engine.models import from_objects, load_model
+from draftwheel.serving.engine.models import from_objects
+from draftwheel.serving.loading import load_model
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.engine.reference import ensure_reference_target
 from draftwheel.serving.testing import build_tokenizer, tiny_llama, zero_extended_target

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import tempfile
 import time
 from pathlib import Path
@@ -45,7 +44,8 @@ from bench_serving import first_layers_draft
 from draftwheel.home import apply_offline_defaults, models_dir
 from draftwheel.mining.workloads import templated_prompts
 from draftwheel.serving.engine.engine import Engine
-from draftwheel.serving.engine.models import from_objects, load_model
+from draftwheel.serving.engine.models import from_objects
+from draftwheel.serving.loading import load_model
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.engine.precision import CHOICES, dtype_name, resolve_dtype
 from draftwheel.serving.engine.prepack import unpacked_copy

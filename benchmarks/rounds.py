@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from draftwheel.flows.monitor import monitor
     from draftwheel.flows import tasks
     from draftwheel.serving.engine.engine import Engine
-    from draftwheel.serving.engine.models import load_model
+    from draftwheel.serving.loading import load_model
     from draftwheel.serving.engine.params import SamplingParams
     from draftwheel.serving.engine.precision import resolve_dtype
     from draftwheel.serving.engine.suffix import SuffixIndex, target_key

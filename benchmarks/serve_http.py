@@ -47,7 +47,7 @@ def save_pair(pair: str, root: Path) -> tuple[Path, Path]:
         draft = tiny_llama(tokenizer, n_layers=1, hidden=128, seed=2)
         return save_model(target, tokenizer, root / "target"), save_model(draft, tokenizer, root / "draft")
     from draftwheel.home import models_dir
-    from draftwheel.serving.engine.models import load_model
+    from draftwheel.serving.loading import load_model
     from draftwheel.serving.engine.reference import ensure_reference_target
 
     target_dir = ensure_reference_target(models_dir())
@@ -65,7 +65,7 @@ def start_server(target: Path, draft: Path, log_dir: Path) -> tuple[subprocess.P
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "draftwheel", "serve", "--target", str(target), "--draft", str(draft),
+        [sys.executable, "-m", "draftwheel.flows.commands", "serve", "--target", str(target), "--draft", str(draft),
          "--port", str(port), "--log-dir", str(log_dir), "--set", "default_temperature=0",
          # The same decoding on both sides (mode draft): with the suffix tier the server would also learn
          # the prompts each round repeats, and the figure would no longer be the HTTP layer's cost.
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
 
     from draftwheel.home import apply_offline_defaults
-    from draftwheel.serving.engine.engine import Engine
+    from draftwheel.serving.loading import engine_from_specs
     from draftwheel.serving.engine.precision import resolve_dtype
     from draftwheel.serving.server.serve_config import ServeConfig
 
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         target, draft = save_pair(args.pair, Path(tmp))
         serve = ServeConfig()  # the in-process engine decodes as the server does: its dtype and chain cut
-        engine = Engine.from_paths(target, draft, dtype=resolve_dtype(serve.dtype), min_path_prob=serve.min_path_prob)
+        engine = engine_from_specs(target, draft, dtype=resolve_dtype(serve.dtype), min_path_prob=serve.min_path_prob)
         proc, url = start_server(target, draft, Path(tmp, "logs"))
         try:
             load_before = os.getloadavg()[0]

@@ -38,12 +38,13 @@ from typing import Any, Iterator
 import torch
 
 from draftwheel import home
-from draftwheel.config import to_dict
+from draftwheel.config import SHIPPED_CONFIGS, to_dict
 from draftwheel.tracking import NullTracker
 from draftwheel.serving.engine.engine import Completion, Engine
 from draftwheel.evaluation.gate import ShadowConfig, gate, plot_slices, slice_table, summarize
 from draftwheel.evaluation.greedy_check import greedy_divergence
-from draftwheel.serving.engine.models import LoadedModel, load_model
+from draftwheel.serving.engine.models import LoadedModel
+from draftwheel.serving.loading import load_model
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.engine.precision import resolve_dtype
 from draftwheel.evaluation.served_cost import StepCost, draft_cost_ratio, measure_row_costs, served_speedup
@@ -53,7 +54,7 @@ from draftwheel.serving.engine.suffix import ReadOnlyIndex, SuffixConfig, Suffix
 log = logging.getLogger(__name__)
 
 REPORT_SCHEMA = 1
-DEFAULT_CANARY = Path(__file__).resolve().parents[1] / "configs" / "canary.jsonl"
+DEFAULT_CANARY = SHIPPED_CONFIGS / "canary.jsonl"
 
 __all__ = ["ShadowConfig", "gate", "load_requests", "run_shadow"]
 

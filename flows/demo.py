@@ -214,7 +214,7 @@ def _start(config: DemoConfig) -> DemoRun:
     from draftwheel.flows import tasks
     from draftwheel.flows.bootstrap_flow import bootstrap_flow, bootstrap_prompts, v0_version
     from draftwheel.serving.engine.engine import Engine
-    from draftwheel.serving.engine.models import load_model
+    from draftwheel.serving.loading import load_model
     from draftwheel.serving.engine.params import SamplingParams
     from draftwheel.serving.engine.precision import resolve_dtype
     from draftwheel.serving.engine.suffix import SuffixIndex, target_key
@@ -311,7 +311,7 @@ def _before_after(run: DemoRun, before: Any, after: Any) -> dict[str, Any]:
 
 def run_demo(config: DemoConfig) -> dict[str, Any]:
     from draftwheel.flows.monitor import monitor
-    from draftwheel.serving.engine.models import load_model
+    from draftwheel.serving.loading import load_model
 
     run = _start(config)
     old = run.engine.draft

@@ -20,11 +20,11 @@ from typing import Any
 
 from draftwheel import home
 from draftwheel.cli_help import add_log_dir, flag_overrides
-from draftwheel.config import add_override_arguments
+from draftwheel.config import SHIPPED_CONFIGS, add_override_arguments
 from draftwheel.registry_names import CHAMPION_URI, DRAFT_MODEL, REGISTERED_MODELS, URI_PREFIX, model_for_kind
 from draftwheel.serving.server.cli_flags import add_dtype, add_k, add_min_path_prob
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "shadow.yaml"
+DEFAULT_CONFIG = SHIPPED_CONFIGS / "shadow.yaml"
 REJECTED_EXIT = 3  # the shadow run worked and the gate said no: scripts can tell it from an error (1)
 
 

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from draftwheel.cli_help import add_deprecated_alias, add_log_dir, examples
-from draftwheel.config import add_override_arguments
+from draftwheel.config import SHIPPED_CONFIGS, add_override_arguments
 from draftwheel.exit_codes import FAILURE, USAGE, fail
 from draftwheel.serving.server.cli_flags import add_dtype, add_k, add_min_path_prob
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "mining.yaml"
+DEFAULT_CONFIG = SHIPPED_CONFIGS / "mining.yaml"
 
 
 def register(subparsers: Any) -> None:
@@ -73,7 +73,7 @@ def _traffic_command(args: argparse.Namespace) -> int:
     from draftwheel.home import logs_dir
     from draftwheel.mining.replay_workload import run_traffic
     from draftwheel.mining.workloads import load_workload
-    from draftwheel.serving.engine.engine import Engine
+    from draftwheel.serving.loading import engine_from_specs
     from draftwheel.serving.engine.params import SamplingParams
     from draftwheel.serving.engine.precision import resolve_dtype
     from draftwheel.serving.engine.reference import DEFAULT_DRAFT_URI, default_target_dir
@@ -82,7 +82,7 @@ def _traffic_command(args: argparse.Namespace) -> int:
         workload = load_workload(args.workload, args.n, args.seed)
         params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, k=args.k)
         draft = None if args.draft == "none" else (args.draft or DEFAULT_DRAFT_URI)
-        engine = Engine.from_paths(args.target or str(default_target_dir()), draft, dtype=resolve_dtype(args.dtype),
+        engine = engine_from_specs(args.target or str(default_target_dir()), draft, dtype=resolve_dtype(args.dtype),
                                    min_path_prob=args.min_path_prob)
     except (ValueError, OSError, RuntimeError) as exc:
         return fail("traffic", exc)

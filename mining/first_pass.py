@@ -153,13 +153,11 @@ def scan_pass(files: list[Path], scratch: Path, quarantine_path: Path, config: M
 
 def _run_workers(jobs: list[tuple], scratch: Path) -> list[ScanResult]:
     """Run each job in its own `python -m draftwheel.mining.first_pass` process; results come back as pickles."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
-                                                       os.environ.get("PYTHONPATH", "")]))
     procs = []
     for part, job in enumerate(jobs):
         job_path = scratch / f"job.{part}.pkl"
         job_path.write_bytes(pickle.dumps(job))
-        procs.append(subprocess.Popen([sys.executable, "-m", "draftwheel.mining.first_pass", str(job_path)], env=env,
+        procs.append(subprocess.Popen([sys.executable, "-m", "draftwheel.mining.first_pass", str(job_path)],
                                       stderr=subprocess.PIPE))
     errors = [(part, proc.communicate()[1]) for part, proc in enumerate(procs)]
     failed = [(part, err) for (part, err), proc in zip(errors, procs) if proc.returncode != 0]

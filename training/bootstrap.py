@@ -226,7 +226,7 @@ def _register(config: BootstrapConfig, draft_dir: Path, target_sha: str) -> dict
 def bootstrap(config: BootstrapConfig | None = None, workload: list[dict] | None = None) -> dict[str, Any]:
     """Reference target + v0 draft (+ registration). `workload` overrides the generated prompts (tests)."""
     from draftwheel.tracking import get_tracker
-    from draftwheel.serving.engine.models import load_model
+    from draftwheel.serving.loading import load_model
 
     config = config or BootstrapConfig()
     home.apply_offline_defaults()

@@ -175,7 +175,7 @@ def _train_dataset(config: DistillConfig, dataset_dir: Path, teacher: Any, teach
 
 def train_distill(config: DistillConfig, tracker: Any = None) -> Path:
     """Distil the student towards the target; return the saved candidate dir."""
-    from draftwheel.serving.engine.models import load_model
+    from draftwheel.serving.loading import load_model
 
     tracker = tracker or get_tracker(config.tracking)
     dataset_dir, holdout_dir = _resolve_paths(config)

@@ -89,7 +89,7 @@ def _peft_config(config: DpoConfig) -> Any:
 
 def train_dpo(config: DpoConfig, tracker: Any = None) -> Path:
     """DPO-tune the start model on the preference pairs; return the saved (merged) candidate dir."""
-    from draftwheel.serving.engine.models import load_model
+    from draftwheel.serving.loading import load_model
 
     tracker = tracker or get_tracker(config.tracking)
     dataset_dir, holdout_dir = _paths(config)

@@ -596,7 +596,7 @@ class ChainCallback(EpochSelectionCallback):
 
 def load_warm_start(config: EagleConfig) -> tuple[Eagle3Draft | None, dict[str, Any]]:
     """The eagle3 draft `config.student` names, or None (a fresh draft) when it is none or not there."""
-    from draftwheel.serving.engine.models import load_model
+    from draftwheel.serving.loading import load_model
 
     if config.student:
         try:
@@ -645,7 +645,7 @@ def prepare_draft(config: EagleConfig, target: Any, counts: torch.Tensor, eos: l
 def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
     """Train an EAGLE-3 draft; return the saved candidate dir (speculators format)."""
     from draftwheel.serving.engine.engine import eos_token_ids
-    from draftwheel.serving.engine.models import load_model
+    from draftwheel.serving.loading import load_model
 
     tracker = tracker or get_tracker(config.tracking)
     dataset_dir = Path(config.dataset) if config.dataset else home.datasets_dir() / "distill"

@@ -154,7 +154,7 @@ def _paths(config: MedusaConfig) -> tuple[Path, Path | None]:
 
 def train_medusa(config: MedusaConfig, tracker: Any = None) -> Path:
     """Train Medusa heads on the frozen target; return the saved heads dir."""
-    from draftwheel.serving.engine.models import load_model
+    from draftwheel.serving.loading import load_model
 
     tracker = tracker or get_tracker(config.tracking)
     dataset_dir, holdout_dir = _paths(config)

@@ -17,7 +17,6 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterator
 
 import torch
@@ -26,12 +25,11 @@ from draftwheel.serving.engine.adaptive import AdaptiveK, PaceMemory, StepPace
 from draftwheel.serving.engine.decoding import Request, autoregressive, medusa, speculative
 from draftwheel.serving.engine.eagle_decoding import eagle3
 from draftwheel.serving.engine.kv import CachedLM
-from draftwheel.serving.engine.models import LoadedModel, check_compatible, load_model
+from draftwheel.serving.engine.models import LoadedModel, check_compatible
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.engine.prepack import prepack_linears
 from draftwheel.serving.engine.row_invariant import use_row_invariant_attention
 from draftwheel.serving.engine.records import MODES, AcceptanceRecord, ModelId, Sampling
-from draftwheel.hashing import file_sha256
 from draftwheel.serving.engine.sampling import make_generator
 from draftwheel.serving.engine.stopping import OutputState
 from draftwheel.serving.engine.suffix import SuffixIndex
@@ -117,22 +115,6 @@ class Engine:
             suffix_index.check_target(target.model_id)
         self.router = router
         self.paces = PaceMemory()  # mode hybrid: per (slice, draft), whether drafting pays (draftwheel.serving.engine.adaptive)
-
-    @classmethod
-    def from_paths(cls, target: str | Path, draft: str | Path | None = None, medusa: str | Path | None = None,
-                   device: str = "cpu", dtype: torch.dtype = torch.float32, sink: Any = None,
-                   metrics: Any = None, prepack: bool = True, min_path_prob: float = 0.0) -> "Engine":
-        """Load and serve in `dtype` (`draftwheel.serving.engine.precision.resolve_dtype` turns a setting into one)."""
-        target_model = load_model(target, device, dtype)
-        draft_model = load_model(draft, device, dtype) if draft is not None else None
-        heads = heads_id = None
-        if medusa is not None:
-            from draftwheel.serving.engine.medusa import WEIGHTS_FILE, MedusaHeads
-
-            heads = MedusaHeads.load(medusa, target_model.model).to(device=device, dtype=dtype).eval()
-            heads_id = ModelId(name=Path(medusa).resolve().name, sha256=file_sha256(Path(medusa) / WEIGHTS_FILE))
-        return cls(target_model, draft_model, heads, sink=sink, metrics=metrics, medusa_id=heads_id, prepack=prepack,
-                   min_path_prob=min_path_prob)
 
     def _adopt(self, loaded: LoadedModel) -> None:
         """Cast a model to the engine's dtype (before packing: a packed weight is tied to its dtype), pack it."""

@@ -1,9 +1,9 @@
 """Loading target/draft models for the engine and checking that a pair can be used together.
 
-`load_model(spec)` accepts a local model dir, a Hugging Face hub id, or a registry URI
-`models:/NAME@ALIAS` (resolved by `draftwheel.tracking`, imported lazily so serving stays free of
-MLflow unless a registry URI is used). It does not download anything in tests: hub ids are only
-resolved when given explicitly, and hub access follows HF_HUB_OFFLINE. Weights are read from safetensors
+`load_model(spec)` accepts a local model dir or a Hugging Face hub id; a registry URI `models:/NAME@ALIAS`
+is resolved one floor up (`draftwheel.serving.loading`), so the engine stays free of MLflow. It does not
+download anything in tests: hub ids are only resolved when given explicitly, and hub access follows
+HF_HUB_OFFLINE. Weights are read from safetensors
 only: a dir without them is refused before anything in it is opened, since a pickle checkpoint
 (`pytorch_model.bin`) runs code when it is loaded.
 """
@@ -46,27 +46,23 @@ class LoadedModel:
         return bool(self.model_id.version)
 
 
-def _resolve(spec: str) -> tuple[Path, ModelId | None, dict[str, str]]:
-    """spec -> (local dir, id when the registry or hub names it, registry tags)."""
+def _resolve(spec: str) -> tuple[Path, ModelId | None]:
+    """spec -> (local dir, id when the hub names it)."""
     if spec.startswith(URI_PREFIX):
-        from draftwheel.tracking import parse_model_uri, resolve_model_uri
-
-        local_dir, version, tags = resolve_model_uri(spec)
-        name = parse_model_uri(spec)[0]
-        return Path(local_dir), ModelId(name=name, version=str(version)), dict(tags)
+        raise ValueError(f"model {spec!r}: a registry URI; load it with draftwheel.serving.loading.load_model")
     path = Path(spec).expanduser()
     if path.is_dir():
-        return path, None, {}
+        return path, None
     if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
         raise FileNotFoundError(f"model {spec!r}: not a model directory")
     # A hub id ("org/name"): fetch (or find in the local HF cache) its snapshot.
     from huggingface_hub import snapshot_download
 
-    return Path(snapshot_download(spec)), ModelId(name=spec), {}
+    return Path(snapshot_download(spec)), ModelId(name=spec)
 
 
 def resolve_spec(spec: str | Path) -> Path:
-    """The local directory a model spec (dir, hub id, models:/ URI) names."""
+    """The local directory a model spec (dir or hub id) names."""
     return _resolve(str(spec))[0]
 
 
@@ -91,15 +87,22 @@ def draft_kind(path: str | Path) -> str:
 
 
 def load_model(spec: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """Load a causal LM and its tokenizer from a local dir, a hub id or `models:/NAME@ALIAS`."""
+    """Load a causal LM (or an eagle3 draft) and its tokenizer from a local dir or a hub id."""
+    path, model_id = _resolve(str(spec))
+    return load_resolved(path, str(spec), model_id, {}, device, dtype)
+
+
+def load_resolved(path: Path, spec: str, model_id: ModelId | None, tags: dict[str, str], device: str = "cpu",
+                  dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """Load the model in the local dir `path` that `spec` named (`model_id`, `tags`: what its registry
+    version or hub id says of it)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from draftwheel.serving.engine.eagle import is_eagle3_dir, load_eagle3
 
-    path, model_id, tags = _resolve(str(spec))
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"model {spec!r}: {path} has no config.json")
-    require_safetensors(path, str(spec))
+    require_safetensors(path, spec)
     kind = "eagle3" if is_eagle3_dir(path) else "lm"
     if kind == "eagle3":
         model = load_eagle3(path).to(device=device, dtype=dtype)

@@ -88,7 +88,7 @@ def ensure_reference_target(models_dir: str | Path) -> Path:
 
 # The serving defaults, in one place: the reference target converted in the state dir, and the
 # registry's champion draft.
-from draftwheel.registry_names import CHAMPION_URI as DEFAULT_DRAFT_URI  # noqa: E402 - re-exported
+from draftwheel.registry_names import CHAMPION_URI as DEFAULT_DRAFT_URI  # noqa: E402, F401 - re-exported
 
 
 def default_target_dir() -> Path:

@@ -31,11 +31,17 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, NamedTuple
+from typing import IO, TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
-    from draftwheel.serving.server.metrics import Metrics
     from draftwheel.serving.engine.records import AcceptanceRecord
+
+
+class WriteErrorCounter(Protocol):
+    """What the sink counts a failed write on: the server's Prometheus metrics have one
+    (`log_write_errors`); the engine does not import them."""
+
+    log_write_errors: Any
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +132,7 @@ class JsonlSink:
 
     def __init__(
         self, log_dir: str | Path, max_bytes: int = 64 * MiB, flush_every: int = 32,
-        prefix: str = "acceptance", compress: bool = False, metrics: Metrics | None = None,
+        prefix: str = "acceptance", compress: bool = False, metrics: WriteErrorCounter | None = None,
     ) -> None:
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be > 0, got {max_bytes}")

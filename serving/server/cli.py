@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from draftwheel.cli_help import add_log_dir, examples
-from draftwheel.config import ConfigError, add_override_arguments
+from draftwheel.config import ConfigError, SHIPPED_CONFIGS, add_override_arguments
 from draftwheel.registry_names import URI_PREFIX
 from draftwheel.serving.server.cli_flags import add_dtype, add_k, add_min_path_prob, add_served_model_name
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "serve.yaml"
+DEFAULT_CONFIG = SHIPPED_CONFIGS / "serve.yaml"
 API_KEY_ENV = "DRAFTWHEEL_API_KEY"
 
 
@@ -151,8 +151,8 @@ def open_sink(config: Any, metrics: Any = None) -> Any:
 def _load_engine(config: Any, sink: Any, metrics: Any) -> Any:
     """The engine: target (+ Medusa heads), then the draft swapped in, each failure naming its setting."""
     from draftwheel.home import models_dir
-    from draftwheel.serving.engine.engine import Engine
-    from draftwheel.serving.engine.models import load_model
+    from draftwheel.serving.loading import engine_from_specs
+    from draftwheel.serving.loading import load_model
     from draftwheel.serving.engine.precision import resolve_dtype
 
     target = config.target
@@ -163,7 +163,7 @@ def _load_engine(config: Any, sink: Any, metrics: Any) -> Any:
             target = str(ensure_reference_target(models_dir()))
     label = f"target {target}" + (f" / medusa {config.medusa}" if config.medusa else "")
     with _setting(label):
-        engine = Engine.from_paths(target, None, config.medusa, device=config.device, sink=sink, metrics=metrics,
+        engine = engine_from_specs(target, None, config.medusa, device=config.device, sink=sink, metrics=metrics,
                                    dtype=resolve_dtype(config.dtype, config.device), min_path_prob=config.min_path_prob)
     if config.draft:
         with _setting(f"draft {config.draft}"):

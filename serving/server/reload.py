@@ -22,7 +22,8 @@ from typing import Any
 
 from draftwheel.registry_names import not_trained_for, trained_for, version_uri
 from draftwheel.tracking import ArtifactError, RegistryError, get_alias_version, parse_model_uri, resolve_model_uri
-from draftwheel.serving.engine.models import IncompatibleModelsError, LoadedModel, check_compatible, load_model
+from draftwheel.serving.engine.models import IncompatibleModelsError, LoadedModel, check_compatible
+from draftwheel.serving.loading import load_model
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 
-from draftwheel.serving.engine.engine import Engine
+
+from draftwheel.serving.loading import engine_from_specs
 from draftwheel.serving.server.app import ServeConfig, background_server, create_app
 from draftwheel.serving.engine.sink import JsonlSink
 from draftwheel.serving.testing import tiny_pair
@@ -22,10 +23,10 @@ def test_paths_agree_and_the_overheads_match_the_servers_records(load_benchmark,
     target, draft = tiny_pair(tmp_path / "pair")
     prompts = bench.PROMPTS[:2]
     sink = JsonlSink(tmp_path / "logs")
-    served = Engine.from_paths(target, draft, sink=sink)
+    served = engine_from_specs(target, draft, sink=sink)
     config = ServeConfig(served_model_name="toy", suffix_tier=False, default_temperature=0.0)
     with background_server(create_app(served, config)) as url:
-        result = bench.measure_paths(Engine.from_paths(target, draft), url, prompts, max_new_tokens=6, rounds=1)
+        result = bench.measure_paths(engine_from_specs(target, draft), url, prompts, max_new_tokens=6, rounds=1)
     sink.close()
     assert result["identical_outputs"] == "2/2" and result["concurrent_completed"] == "2/2"
     assert result["http_tokens_per_s"] > 0 and result["http_stream_tokens_per_s"] > 0

@@ -65,7 +65,7 @@ def _load(args: argparse.Namespace) -> object:
 
         return build_config(args)
     if args.command == "bench":
-        from draftwheel.serving.server.engine_cli import bench_settings
+        from draftwheel.evaluation.cli import bench_settings
 
         return bench_settings(args)
     if args.command == "mine":

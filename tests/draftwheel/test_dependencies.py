@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PRODUCT = ("draftwheel", "serving", "mining", "training", "flows")
+PRODUCT = ("draftwheel", "serving", "mining", "evaluation", "training", "flows")
 # Declared but never imported: another library loads them at run time.
 NOT_IMPORTED = {"accelerate": "transformers' Trainer and `accelerate launch`",
                 "gguf": "transformers' GGUF reader (the reference target ships as GGUF)"}

@@ -7,7 +7,6 @@ a clean alias history use their own registered-model name.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from urllib.parse import urlparse
 

@@ -38,7 +38,7 @@ def test_schedule_without_a_prefect_server_explains_what_to_start(tmp_path):
     # A subprocess: the session's Prefect test server would otherwise count as a configured API.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env["DRAFTWHEEL_HOME"] = str(tmp_path / "home")
-    result = subprocess.run([sys.executable, "-m", "draftwheel", "flywheel", "--schedule", "0 3 * * *"],
+    result = subprocess.run([sys.executable, "-m", "draftwheel.flows.commands", "flywheel", "--schedule", "0 3 * * *"],
                             capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 2
     assert "prefect server start" in result.stderr and "PREFECT_API_URL" in result.stderr

@@ -22,7 +22,8 @@ from draftwheel.flows.bootstrap_flow import bootstrap_prompts
 from draftwheel.flows.demo import DemoConfig, demo, workloads
 from draftwheel.flows.flywheel import override
 from draftwheel.serving.engine.engine import Engine
-from draftwheel.serving.engine.models import load_model, weights_sha256
+from draftwheel.serving.engine.models import weights_sha256
+from draftwheel.serving.loading import load_model
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.testing import build_tokenizer, save_model
 from tests.flows.toy_world import build_models

@@ -23,7 +23,7 @@ from draftwheel.registry_names import CHAMPION_URI, SHADOW_REPORT_TAG, TARGET_SH
 from draftwheel.flows.flywheel import FlywheelConfig, StageError, flywheel, override
 from draftwheel.flows.tasks import datasets_sha256
 from draftwheel.mining import corpus
-from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.loading import engine_from_specs
 from draftwheel.serving.engine.models import weights_sha256
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.engine.sink import JsonlSink
@@ -44,7 +44,7 @@ def world(tmp_path_factory, prefect_server, one_torch_thread):
         make_champion(versions["bad"])
         logs = root / "logs"
         with JsonlSink(logs) as sink:
-            engine = Engine.from_paths(dirs["target"], CHAMPION_URI, sink=sink)
+            engine = engine_from_specs(dirs["target"], CHAMPION_URI, sink=sink)
             for row in word_salads(16):
                 engine.generate([row["prompt"]], SamplingParams(max_new_tokens=12, k=4), slice=row["slice"], chat=True)
         yield {"root": root, "dirs": dirs, "versions": versions, "logs": logs}
@@ -309,7 +309,7 @@ def test_monitor_reports_the_delivered_gain_after_a_promotion(world, tmp_path, c
     with JsonlSink(logs) as sink:
         for champion in ("bad", "good"):  # bad served, then good was promoted and served
             make_champion(world["versions"][champion])
-            engine = Engine.from_paths(world["dirs"]["target"], CHAMPION_URI, sink=sink)
+            engine = engine_from_specs(world["dirs"]["target"], CHAMPION_URI, sink=sink)
             for row in word_salads(6, seed=3):
                 engine.generate([row["prompt"]], SamplingParams(max_new_tokens=12, k=4), slice=row["slice"], chat=True)
     assert tracking.aliases()["previous"] == world["versions"]["bad"]
@@ -344,7 +344,7 @@ def test_monitor_holds_its_trigger_after_a_rejected_round_until_new_traffic(worl
 
     def serve(n, seed):
         with JsonlSink(logs) as sink:
-            engine = Engine.from_paths(world["dirs"]["target"], CHAMPION_URI, sink=sink)
+            engine = engine_from_specs(world["dirs"]["target"], CHAMPION_URI, sink=sink)
             for row in word_salads(n, seed=seed):
                 engine.generate([row["prompt"]], SamplingParams(max_new_tokens=12, k=4), slice=row["slice"], chat=True)
 

@@ -26,7 +26,7 @@ from draftwheel.registry_names import CHAMPION_URI
 from draftwheel.flows.flywheel import flywheel, override
 from draftwheel.serving.engine.acceptance import mean_accepted_length
 from draftwheel.serving.engine.eagle import is_eagle3_dir
-from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.loading import engine_from_specs
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.engine.sink import JsonlSink
 from tests.flows.toy_world import build_models, slice_salads
@@ -36,7 +36,7 @@ PARAMS = SamplingParams(max_new_tokens=24, k=3)
 
 def draft_alone_mal(target_dir, draft_dir, rows) -> float:
     """Mean accepted length of `draft_dir` alone (mode draft, no suffix tier) over `rows`."""
-    engine = Engine.from_paths(target_dir, draft_dir)
+    engine = engine_from_specs(target_dir, draft_dir)
     records = [engine.generate([row["prompt"]], PARAMS, chat=True, mode="draft")[0].record for row in rows]
     return mean_accepted_length(sum(r.accepted_tokens for r in records), sum(r.verify_steps for r in records))
 
@@ -55,7 +55,7 @@ def eagle_world(tmp_path_factory, prefect_server, one_torch_thread):
                                        max_length=64, tracking=False), workload=slice_salads("chat", 36, seed=100))
         logs = root / "logs"
         with JsonlSink(logs) as sink:  # chat, then the shift: one chat request in three
-            engine = Engine.from_paths(dirs["target"], CHAMPION_URI, sink=sink)
+            engine = engine_from_specs(dirs["target"], CHAMPION_URI, sink=sink)
             chat, code = slice_salads("chat", 16, seed=1), slice_salads("code", 16, seed=2)
             for row in chat[:8] + [row for trio in zip(chat[8:], code[::2], code[1::2]) for row in trio]:
                 engine.generate([row["prompt"]], PARAMS, slice=row["slice"], chat=True)

@@ -23,8 +23,8 @@ from draftwheel.flows.commands import main
 from draftwheel.registry_names import CHAMPION_URI, version_uri
 from draftwheel.store_root import URI_COLUMNS
 from draftwheel.flows.flywheel import flywheel, override
-from draftwheel.serving.engine.engine import Engine
-from draftwheel.serving.engine.models import load_model
+from draftwheel.serving.loading import engine_from_specs
+from draftwheel.serving.loading import load_model
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.engine.sink import JsonlSink
 from tests.conftest import make_champion
@@ -41,7 +41,7 @@ def seed(tmp_path_factory, prefect_server, one_torch_thread):
         make_champion(versions["bad"])
         make_champion(versions["good"])  # champion good, previous bad
         with JsonlSink(home.logs_dir()) as sink:
-            engine = Engine.from_paths(dirs["target"], CHAMPION_URI, sink=sink)
+            engine = engine_from_specs(dirs["target"], CHAMPION_URI, sink=sink)
             for row in word_salads(16):
                 engine.generate([row["prompt"]], SamplingParams(max_new_tokens=12, k=4), slice=row["slice"], chat=True)
     yield {"root": root, "dirs": dirs, "versions": versions}

@@ -73,10 +73,10 @@ def toy_models(tmp_path_factory):
 
 
 def test_traffic_writes_valid_records_per_slice_and_they_mine(tmp_path, toy_models):
-    from draftwheel.serving.engine.engine import Engine
+    from draftwheel.serving.loading import engine_from_specs
 
     target, draft = toy_models
-    engine = Engine.from_paths(target, draft)
+    engine = engine_from_specs(target, draft)
     workload = build_workload("chat", 4, seed=0) + [{"prompt": "def add(a, b):", "slice": "code"}] * 2
     summary = run_traffic(engine, workload, tmp_path / "logs", SamplingParams(max_new_tokens=8))
     assert summary["requests"] == 6 and summary["by_slice"]["chat"]["requests"] == 4
@@ -90,12 +90,12 @@ def test_traffic_writes_valid_records_per_slice_and_they_mine(tmp_path, toy_mode
 
 
 def test_traffic_refuses_to_log_twice(tmp_path, toy_models):
-    from draftwheel.serving.engine.engine import Engine
+    from draftwheel.serving.loading import engine_from_specs
     from draftwheel.serving.engine.sink import JsonlSink
 
     target, draft = toy_models
     with JsonlSink(tmp_path / "own") as sink:
-        engine = Engine.from_paths(target, draft, sink=sink)
+        engine = engine_from_specs(target, draft, sink=sink)
         with pytest.raises(ValueError, match="log_dir"):
             run_traffic(engine, build_workload("chat", 1), tmp_path / "logs")
 

@@ -9,7 +9,7 @@ import pytest
 
 from draftwheel.flows.commands import build_parser, main
 from draftwheel.config import ConfigError
-from draftwheel.serving.server.engine_cli import bench_settings
+from draftwheel.evaluation.cli import bench_settings
 from draftwheel.serving.server.serve_config import ServeConfig
 from draftwheel.serving.server.cli import build_config
 

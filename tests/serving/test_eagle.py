@@ -18,7 +18,8 @@ from safetensors.torch import load_file
 
 from draftwheel.serving.engine.eagle import Eagle3Config, Eagle3Draft, Eagle3FormatError, load_eagle3, save_eagle3, vocab_from_counts
 from draftwheel.serving.engine.engine import Engine
-from draftwheel.serving.engine.models import IncompatibleModelsError, from_objects, load_model
+from draftwheel.serving.engine.models import IncompatibleModelsError, from_objects
+from draftwheel.serving.loading import load_model
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.engine.suffix import SuffixIndex, target_key
 from draftwheel.serving.testing import build_tokenizer, save_model, tiny_llama

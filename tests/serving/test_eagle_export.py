@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from draftwheel.serving.engine.eagle import Eagle3Config, Eagle3Draft, Eagle3FormatError, check_export, save_eagle3, vocab_from_counts
 from draftwheel.serving.engine.eagle_export import EMBED_KEY, check_portable, resolve_verifier
 from draftwheel.serving.engine.engine import Engine
-from draftwheel.serving.engine.models import load_model
+from draftwheel.serving.loading import load_model
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.engine.reference import HUB_ID, REFERENCE_DIR_NAME
 from draftwheel.serving.testing import build_tokenizer, save_model, tiny_llama

@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from draftwheel.serving.engine.engine import Engine, PromptTooLongError
+
+from draftwheel.serving.loading import engine_from_specs
 from draftwheel.serving.engine.kv import CachedLM
 from draftwheel.serving.engine.models import from_objects
 from draftwheel.serving.engine.params import SamplingParams
@@ -302,13 +304,13 @@ def test_medusa_accepts_when_heads_guess_right():
     assert completion.stats.mean_accepted_length == 5.0
 
 
-def test_engine_from_paths_with_medusa_dir(pair, heads, tmp_path):
+def test_engine_from_specs_with_medusa_dir(pair, heads, tmp_path):
     from draftwheel.serving.testing import save_model
 
     tokenizer, target, _ = pair
     target_dir = save_model(target, tokenizer, tmp_path / "target")
     heads.save(tmp_path / "heads")
-    engine = Engine.from_paths(target_dir, medusa=tmp_path / "heads")
+    engine = engine_from_specs(target_dir, medusa=tmp_path / "heads")
     completion, = engine.generate(["Hello! How can"], SamplingParams(max_new_tokens=12))
     assert completion.record.draft_id.name == "heads" and len(completion.record.draft_id.sha256) == 64
     assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 12)

@@ -7,7 +7,7 @@ import torch
 
 from draftwheel.serving.engine.engine import Engine
 from draftwheel.evaluation.greedy_check import greedy_divergence
-from draftwheel.serving.engine.models import load_model
+from draftwheel.serving.loading import load_model
 from draftwheel.serving.engine.params import SamplingParams
 
 PROMPTS = ["def add(a, b):", "Hello there, how", "SELECT name FROM", "The quick brown fox"]

@@ -7,7 +7,9 @@ import torch
 
 from draftwheel.serving.engine import reference
 from draftwheel.serving.engine.engine import Engine
-from draftwheel.serving.engine.models import IncompatibleModelsError, UnsafeWeightsError, check_compatible, load_model, weights_sha256
+from draftwheel.serving.loading import engine_from_specs
+from draftwheel.serving.engine.models import IncompatibleModelsError, UnsafeWeightsError, check_compatible, weights_sha256
+from draftwheel.serving.loading import load_model
 from draftwheel.serving.testing import build_tokenizer, save_model, tiny_llama
 
 
@@ -117,5 +119,5 @@ def test_a_pickle_checkpoint_is_refused_before_it_is_opened(dirs, pickle_draft, 
     with pytest.raises(UnsafeWeightsError, match=r"no \.safetensors weights .*pytorch_model\.bin"):
         load_model(evil)
     with pytest.raises(UnsafeWeightsError):
-        Engine.from_paths(dirs[0], evil)
+        engine_from_specs(dirs[0], evil)
     assert not opened and not marker.exists()

@@ -18,8 +18,9 @@ import torch
 from draftwheel import tracking
 from draftwheel.flows.commands import main
 from draftwheel.registry import PromotionRefused, promote, register_version
-from draftwheel.serving.engine.engine import Engine
-from draftwheel.serving.engine.models import IncompatibleModelsError, load_model, weights_sha256
+from draftwheel.serving.loading import engine_from_specs
+from draftwheel.serving.engine.models import IncompatibleModelsError, weights_sha256
+from draftwheel.serving.loading import load_model
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.server.reload import DraftWatcher
 from tests.conftest import make_champion
@@ -47,7 +48,7 @@ def registry(module_home, tmp_path_factory):
 @pytest.fixture
 def engine(registry):
     make_champion(registry["versions"]["good"])
-    return Engine.from_paths(registry["paths"]["target"], URI)
+    return engine_from_specs(registry["paths"]["target"], URI)
 
 
 def draft_proposals(model, prefix: list[int], k: int) -> list[int]:

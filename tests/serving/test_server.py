@@ -18,6 +18,8 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from draftwheel.serving.engine.engine import Engine
+
+from draftwheel.serving.loading import engine_from_specs
 from draftwheel.serving.server.metrics import Metrics
 from draftwheel.serving.engine.models import weights_sha256
 from draftwheel.serving.engine.params import SamplingParams
@@ -48,7 +50,7 @@ def stack(model_dirs, tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("logs")
     metrics = Metrics()
     sink = JsonlSink(log_dir, flush_every=4, metrics=metrics)
-    engine = Engine.from_paths(*model_dirs, sink=sink, metrics=metrics)
+    engine = engine_from_specs(*model_dirs, sink=sink, metrics=metrics)
     with background_server(create_app(engine, ServeConfig(served_model_name="tiny"))) as url:
         yield engine, sink, url
     sink.close()
@@ -310,7 +312,7 @@ def test_sse_wire_format(stack):
 
 
 def test_engine_without_metrics_gets_one_for_the_endpoint(model_dirs):
-    engine = Engine.from_paths(model_dirs[0])  # no draft, no sink, no metrics
+    engine = engine_from_specs(model_dirs[0])  # no draft, no sink, no metrics
     with background_server(create_app(engine, ServeConfig(served_model_name="plain", default_temperature=0.0))) as url:
         health = httpx.get(url + "/healthz").json()
         assert health["mode"] == "autoregressive" and health["draft"] is None
@@ -325,7 +327,8 @@ def test_reference_target_chat_over_http_matches_hf_generate(reference_target):
     """SmolLM2-135M-Instruct (the session's conversion of the shipped GGUF) with its own chat template, a
     draft made of its first 2 layers: the greedy chat completion over HTTP equals HF generate on the
     templated prompt."""
-    from draftwheel.serving.engine.models import from_objects, load_model
+    from draftwheel.serving.engine.models import from_objects
+    from draftwheel.serving.loading import load_model
 
     target = load_model(reference_target)
     draft = copy.deepcopy(target.model)

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from draftwheel.config import ConfigError, load_config
-from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.loading import engine_from_specs
 from draftwheel.serving.engine.records import parse_record
 from draftwheel.serving.server.app import ServeConfig, background_server, create_app
 from draftwheel.flows.commands import main
@@ -159,7 +159,7 @@ def test_draftwheel_serve_end_to_end(model_dirs, tmp_path):
     env = {**os.environ, "DRAFTWHEEL_HOME": str(tmp_path / "home"), "DRAFTWHEEL_API_KEY": "k3y",
            "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "draftwheel", "serve", "--target", str(model_dirs[0]), "--draft", str(model_dirs[1]),
+        [sys.executable, "-m", "draftwheel.flows.commands", "serve", "--target", str(model_dirs[0]), "--draft", str(model_dirs[1]),
          "--port", str(port)], cwd=Path(__file__).resolve().parents[2], env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -178,7 +178,7 @@ def test_draftwheel_serve_end_to_end(model_dirs, tmp_path):
 
 
 def test_registry_draft_starts_a_watcher_reported_on_healthz(model_dirs):
-    engine = Engine.from_paths(*model_dirs)
+    engine = engine_from_specs(*model_dirs)
     assert _start_watcher(engine, ServeConfig(draft="/some/dir")) is None
     watcher = _start_watcher(engine, ServeConfig(draft="models:/draftwheel-draft@champion", reload_poll_s=3600))
     try:
@@ -204,7 +204,7 @@ def test_sigterm_drain_timeout_cuts_a_long_request_and_says_so(model_dirs, tmp_p
     env = {**os.environ, "DRAFTWHEEL_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
     env.pop(API_KEY_ENV, None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "draftwheel", "serve", "--target", str(model_dirs[0]), "--no-draft",
+        [sys.executable, "-m", "draftwheel.flows.commands", "serve", "--target", str(model_dirs[0]), "--no-draft",
          "--port", str(port), "--set", "drain_timeout_s=0.5"], cwd=Path(__file__).resolve().parents[2], env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -11,7 +11,8 @@ import time
 import httpx
 import pytest
 
-from draftwheel.serving.engine.engine import Engine
+
+from draftwheel.serving.loading import engine_from_specs
 from draftwheel.serving.server.metrics import Metrics
 from draftwheel.serving.server.app import ServeConfig, background_server, create_app
 from draftwheel.serving.engine.sink import JsonlSink
@@ -22,7 +23,7 @@ NAME = "tiny"
 
 @pytest.fixture(scope="module")
 def engine(model_dirs):  # noqa: F811 - the imported fixture
-    return Engine.from_paths(*model_dirs, metrics=Metrics())
+    return engine_from_specs(*model_dirs, metrics=Metrics())
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +102,7 @@ def test_a_failing_log_shows_on_healthz_and_metrics(model_dirs, tmp_path):  # no
     metrics = Metrics()
     log_dir = tmp_path / "logs"
     sink = JsonlSink(log_dir, metrics=metrics)
-    engine = Engine.from_paths(*model_dirs, sink=sink, metrics=metrics)
+    engine = engine_from_specs(*model_dirs, sink=sink, metrics=metrics)
     with background_server(create_app(engine, ServeConfig(served_model_name=NAME))) as base:
         health = httpx.get(base + "/healthz").json()
         assert health["status"] == "ok" and health["log"]["write_errors"] == 0
@@ -118,7 +119,7 @@ def test_a_failing_log_shows_on_healthz_and_metrics(model_dirs, tmp_path):  # no
 
 
 def test_an_unexpected_error_still_gets_the_openai_body(model_dirs):  # noqa: F811
-    engine = Engine.from_paths(model_dirs[0], metrics=Metrics())
+    engine = engine_from_specs(model_dirs[0], metrics=Metrics())
 
     def broken(*_, **__):
         raise RuntimeError("tokenizer exploded")

@@ -25,7 +25,7 @@ from draftwheel.tracking import NullTracker
 from draftwheel.serving import testing as toy
 from draftwheel.serving.engine.engine import PromptTooLongError
 from draftwheel.evaluation.gate import POOLED, ShadowConfig, slice_groups
-from draftwheel.serving.engine.models import load_model
+from draftwheel.serving.loading import load_model
 from draftwheel.evaluation.shadow import (AUTO_WORKERS_MIN_REQUESTS, DEFAULT_CANARY, exit_with_parent, load_canary,
                             replay_figures, replay_workers, run_shadow)
 

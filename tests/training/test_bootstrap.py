@@ -64,7 +64,7 @@ def test_bootstrap_builds_an_eagle3_v0_by_default(tmp_path):
     with its kind, and served by the Engine with output identical to the target alone."""
     from draftwheel.tracking import get_version_tags
     from draftwheel.serving.engine.engine import Engine
-    from draftwheel.serving.engine.models import load_model
+    from draftwheel.serving.loading import load_model
     from draftwheel.serving.engine.params import SamplingParams
 
     tokenizer = toy.build_tokenizer()

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import draftwheel.training.eagle_ttt as eagle_ttt
 from draftwheel.serving.engine.eagle import Eagle3Config, Eagle3Draft, vocab_from_counts
 from draftwheel.serving.engine.engine import Engine
-from draftwheel.serving.engine.models import load_model
+from draftwheel.serving.loading import load_model
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.testing import build_tokenizer, tiny_llama
 from draftwheel.training import common

@@ -67,7 +67,7 @@ def test_head_masks_shift_by_head_index():
 
 
 def test_train_medusa_improves_heads_and_decodes_losslessly(toy_models, toy_data, tmp_path):
-    from draftwheel.serving.engine.engine import Engine
+    from draftwheel.serving.loading import engine_from_specs
     from draftwheel.serving.engine.params import SamplingParams
 
     config = MedusaConfig(target=str(toy_models["target"]), dataset=str(toy_data["distill"]),
@@ -78,7 +78,7 @@ def test_train_medusa_improves_heads_and_decodes_losslessly(toy_models, toy_data
     metrics = json.loads((out / "draftwheel_training.json").read_text())["metrics"]
     assert metrics["eval_head0_accuracy"] > metrics["before_head0_accuracy"]
     assert metrics["eval_chain_mean_accepted_length"] > metrics["before_chain_mean_accepted_length"]
-    engine = Engine.from_paths(toy_models["target"], medusa=out)
+    engine = engine_from_specs(toy_models["target"], medusa=out)
     target = AutoModelForCausalLM.from_pretrained(toy_models["target"]).eval()
     completions = engine.generate(["def add(a, b):", "The quick brown fox"], SamplingParams(max_new_tokens=12, k=2),
                                   chat=True, mode="medusa")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftwheel.serving.engine.models import load_model
+from draftwheel.serving.loading import load_model
 from tests.serving.test_engine import hf_greedy
 from draftwheel.training.target_completions import _decode_batch, greedy_continuations
 
