@@ -261,7 +261,13 @@ def add_override_arguments(parser: argparse.ArgumentParser, example: str = "key=
                         help=f"the same overrides without --set, e.g. {example}")
 
 
-SHIPPED_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+def _shipped_configs() -> Path:
+    """The shipped configs: inside the installed package, else the checkout's configs/ (an editable install)."""
+    installed = Path(__file__).resolve().parent / "configs"
+    return installed if installed.is_dir() else Path(__file__).resolve().parents[1] / "configs"
+
+
+SHIPPED_CONFIGS = _shipped_configs()
 
 
 def stage_config_path(path: str, name: str) -> str:

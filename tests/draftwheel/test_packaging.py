@@ -28,7 +28,8 @@ def _package_folders() -> dict[str, Path]:
 
 
 def test_every_package_folder_is_listed_for_installation():
-    assert sorted(_setuptools()["packages"]) == sorted(_package_folders())
+    """The Python packages, and the shipped configs as package data."""
+    assert sorted(_setuptools()["packages"]) == sorted([*_package_folders(), "draftwheel.configs"])
 
 
 def test_a_built_wheel_installs_only_draftwheel_names(tmp_path):
@@ -40,5 +41,6 @@ def test_a_built_wheel_installs_only_draftwheel_names(tmp_path):
     top_level = {name.split("/")[0] for name in names}
     assert top_level == {"draftwheel", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
     for package in ("serving/engine/engine.py", "serving/server/app.py", "evaluation/gate.py",
-                    "mining/pipeline.py", "training/eagle_train.py", "flows/commands.py"):
+                    "mining/pipeline.py", "training/eagle_train.py", "flows/commands.py",
+                    "configs/serve.yaml", "configs/canary.jsonl"):
         assert f"draftwheel/{package}" in names
