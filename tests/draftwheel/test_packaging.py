@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -32,9 +33,20 @@ def test_every_package_folder_is_listed_for_installation():
     assert sorted(_setuptools()["packages"]) == sorted([*_package_folders(), "draftwheel.configs"])
 
 
+def _source_copy(dest: Path) -> Path:
+    """What the wheel is built from, copied: setuptools writes its build/ folder into the source tree."""
+    dest.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, dest / name)
+    for folder in {*_setuptools()["package-dir"].values(), "draftwheel"}:
+        shutil.copytree(REPO / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
 def test_a_built_wheel_installs_only_draftwheel_names(tmp_path):
+    source = _source_copy(tmp_path / "source")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path), str(REPO)], check=True, capture_output=True, timeout=300,
+                    "-w", str(tmp_path), str(source)], check=True, capture_output=True, timeout=300,
                    cwd=tmp_path)
     wheel, = tmp_path.glob("draftwheel-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
