@@ -212,7 +212,7 @@ def small_sample_widening(n: int, confidence: float) -> float:
     The percentile bootstrap of a mean resamples with the plug-in variance ((n - 1) / n of the unbiased
     one) and behaves like a normal interval; for n = 24..40 requests Student-t tails are wider. Without
     this the gate's one-sided 2.5 % test promoted ~3.4 % of challengers no better than the champion
-    (tests/serving/test_gate_calibration.py). The factor sqrt(n / (n - 1)) * t / z is 1.08 at n = 24."""
+    (tests/evaluation/test_gate_calibration.py). The factor sqrt(n / (n - 1)) * t / z is 1.08 at n = 24."""
     if n < 3:
         return 1.0
     p = 1.0 - (1.0 - confidence) / 2

@@ -1,7 +1,7 @@
 """benchmarks/shadow_workers.py on toy models: the command replays the draft alone (the only replay that
 workers share out) and reports both replays' times and whether they agree. Greedy replays are
 deterministic, so the same replay twice must agree; spawning real workers is tested in
-tests/serving/test_shadow.py."""
+tests/evaluation/test_shadow.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`draftwheel shadow | promote | rollback | status` against a real sqlite registry in a temp state dir.
 
-The shadow command runs end to end on toy models (tests/serving/test_shadow.py explains them): the
+The shadow command runs end to end on toy models (tests/evaluation/test_shadow.py explains them): the
 "good" draft must pass the gate over the "bad" champion, get registered, aliased and promoted; the
 "bad" draft must fail over the good champion, be registered with its failed verdict and move no alias.
 The failure paths are in test_registry_probes.py.
@@ -18,7 +18,7 @@ from draftwheel.flows import registry_cli
 from draftwheel.registry_names import DRAFT_KIND_TAG, SHADOW_REPORT_TAG, TARGET_SHA_TAG
 from tests.conftest import make_champion
 from tests.draftwheel.test_tracking import fake_model_dir
-from tests.serving.test_shadow import toy_models  # noqa: F401 - module-scoped fixture reused here
+from tests.evaluation.test_shadow import toy_models  # noqa: F401 - module-scoped fixture reused here
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Hot reload of the draft from the registry (draftwheel.serving.server.reload.DraftWatcher) with toy models.
 
-Drafts (see tests/serving/test_shadow.build_toy_models): "good" proposes exactly the target's greedy
+Drafts (see tests/evaluation/test_shadow.build_toy_models): "good" proposes exactly the target's greedy
 tokens, "bad" always proposes a different token. Each record's steps list the tokens its draft
 proposed, so re-running the draft named in the record's `draft_id` over the same prefixes proves the
 whole request was drafted by that one version: a request that switched drafts midway would fail it.
@@ -24,7 +24,7 @@ from draftwheel.serving.loading import load_model
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.server.reload import DraftWatcher
 from tests.conftest import make_champion
-from tests.serving.test_shadow import build_toy_models
+from tests.evaluation.test_shadow import build_toy_models
 
 URI = f"models:/{tracking.DRAFT_MODEL}@champion"
 PARAMS = SamplingParams(max_new_tokens=12, k=3)
