@@ -77,7 +77,7 @@ def register(subparsers: Any) -> None:
     demo.set_defaults(func=_demo)
 
 
-def _check_config(args: argparse.Namespace, cls: type) -> bool:
+def check_config(args: argparse.Namespace, cls: type) -> bool:
     """Validate the config, and the stage configs of the flywheel it runs, before any Prefect server
     starts, so a typo fails in seconds, not after mining and training."""
     from draftwheel.config import load_config
@@ -91,17 +91,25 @@ def _check_config(args: argparse.Namespace, cls: type) -> bool:
     return True
 
 
+def has_prefect_server(what: str) -> bool:
+    """Whether a Prefect server is configured (PREFECT_API_URL); if not, say on stderr what to start for `what`."""
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return True
+    print(f"draftwheel {what}: no Prefect server configured. Start one and point at it:\n"
+          f"  prefect server start            # in another terminal\n"
+          f"  export PREFECT_API_URL=http://127.0.0.1:4200/api\n"
+          f"(Prefect's temporary server lives only as long as one command: it keeps no schedules or deployments.)",
+          file=sys.stderr)
+    return False
+
+
 def _serve(flow_obj: Any, args: argparse.Namespace) -> int:
     """Serve `flow_obj` as a deployment on `args.schedule` (blocks until interrupted)."""
-    from prefect.settings import PREFECT_API_URL
     from prefect.types.entrypoint import EntrypointType
 
-    if not PREFECT_API_URL.value():
-        print(f"draftwheel {args.command} --schedule: no Prefect server configured. Start one and point at it:\n"
-              f"  prefect server start            # in another terminal\n"
-              f"  export PREFECT_API_URL=http://127.0.0.1:4200/api\n"
-              f"(Prefect's temporary server only lives as long as one command, so it cannot run schedules.)",
-              file=sys.stderr)
+    if not has_prefect_server(f"{args.command} --schedule"):
         return USAGE
     flow_obj.serve(name=f"draftwheel-{args.command}", cron=args.schedule,
                    parameters={"config_path": args.config, "overrides": list(args.overrides)},
@@ -115,7 +123,7 @@ def _run_scheduled_flow(args: argparse.Namespace, flow_obj: Any, config_cls: typ
     from draftwheel.locks import LockedError
     from draftwheel.flows.flywheel import StageError
 
-    if not _check_config(args, config_cls):
+    if not check_config(args, config_cls):
         return USAGE
     if args.schedule:
         return _serve(flow_obj, args)
@@ -152,7 +160,7 @@ def _demo(args: argparse.Namespace) -> int:
     from draftwheel.flows.demo import DemoConfig, demo
 
     args.overrides = flag_overrides(args, FLAG_FIELDS)
-    if not _check_config(args, DemoConfig):
+    if not check_config(args, DemoConfig):
         return USAGE
     demo(args.config, list(args.overrides))
     return 0

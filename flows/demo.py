@@ -5,7 +5,7 @@ shifts to `code` -> the monitor sees acceptance fall and runs the flywheel (mine
 promote) -> the new champion serves code traffic -> plain decoding, the old and the new champion on
 held-out chat and code prompts, interleaved prompt by prompt so machine load cannot favour either. The
 table (acceptance rate, mean accepted length, tokens/s, speedup vs plain decoding, per slice) is
-printed and saved (JSON, markdown, PNG) and logged to MLflow.
+printed and saved (JSON, markdown, PNG), logged to MLflow and kept as Prefect artifacts of the flow run.
 
 Served traffic, evaluation prompts and the prompts bootstrap trained the v0 draft on are pairwise
 disjoint, so no figure is measured on a prompt some draft was trained on. The plain-decoding baseline
@@ -25,7 +25,7 @@ from prefect import flow
 from draftwheel import home
 from draftwheel.config import load_config, to_dict
 from draftwheel.registry_names import CHAMPION_URI
-from draftwheel.flows import report
+from draftwheel.flows import artifacts, report
 from draftwheel.flows.flywheel import FlywheelConfig, override
 from draftwheel.serving.engine.precision import check_dtype_name
 
@@ -336,6 +336,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         "wall_time_s": round(time.perf_counter() - run.started, 1), "logs_dir": str(run.logs_dir)}
     paths = report.save(results, run.run_dir)
     run_id = _log_results(config, results, paths)
+    artifacts.publish_demo(results)
     print()
     report.print_table(results)
     print("\nthe round, as `draftwheel serve` runs it (hybrid) and for the draft alone:")

@@ -11,7 +11,8 @@ Prefect flow run. Mining keeps a replay share of every served slice (the logs' a
 the gate rejects on slice regressions alone, the turn retries (`max_retries`) with more replay of the
 blocking slices, or more rehearsal where they have nothing logged to replay (`draftwheel.flows.replay`); each attempt
 is a nested MLflow run `attempt-N` holding its stages. Registering and promoting go through
-`draftwheel.registry`, as on the command line.
+`draftwheel.registry`, as on the command line. The gate's decision and champion vs challenger are
+also Prefect artifacts of the flow run (`draftwheel.flows.artifacts`).
 This module wires stages; what each stage does lives in mining/, training/, serving/ and draftwheel/.
 """
 
@@ -30,7 +31,7 @@ from draftwheel import home
 from draftwheel.config import ConfigError, load_config, stage_config_path, to_dict
 from draftwheel.locks import state_lock
 from draftwheel.registry_names import CHAMPION_URI, MEDUSA_MODEL, PARENT_TAG, URI_PREFIX
-from draftwheel.flows import replay, tasks
+from draftwheel.flows import artifacts, replay, tasks
 from draftwheel.training.trainers import TRAINERS
 
 BUILTIN_TRAINERS = tuple(TRAINERS)
@@ -194,8 +195,10 @@ def _train(config: FlywheelConfig, tracker: Any, work: Path, mined: dict, champi
     key = tasks.train_cache_key(config.trainer, mined["data_sha256"], config_path,
                                 config.train_overrides, champion["sha256"], target["sha256"])
     out_dir = home.models_dir() / "candidates" / key[:16]
-    # A cached result whose model dir was deleted is useless: retrain instead of returning it.
-    train = tasks.train_candidate.with_options(refresh_cache=not (out_dir / "config.json").is_file())
+    # A cached result whose model dir was deleted is useless: retrain instead of returning it. The cache
+    # lives in the state dir beside the candidates it names, whichever Prefect home the user runs with.
+    train = tasks.train_candidate.with_options(refresh_cache=not (out_dir / "config.json").is_file(),
+                                               result_storage=home.prefect_home() / "storage")
     trained = train(config.trainer, config_path, config.train_overrides, str(work / "datasets"),
                     champion["dir"], target["dir"], str(out_dir), key, config.launcher, tracker=tracker)
     trained = {**trained, "dir": str(candidate_dir(Path(trained["dir"]), out_dir))}
@@ -230,6 +233,8 @@ def _shadow(config: FlywheelConfig, tracker: Any, work: Path, champion: dict, tr
                                   logs + list(config.shadow_overrides), str(report_path), tracker=tracker)
     from draftwheel.training.common import read_training_info
 
+    artifacts.publish_gate(report["decision"], report, f"challenger {Path(trained['dir']).name} vs champion "
+                           f"v{champion['version']} (flywheel work dir {work})")
     predicted = prediction_against_gate(read_training_info(trained["dir"]), report)
     if predicted:
         print("flywheel: training's probe predicted a mean accepted length of {walk_mal:.2f} alone (teacher-forced "

@@ -11,7 +11,8 @@ flywheel would train the same challenger again (measured on a shift to code: a s
 requests gained +1.9 % [-3.6 %, +6.7 %] and was rejected, 9.7 minutes of CPU for nothing).
 It also reports the delivered gain: the champion's live acceptance rate and mean accepted length per
 slice against the previous champion's (records carry `draft_id.version`), logged to an MLflow run
-`monitor` and stored on the champion's registry version, where `draftwheel status` shows it.
+`monitor` and stored on the champion's registry version, where `draftwheel status` shows it. The verdict is
+a Prefect artifact of the flow run (`draftwheel-monitor`).
 The decision logic is plain functions (`windows`, `acceptance_by_slice`, `decide`) tested without
 Prefect; the flow only gathers inputs, decides and calls the flywheel. It never trains or promotes by
 itself.
@@ -30,7 +31,7 @@ from prefect import flow
 from draftwheel import home
 from draftwheel.config import load_config
 from draftwheel.registry_names import CHAMPION_URI, TARGET_SHA_TAG
-from draftwheel.flows import tasks
+from draftwheel.flows import artifacts, tasks
 from draftwheel.flows.flywheel import FlywheelConfig, flywheel
 from draftwheel.flows.served import (DRAFTING_MODES, SliceStats, VersionTally, acceptance_by_slice, delivered_gain,
                           delivered_metrics, is_drafted)
@@ -255,6 +256,7 @@ def run_monitor(config: MonitorConfig) -> dict[str, Any]:
         print(f"monitor: HELD ({'; '.join(decision.reasons)}): {decision.held}", flush=True)
     else:
         print(f"monitor: {'TRIGGER: ' + '; '.join(decision.reasons) if decision.trigger else 'no trigger'}", flush=True)
+    artifacts.publish_monitor(decision.summary(), champion["version"])
     result: dict[str, Any] = {"decision": decision.summary(), "champion_version": champion["version"], "flywheel": None,
                               "delivered": _delivered(config, tally, champion["version"], previous, name)}
     if decision.trigger and config.run_flywheel:

@@ -96,6 +96,11 @@ def _load(args: argparse.Namespace) -> object:
 
         cls = {"flywheel": FlywheelConfig, "monitor": MonitorConfig, "demo": DemoConfig}[args.command]
         return load_config(cls, args.config, flag_overrides(args, FLAG_FIELDS))
+    if args.command == "deploy":
+        from draftwheel.flows.deploy import config_class, flows_of, per_flow_error
+
+        assert not per_flow_error(args), per_flow_error(args)
+        return [load_config(config_class(flow), args.config, args.overrides) for flow in flows_of(args)]
     assert not getattr(args, "overrides", None), f"{args.command} takes overrides but the test loads no config"
     return None
 

@@ -30,3 +30,22 @@ def prefect_server():
     # The default 30 s start-up limit is too tight on a busy 2-core machine.
     with prefect_test_harness(server_startup_timeout=180):
         yield
+
+
+def artifacts_of(flow_run_id) -> dict[str, list]:
+    """The Prefect artifacts a flow run made (not its subflows'), by key, newest first, read back through
+    the API: markdown as text, tables parsed into their rows."""
+    import json
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
+                                      sort=ArtifactSort.CREATED_DESC)
+    by_key: dict[str, list] = {}
+    for artifact in found:
+        by_key.setdefault(artifact.key, []).append(json.loads(artifact.data) if artifact.type == "table"
+                                                   else artifact.data)
+    return by_key

@@ -19,6 +19,8 @@ from transformers import AutoModelForCausalLM
 from draftwheel import registry, tracking
 from draftwheel.registry_names import STAGE_TAG, TARGET_SHA_TAG
 from draftwheel.flows.bootstrap_flow import bootstrap_prompts
+from draftwheel.flows import report
+from draftwheel.flows.artifacts import DEMO_KEY, DEMO_TABLE_KEY
 from draftwheel.flows.demo import DemoConfig, demo, workloads
 from draftwheel.flows.flywheel import override
 from draftwheel.serving.engine.engine import Engine
@@ -26,6 +28,7 @@ from draftwheel.serving.engine.models import weights_sha256
 from draftwheel.serving.loading import load_model
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.testing import build_tokenizer, save_model
+from tests.flows.conftest import artifacts_of
 from tests.flows.toy_world import build_models
 
 SIZES = {"chat_requests": 6, "code_requests": 10, "after_requests": 2, "eval_requests": 3, "max_new_tokens": 12}
@@ -55,12 +58,13 @@ def test_demo_runs_the_whole_story_on_tiny_models(tmp_path, monkeypatch, capsys,
     target_sha = weights_sha256(dirs["target"])
     v0 = registry.register_version(v0_dir, "lm", {TARGET_SHA_TAG: target_sha, STAGE_TAG: "bootstrap"})
     registry.promote(v0, target_sha=target_sha)
-    results = demo(None, [
+    state = demo(None, [
         f"target={dirs['target']}", "trainer=tests.flows.toy_trainers:copy_model",
         override("train_overrides", [f"source={dirs['good']}"]), *[f"{k}={v}" for k, v in SIZES.items()],
         override("shadow_overrides", ["max_new_tokens=12", "include_canary=false", "min_requests=2"]),
         override("mining_overrides", ["holdout_fraction=0.4"]),
-    ])
+    ], return_state=True)
+    results = state.result()
     printed = capsys.readouterr().out
 
     # The decisions: no trigger on chat, a trigger on code, a promotion through the gate.
@@ -87,3 +91,9 @@ def test_demo_runs_the_whole_story_on_tiny_models(tmp_path, monkeypatch, capsys,
                for column in (before, after) for figures in column.values())
     saved = json.loads(next((tmp_path / "home" / "demo").glob("*/results.json")).read_text())
     assert saved["after"] == results["after"] and saved["meta"]["promoted"]
+    # The before/after table is also a Prefect artifact of the demo's flow run, read back through the API.
+    made = artifacts_of(state.state_details.flow_run_id)
+    table, = made[DEMO_TABLE_KEY]
+    assert table == [dict(zip(report.HEADER, row)) for row in report.rows(results)] and table
+    markdown, = made[DEMO_KEY]
+    assert markdown == report.to_markdown(results)

@@ -20,6 +20,7 @@ from draftwheel.flows.commands import main
 from draftwheel.config import ConfigError, load_config
 from draftwheel.locks import LockedError, state_lock
 from draftwheel.registry_names import CHAMPION_URI, SHADOW_REPORT_TAG, TARGET_SHA_TAG
+from draftwheel.flows.artifacts import GATE_KEY, GATE_SLICES_KEY, SHADOW_KEY
 from draftwheel.flows.flywheel import FlywheelConfig, StageError, flywheel, override
 from draftwheel.flows.tasks import datasets_sha256
 from draftwheel.mining import corpus
@@ -28,6 +29,7 @@ from draftwheel.serving.engine.models import weights_sha256
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.engine.sink import JsonlSink
 from tests.conftest import make_champion
+from tests.flows.conftest import artifacts_of
 from tests.flows.toy_world import build_models, register_drafts, word_salads
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -58,14 +60,14 @@ DRAFTS_ALONE = ["suffix_tier=false", "metric=mean_accepted_length"]
 
 
 def run_flywheel(world, trainer=TRAINER, source="good", extra=(), shadow=tuple(SHADOW), train=None,
-                 mining=("holdout_fraction=0.5",), settings=()):
+                 mining=("holdout_fraction=0.5",), settings=(), return_state=False):
     return flywheel(None, [
         f"trainer={trainer}", f"target={world['dirs']['target']}", f"logs_dir={world['logs']}",
         override("train_overrides", train if train is not None else [f"source={world['dirs'][source]}", *extra]),
         override("mining_overrides", list(mining)),
         override("shadow_overrides", list(shadow)),
         *settings,
-    ])
+    ], return_state=return_state)
 
 
 def last_run(world, name):
@@ -87,7 +89,8 @@ def last_run(world, name):
 
 def test_flywheel_promotes_a_better_candidate(world):
     make_champion(world["versions"]["bad"])
-    result = run_flywheel(world, source="good")
+    state = run_flywheel(world, source="good", return_state=True)
+    result = state.result()
     assert result["promoted"], result["decision"]
     aliases = tracking.aliases()
     assert aliases["champion"] == aliases["challenger"] == result["challenger_version"]
@@ -116,11 +119,40 @@ def test_flywheel_promotes_a_better_candidate(world):
                             (shadow_run,)).fetchone()[0]
         params = dict(db.execute("SELECT key, value FROM params WHERE run_uuid = ?", (shadow_run,)).fetchall())
     assert nested == 0 and params["shadow.min_requests"] == "4"
+    check_gate_artifacts(state.state_details.flow_run_id, report, world["versions"]["bad"])
+
+
+def check_gate_artifacts(flow_run_id, report, champion_version):
+    """The flow run's Prefect artifacts, read back through the API, say what the shadow report says: the
+    decision with every check's line, the per-slice intervals, and champion vs challenger as served and alone."""
+    made = artifacts_of(flow_run_id)
+    decision = report["decision"]
+    gate, = made[GATE_KEY]
+    assert gate.startswith(f"# Gate: {'PROMOTE' if decision['promote'] else 'reject'}")
+    assert f"vs champion v{champion_version}" in gate and all(reason in gate for reason in decision["reasons"])
+    slices, = made[GATE_SLICES_KEY]
+    assert [row["group"] for row in slices] == [v["group"] for v in decision["slices"]] and slices
+    for row, verdict in zip(slices, decision["slices"]):
+        assert (row["n"], row["ci_low"], row["ci_high"]) == (verdict["n"], f"{verdict['ci_low']:+.1%}",
+                                                             f"{verdict['ci_high']:+.1%}")
+        assert row["verdict"] == ("ok" if verdict["ok"] else "VETO")
+    shadow, = made[SHADOW_KEY]
+    overall = shadow[0]
+    assert overall["slice"] == "overall" and overall["n"] == report["overall"]["n"]
+    for arm in ("champion", "challenger"):
+        figures = report["overall"][arm]
+        assert overall[f"{arm}_served_mal"] == round(figures["mean_accepted_length"], 3)
+        assert overall[f"{arm}_served_speedup"] == round(figures["served_speedup"], 3)
+        assert overall[f"{arm}_alone_mal"] == round(figures["draft_alone"]["mean_accepted_length"], 3)
+    assert [row["slice"] for row in shadow[1:]] == sorted(report["slices"])
 
 
 def test_flywheel_refuses_a_worse_candidate(world):
     make_champion(world["versions"]["good"])
-    result = run_flywheel(world, source="bad")
+    state = run_flywheel(world, source="bad", return_state=True)
+    result = state.result()
+    check_gate_artifacts(state.state_details.flow_run_id, json.loads(open(result["report_path"]).read()),
+                         world["versions"]["good"])
     assert not result["promoted"]
     assert any(reason.startswith("FAIL") for reason in result["decision"]["reasons"])
     aliases = tracking.aliases()
