@@ -28,6 +28,13 @@ previous: the champion before the current one (what `rollback` returns to)."""
 # Version tags.
 TARGET_SHA_TAG = "target_sha256"
 """weights_sha256 of the target the draft was trained for; serving refuses a draft whose tag differs."""
+TARGET_DIR_TAG = "target_dir"
+"""Where that target's model dir was when the version was registered: relative to the state dir when it lies
+inside it (a moved or copied state dir finds its own copy), else absolute. With `TARGET_HUB_TAG`, what a
+command given no `--target` serves and trains for (`draftwheel.serving.loading.resolve_target`)."""
+TARGET_HUB_TAG = "target_hub_id"
+"""The target's Hugging Face id where known (a hub id given as the target, a hub cache snapshot, the
+reference target), else absent: where the target can be fetched again when its dir is gone."""
 WEIGHTS_TAG = "weights_sha256"
 FILES_TAG = "files_sha256"
 """{file name: sha256} of every registered file, checked on every resolve."""

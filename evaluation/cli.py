@@ -19,8 +19,8 @@ from draftwheel.cli_help import examples
 from draftwheel.config import add_override_arguments
 from draftwheel.exit_codes import fail
 from draftwheel.serving.server.cli import add_config_argument
-from draftwheel.serving.server.cli_flags import add_dtype, add_k, add_min_path_prob
-from draftwheel.serving.server.engine_cli import CHAT_HELP, TARGET_HELP
+from draftwheel.serving.server.cli_flags import TARGET_DEFAULT_HELP, add_device, add_dtype, add_k, add_min_path_prob
+from draftwheel.serving.server.engine_cli import CHAT_HELP
 
 
 def register(subparsers: Any) -> None:
@@ -45,13 +45,14 @@ def _add_bench(subparsers: Any) -> None:
                    "--draft my-org/my-draft --chat"))
     add_config_argument(bench)
     add_override_arguments(bench, "min_path_prob=0.15")
-    bench.add_argument("--target", help=TARGET_HELP.replace("(default: ", "(default: the config's, else "))
+    bench.add_argument("--target", help=TARGET_DEFAULT_HELP.replace("(default: ", "(default: the config's, else "))
     bench.add_argument("--draft", help="draft: model dir, hub id or models:/NAME@ALIAS (default: the config's, "
                                        "models:/draftwheel-draft@champion)")
     add_k(bench, None)
     bench.add_argument("--chat", action="store_true", help=CHAT_HELP)
     add_min_path_prob(bench, None)
     add_dtype(bench, None)
+    add_device(bench, None)
     bench.add_argument("--prompts", required=True, type=Path, help="text file (one prompt a line) or JSONL")
     bench.add_argument("--max-new-tokens", type=int, default=64)
     bench.add_argument("--out", type=Path, help="write the JSON result here")
@@ -94,19 +95,19 @@ def bench_settings(args: argparse.Namespace) -> Any:
     tier = args.suffix_tier if args.suffix_tier is not None else config.suffix_tier and config.mode != "draft"
     config = with_flags(dataclasses.replace(config, mode=None, suffix_tier=tier),
                         {"target": args.target, "draft": args.draft, "medusa": args.medusa, "k": args.k,
-                         "min_path_prob": args.min_path_prob, "dtype": args.dtype})
+                         "min_path_prob": args.min_path_prob, "dtype": args.dtype, "device": args.device})
     return dataclasses.replace(config, draft=None) if args.medusa else config
 
 
 def _bench_engine(config: Any, suffix_logs: Path | None) -> Any:
     """The engine serve would build from `config` (the suffix index read-only, from `suffix_logs`)."""
-    from draftwheel.serving.loading import engine_from_specs
-    from draftwheel.serving.engine.precision import resolve_dtype
-    from draftwheel.serving.engine.reference import default_target_dir
+    from draftwheel.serving.loading import engine_from_specs, resolve_target
+    from draftwheel.serving.engine.precision import resolve_device, resolve_dtype
 
-    engine = engine_from_specs(config.target or str(default_target_dir()), config.draft,
-                               medusa=None if config.draft else config.medusa, device=config.device,
-                               dtype=resolve_dtype(config.dtype, config.device), min_path_prob=config.min_path_prob)
+    device = resolve_device(config.device)
+    engine = engine_from_specs(resolve_target(config.target, config.draft), config.draft,
+                               medusa=None if config.draft else config.medusa, device=device,
+                               dtype=resolve_dtype(config.dtype, device), min_path_prob=config.min_path_prob)
     if config.suffix_tier and engine.draft is not None:
         engine.suffix_index = _bench_index(engine, suffix_logs)
     return engine

@@ -1,4 +1,5 @@
-"""The `bootstrap` flow: the reference target and the v0 draft, registered as the first champion.
+"""The `bootstrap` flow: a target (`target` in its config, default the reference target) and its v0 draft,
+registered as the first champion.
 
 A Prefect wrapper around `draftwheel.training.bootstrap.bootstrap` (what `draftwheel bootstrap` runs), so a
 fresh deployment can be brought up from the same scheduler as the rest of the loop. `needs_bootstrap`
@@ -64,5 +65,5 @@ def bootstrap_flow(config_path: str | None = None, overrides: list[str] | None =
     if not force and not needs_bootstrap():
         print("bootstrap: a champion is registered already; nothing to do", flush=True)
         return {"skipped": True}
-    print("\n=== bootstrap: reference target + v0 draft ===", flush=True)
+    print("\n=== bootstrap: target + v0 draft ===", flush=True)
     return bootstrap_task(config_path, list(overrides or []))

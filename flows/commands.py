@@ -31,8 +31,8 @@ DESCRIPTIONS = {
                 "nothing; a second rollback undoes the first). A `draftwheel serve` that follows the champion "
                 "alias reloads the draft.",
     "status": "Print every version of every registered model with its aliases and key figures (shadow "
-              "verdict, delivered gain), then the flywheel's retained corpus and the serving suffix index's "
-              "size and hit rate (text output only).",
+              "verdict, delivered gain), then the target commands given no --target use, the flywheel's retained "
+              "corpus and the serving suffix index's size and hit rate (text output only).",
 }
 EXAMPLES = {
     "shadow": ("draftwheel shadow --challenger /path/to/candidate-dir",

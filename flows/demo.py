@@ -91,7 +91,8 @@ class DemoConfig:
     trainer: str = "auto"
     """The flywheel's trainer: auto (the champion's kind: eagle for the eagle3 v0) | distill | dpo | eagle."""
     target: str = ""
-    """Target model dir ("" = the reference target, SmolLM2-135M-Instruct)."""
+    """Target model dir ("" = the one the champion was trained for; with no champion, the reference target,
+    SmolLM2-135M-Instruct)."""
     start_from_v0: bool = True
     """Reset `champion` to the bootstrap (v0) draft first, so every demo run tells the same story."""
     tracking: bool = True

@@ -60,7 +60,8 @@ class FlywheelConfig:
     logs_dir: str = ""
     """Serving logs to mine ("" = the state dir's logs/)."""
     target: str = ""
-    """Target model dir ("" = the reference target in the state dir)."""
+    """Target model dir or hub id ("" = the one the champion was trained for, as the registry recorded it;
+    with no champion, the reference target in the state dir)."""
     champion_uri: str = CHAMPION_URI
     mining_config: str = ""
     """MiningConfig YAML ("" = the shipped configs/mining.yaml); `mining_overrides` are key=value on top."""
@@ -263,9 +264,12 @@ def _register(config: FlywheelConfig, trained: dict, shadow: dict, mined: dict, 
               target: dict) -> str:
     from draftwheel.registry import candidate_tags
     from draftwheel.serving.engine.models import draft_kind
+    from draftwheel.serving.loading import target_tags
     from draftwheel.training.common import read_training_info
 
-    tags = candidate_tags(read_training_info(trained["dir"]), target["sha256"], manifest_sha256=mined["sha256"],
+    tags = candidate_tags(read_training_info(trained["dir"]), target["sha256"],
+                          **target_tags(config.target or target["dir"], target["sha256"], target["dir"]),
+                          manifest_sha256=mined["sha256"],
                           stage=config.trainer if config.trainer in TRAINERS else None, trainer=config.trainer,
                           training_config=trained["config"], shadow_decision=shadow["decision"],
                           **{PARENT_TAG: champion["version"]})
@@ -275,7 +279,7 @@ def _register(config: FlywheelConfig, trained: dict, shadow: dict, mined: dict, 
 def _turn(config: FlywheelConfig, tracker: Any, work: Path) -> dict[str, Any]:
     """The stages in order; returns the flow's result. Raises StageError when one fails."""
     with stage(tracker, "resolve"):
-        target = tasks.resolve_target(config.target)
+        target = tasks.resolve_target(config.target, config.champion_uri)
         champion = tasks.resolve_champion(config.champion_uri)
         config = dataclasses.replace(config, trainer=trainer_for(config, champion["dir"]))
         tracker.log_params({"target": target["dir"], "champion_version": champion["version"],

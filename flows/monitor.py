@@ -68,7 +68,8 @@ class MonitorConfig:
     check_target_sha: bool = True
     """Trigger when the target's weights sha256 differs from the champion's `target_sha256` tag."""
     target: str = ""
-    """Target model dir whose weights are checked ("" = the reference target in the state dir)."""
+    """Target model dir whose weights are checked ("" = the one the champion was trained for, as the registry
+    recorded it; with no champion, the reference target in the state dir)."""
     champion_uri: str = CHAMPION_URI
     retrigger_after_requests: int = 32
     """After a rejected round against this champion, trigger again only once this many drafted requests
@@ -239,7 +240,7 @@ def run_monitor(config: MonitorConfig) -> dict[str, Any]:
     from draftwheel import registry, tracking
 
     champion = tasks.resolve_champion(config.champion_uri)
-    target_sha = tasks.resolve_target(config.target)["sha256"] if config.check_target_sha else None
+    target_sha = tasks.resolve_target(config.target, config.champion_uri)["sha256"] if config.check_target_sha else None
     logs_dir = config.logs_dir or str(home.logs_dir())
     name = tracking.parse_model_uri(config.champion_uri)[0]
     previous = registry.previous_version(name) if config.delivered_gain else None

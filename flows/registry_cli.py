@@ -4,7 +4,8 @@
 `draftwheel.registry` (the same path the flows use): a challenger dir is registered with the shadow
 summary, gets the `challenger` alias unless rejected and, with --promote, becomes `champion`. `promote V`
 and `rollback` move aliases (checked, locked, all or nothing); `status` prints every version of every
-registered model, then (text output only) the serving suffix index's size and hit rate from the
+registered model, then (text output only) the target commands given no `--target` use, the retained corpus
+and the serving suffix index's size and hit rate from the
 stats file `draftwheel serve` writes. Heavy imports happen inside the commands so `--help` is fast. Exit codes: 0 done,
 1 registry unreachable or failing, 2 a refusal or bad input (one line naming what), 3 a rejected challenger.
 """
@@ -36,7 +37,8 @@ def register(subparsers: Any) -> None:
     shadow.add_argument("--champion", default=CHAMPION_URI, help=f"baseline draft (default {CHAMPION_URI})")
     shadow.add_argument("--holdout", default=None, help="mined holdout dataset dir (default: what `draftwheel mine` "
                                                         "writes, <state>/datasets/holdout)")
-    shadow.add_argument("--target", default=None, help="target model (default: the reference target)")
+    shadow.add_argument("--target", default=None, help="target model (default: the one the champion was trained "
+                                                      "for; with no champion, the reference target)")
     shadow.add_argument("--config", default=str(DEFAULT_CONFIG), help="ShadowConfig YAML")
     add_override_arguments(shadow, "min_requests=8")
     add_k(shadow, None)
@@ -106,19 +108,15 @@ def apply_decision(report: dict[str, Any], challenger: str, promote_now: bool,
 
         kind = draft_kind(challenger)
         name = model_for_kind(kind)
-        tags = registry.candidate_tags(read_training_info(challenger), report["target"]["sha256"])
+        from draftwheel.serving.loading import target_tags
+
+        sha = report["target"]["sha256"]
+        tags = registry.candidate_tags(read_training_info(challenger), sha, **target_tags(report["target"]["spec"], sha))
         version = registry.record_candidate(challenger, kind, tags, summary)
     if summary["promote"] and promote_now:
         registry.promote(version, name=name, target_sha=report["target"]["sha256"],
                          gated_against=report["champion"].get("version") or None)
     return {"version": version, "aliases": tracking.aliases(name)}
-
-
-def _default_target() -> str:
-    from draftwheel import home
-    from draftwheel.serving.engine.reference import ensure_reference_target
-
-    return str(ensure_reference_target(home.models_dir()))
 
 
 def print_report(report: dict[str, Any]) -> None:
@@ -148,10 +146,12 @@ def _shadow(args: argparse.Namespace) -> int:
     if args.holdout is None and not Path(holdout).is_dir():
         holdout = None  # no mined data yet: the canary set alone (the gate still needs min_requests)
     args.out = args.out or str(home.timestamped_dir("shadow") / "report.json")
-    target = args.target or _default_target()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
     def action() -> int:
+        from draftwheel.serving.loading import resolve_target
+
+        target = resolve_target(args.target, args.champion)
         report = run_shadow(args.champion, args.challenger, target, holdout, config,
                             tracker=get_tracker(not args.no_tracking), out=args.out)
         outcome = apply_decision(report, args.challenger, args.promote, args.out)
@@ -218,6 +218,17 @@ def corpus_line() -> str:
     return f"retained corpus: {sum(rows.values())} rows (" + ", ".join(f"{k} {v}" for k, v in rows.items()) + ")"
 
 
+def target_line() -> str:
+    """One line on the target every command given no `--target` uses: the one the champion was trained for,
+    as the registry recorded it, else the reference target (`draftwheel.serving.loading.resolve_target`)."""
+    from draftwheel.serving.loading import TargetGoneError, resolve_target
+
+    try:
+        return f"target (commands given no --target): {resolve_target(convert_reference=False)}"
+    except TargetGoneError as exc:
+        return f"target (commands given no --target): {exc}"
+
+
 def _status(args: argparse.Namespace) -> int:
     from draftwheel import registry
 
@@ -225,6 +236,7 @@ def _status(args: argparse.Namespace) -> int:
         rows = registry.status_rows()
         print(json.dumps(rows, indent=2) if args.json else registry.format_table(rows))
         if not args.json:
+            print(target_line())
             print(corpus_line())
             print(suffix_index_line())
         return 0

@@ -28,6 +28,7 @@ from prefect.cache_policies import NONE
 from draftwheel import home
 from draftwheel.config import load_config, stage_config_path, to_dict
 from draftwheel.hashing import file_sha256, tree_sha256
+from draftwheel.registry_names import CHAMPION_URI
 from draftwheel.training.trainers import TRAINERS  # built-ins; anything else is "package.module:function"
 
 def is_transient(exc: BaseException | None) -> bool:
@@ -53,12 +54,13 @@ def datasets_sha256(root: str | Path, names: tuple[str, ...] = home.DATASET_KIND
 
 
 @task(name="resolve-target", cache_policy=NONE)
-def resolve_target(spec: str) -> dict[str, str]:
-    """The target model dir ("" = the reference target, converted once) and its weights sha256."""
+def resolve_target(spec: str, draft: str = CHAMPION_URI) -> dict[str, str]:
+    """The target model dir and its weights sha256: `spec`, else the target the registry version `draft`
+    names was trained for (`draftwheel.serving.loading.resolve_target`; the reference target with no champion)."""
     from draftwheel.serving.engine.models import weights_sha256
-    from draftwheel.serving.engine.reference import ensure_reference_target
+    from draftwheel.serving.loading import resolve_spec, resolve_target as target_spec
 
-    path = Path(spec) if spec else ensure_reference_target(home.models_dir())
+    path = resolve_spec(target_spec(spec, draft))
     return {"dir": str(path), "sha256": weights_sha256(path)}
 
 

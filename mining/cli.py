@@ -18,7 +18,7 @@ from typing import Any
 from draftwheel.cli_help import add_deprecated_alias, add_log_dir, examples
 from draftwheel.config import SHIPPED_CONFIGS, add_override_arguments
 from draftwheel.exit_codes import FAILURE, USAGE, fail
-from draftwheel.serving.server.cli_flags import add_dtype, add_k, add_min_path_prob
+from draftwheel.serving.server.cli_flags import TARGET_DEFAULT_HELP, add_device, add_dtype, add_k, add_min_path_prob
 
 DEFAULT_CONFIG = SHIPPED_CONFIGS / "mining.yaml"
 
@@ -36,8 +36,7 @@ def register(subparsers: Any) -> None:
                          help="built-in workload (code, prose, chat, mixed, sql, tools, templated) or a JSONL file of {prompt, slice}")
     traffic.add_argument("--n", type=int, default=None, help="number of prompts (built-ins: default 30; files: all)")
     traffic.add_argument("--seed", type=int, default=0, help="workload seed (built-ins)")
-    traffic.add_argument("--target", help="target model dir, hub id or models:/NAME@ALIAS "
-                                          "(default: $DRAFTWHEEL_HOME/models/smollm2-135m-instruct)")
+    traffic.add_argument("--target", help=TARGET_DEFAULT_HELP)
     traffic.add_argument("--draft", help="draft model (default: models:/draftwheel-draft@champion); "
                                          "'none' serves the target alone")
     add_log_dir(traffic, "where to write the acceptance logs (default: $DRAFTWHEEL_HOME/logs)", type=Path)
@@ -46,6 +45,7 @@ def register(subparsers: Any) -> None:
     add_k(traffic, 4)
     add_min_path_prob(traffic, 0.0)
     add_dtype(traffic, "auto")
+    add_device(traffic, "auto")
     traffic.add_argument("--no-progress", action="store_true", help="no progress bar")
     traffic.set_defaults(func=_traffic_command)
 
@@ -64,7 +64,8 @@ def register(subparsers: Any) -> None:
     mine.add_argument("--config", type=Path, default=DEFAULT_CONFIG, metavar="FILE",
                       help="MiningConfig YAML (default: configs/mining.yaml)")
     mine.add_argument("--tokenizer", help="target tokenizer/model dir (enables preference pairs and re-tokenising; "
-                                          "default: the reference target in the state dir, as the flywheel, if present)")
+                                          "default: as the flywheel, the target the champion was trained for, "
+                                          "else the reference target in the state dir if present)")
     add_override_arguments(mine, "holdout_fraction=0.2")
     mine.set_defaults(func=_mine_command)
 
@@ -73,17 +74,18 @@ def _traffic_command(args: argparse.Namespace) -> int:
     from draftwheel.home import logs_dir
     from draftwheel.mining.replay_workload import run_traffic
     from draftwheel.mining.workloads import load_workload
-    from draftwheel.serving.loading import engine_from_specs
+    from draftwheel.serving.loading import engine_from_specs, resolve_target
     from draftwheel.serving.engine.params import SamplingParams
-    from draftwheel.serving.engine.precision import resolve_dtype
-    from draftwheel.serving.engine.reference import DEFAULT_DRAFT_URI, default_target_dir
+    from draftwheel.serving.engine.precision import resolve_device, resolve_dtype
+    from draftwheel.serving.engine.reference import DEFAULT_DRAFT_URI
 
     try:
         workload = load_workload(args.workload, args.n, args.seed)
         params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, k=args.k)
         draft = None if args.draft == "none" else (args.draft or DEFAULT_DRAFT_URI)
-        engine = engine_from_specs(args.target or str(default_target_dir()), draft, dtype=resolve_dtype(args.dtype),
-                                   min_path_prob=args.min_path_prob)
+        device = resolve_device(args.device)
+        engine = engine_from_specs(resolve_target(args.target, draft), draft, device=device,
+                                   dtype=resolve_dtype(args.dtype, device), min_path_prob=args.min_path_prob)
     except (ValueError, OSError, RuntimeError) as exc:
         return fail("traffic", exc)
     summary = run_traffic(engine, workload, args.log_dir or logs_dir(), params, chat=True,
@@ -97,7 +99,7 @@ def _mine_command(args: argparse.Namespace) -> int:
     from draftwheel.home import logs_dir, mined_dir
     from draftwheel.mining.config import MiningConfig
     from draftwheel.mining.pipeline import mine
-    from draftwheel.serving.engine.reference import default_target_dir
+    from draftwheel.serving.loading import resolve_target
 
     overrides = list(args.overrides) + ([f"tokenizer={args.tokenizer}"] if args.tokenizer else [])
     try:
@@ -105,11 +107,12 @@ def _mine_command(args: argparse.Namespace) -> int:
     except ValueError as exc:  # ConfigError, or a value MiningConfig.__post_init__ refuses (names the field)
         print(f"draftwheel mine: config error: {exc}", file=sys.stderr)
         return USAGE
-    if config.tokenizer is None and default_target_dir().is_dir():  # as the flywheel: the target's tokenizer
-        config = dataclasses.replace(config, tokenizer=str(default_target_dir()))
     try:
+        if config.tokenizer is None:  # as the flywheel: the target's tokenizer, where there is one
+            target = resolve_target(convert_reference=False)
+            config = dataclasses.replace(config, tokenizer=target) if Path(target).is_dir() else config
         manifest = mine(args.log_dir or logs_dir(), args.out or mined_dir(), config)
-    except (OSError, ValueError) as exc:  # missing logs or tokenizer dir, unwritable out: names the path
+    except (OSError, ValueError, RuntimeError) as exc:  # missing logs or tokenizer dir, unwritable out, registry
         return fail("mine", exc)
     counts = manifest["counts"]
     print(json.dumps({"out": str(args.out or mined_dir()), "counts": counts,

@@ -3,6 +3,8 @@
 - `build_tokenizer()`: a byte-level BPE tokenizer trained on a fixed corpus, with a chat template and
   an EOS token, so tests exercise the same tokenizer code paths as a real model.
 - `tiny_llama()`: a randomly initialised Llama causal LM of any depth/width.
+- `tiny_qwen2()`: a second architecture, Qwen2-style: tied embeddings, grouped-query attention, biased
+  q/k/v projections, an odd layer count: what "your own target" looks like next to the reference.
 - `zero_extended_target()`: a deep target whose extra layers contribute nothing (their output
   projections are zeroed), stacked on a shallow draft's layers with the same embeddings and head. The
   pair has acceptance exactly 1, so a benchmark on it measures engine overhead against theory.
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -77,6 +79,23 @@ def tiny_llama(
     return model
 
 
+def tiny_qwen2(tokenizer: PreTrainedTokenizerFast, n_layers: int = 5, hidden: int = 64, heads: int = 4,
+               kv_heads: int = 2, seed: int = 0) -> Qwen2ForCausalLM:
+    """A randomly initialised Qwen2 causal LM with tied input/output embeddings. Weights drawn wider than
+    transformers' default (std 0.1): with tied embeddings a default-initialised model echoes its last input
+    token forever, here greedy outputs cycle through a few tokens, like a small trained model's loops."""
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=n_layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=1024,
+        tie_word_embeddings=True, initializer_range=0.1, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    model = Qwen2ForCausalLM(config).eval()
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
 def zero_extended_target(draft: LlamaForCausalLM, n_layers: int) -> LlamaForCausalLM:
     """A `n_layers`-deep target computing exactly the draft's function.
 
@@ -104,7 +123,7 @@ def zero_extended_target(draft: LlamaForCausalLM, n_layers: int) -> LlamaForCaus
     return target
 
 
-def save_model(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, path: str | Path) -> Path:
+def save_model(model: LlamaForCausalLM | Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, path: str | Path) -> Path:
     """Save model + tokenizer as a safetensors model dir that `from_pretrained` (and the Engine) loads."""
     path = Path(path)
     model.save_pretrained(path)

@@ -1,7 +1,9 @@
-"""`draftwheel bootstrap`: the reference target and the v0 draft, registered as the first champion.
+"""`draftwheel bootstrap`: a target and its v0 draft, registered as champion.
 
 Steps, each skipped when its result already exists (so re-running is cheap and safe):
-1. the reference target (`draftwheel.serving.engine.reference.ensure_reference_target`, offline, sha256-checked);
+1. the target: `target` (a model dir or a hub id), else the one the champion was trained for, else the
+   reference target (`draftwheel.serving.loading.resolve_target`; the reference is converted offline once,
+   sha256-checked);
 2. general traffic: the target's own greedy completions of `chat` workload prompts (`draftwheel.training.target_completions`),
    saved as distill/ + holdout/ datasets (with its top-k log-probs for an `lm` draft);
 3. the v0 draft, by `draft_kind`:
@@ -11,7 +13,13 @@ Steps, each skipped when its result already exists (so re-running is cheap and s
    - `lm`: a shallow Llama whose decoder layers are copies of chosen target layers and whose
      embeddings, final norm and LM head are the target's (embeddings/head frozen during training),
      briefly distilled on that traffic (`draftwheel.training.distill`);
-4. registration as `draftwheel-draft` with the target's weights sha256 and draft-kind tags, alias `champion`.
+4. registration as `draftwheel-draft`, tagged with the target (weights sha256, dir, hub id:
+   `draftwheel.serving.loading.target_tags`, which every later command given no target follows) and the
+   draft kind, and promotion to `champion`, unless the champion was trained for this target already. A
+   champion trained for another target becomes `previous` (`draftwheel rollback` returns to it).
+
+Traffic and the v0 are kept per target (`<state>/datasets/bootstrap/<settings>-<target sha>`,
+`<state>/models/<draft_name>-<target sha>`), so bootstrapping a second target never reuses the first's.
 
 It does not serve or mine; the CLI and the Prefect bootstrap flow call `bootstrap()`.
 """
@@ -36,9 +44,9 @@ DRAFT_KINDS = ("eagle3", "lm")
 class BootstrapConfig:
     """v0 draft settings; see configs/bootstrap.yaml."""
 
-    target: str = ""             # target model dir; "" = the reference target (converted once)
+    target: str = ""             # target model dir or hub id; "" = the champion's target, else the reference target
     draft_kind: str = "eagle3"   # eagle3 (one layer over the target's features) | lm (a small causal LM)
-    draft_name: str = "v0-draft"  # dir under <state>/models for the v0 draft
+    draft_name: str = "v0-draft"  # dir under <state>/models for the v0 draft (suffixed with the target's sha256)
     init_layers: list[int] = field(default_factory=lambda: [0, 1])  # target layers copied into the draft
     workload: str = "chat"       # draftwheel.mining.workloads name for the general traffic
     n_prompts: int = 256         # training prompts (target completions)
@@ -55,7 +63,7 @@ class BootstrapConfig:
     text_sequences: int = 64     # eagle3: extra teacher-forced text (stdlib docstrings, the `prose` workload)
     ttt_steps: int = 3           # eagle3: training-time-test unroll depth
     bf16: bool | str = False     # eagle3: generate the completions and train under bfloat16 (~1.7x faster on AMX, a weaker v0; auto = only where fast)
-    register: bool = True        # register the draft and set `champion` (unless a champion exists)
+    register: bool = True        # register the draft and make it `champion` (unless the champion is for this target)
     tracking: bool = True        # log the distillation run to MLflow
 
     @property
@@ -201,50 +209,54 @@ def _build_draft(config: BootstrapConfig, target: Any, data: dict[str, Path], dr
     shutil.rmtree(init_dir, ignore_errors=True)
 
 
-def _register(config: BootstrapConfig, draft_dir: Path, target_sha: str) -> dict[str, Any]:
-    """Register the v0 draft and make it champion through `draftwheel.registry` (the path every promotion
-    takes), unless a champion exists."""
+def _register(config: BootstrapConfig, draft_dir: Path, target: Any) -> dict[str, Any]:
+    """Register the v0 draft, tagged with where its target is, and make it champion through
+    `draftwheel.registry` (the path every promotion takes), unless the champion was trained for this target."""
     from draftwheel import registry, tracking
-    from draftwheel.registry_names import CHAMPION, STAGE_TAG, TARGET_SHA_TAG, TRAINING_CONFIG_TAG
+    from draftwheel.registry_names import CHAMPION, STAGE_TAG, TRAINING_CONFIG_TAG, not_trained_for, trained_for
+    from draftwheel.serving.loading import target_tags
 
-    try:
-        existing = tracking.get_alias_version(CHAMPION)
-    except tracking.RegistryError:  # no registered model yet
-        existing = None
-    if existing is not None:
-        print(f"bootstrap: champion exists (version {existing}); not registering", flush=True)
-        return {"version": existing, "registered": False}
+    sha = target.model_id.sha256
+    existing = next((row for row in tracking.list_versions() if CHAMPION in row["aliases"]), None)
+    if existing is not None and trained_for(existing["tags"], sha):
+        print(f"bootstrap: the champion (version {existing['version']}) is trained for this target; not registering",
+              flush=True)
+        return {"version": existing["version"], "registered": False}
     info = common.read_training_info(draft_dir)
     version = registry.register_version(draft_dir, config.draft_kind, {
-        TARGET_SHA_TAG: target_sha, STAGE_TAG: "bootstrap", TRAINING_CONFIG_TAG: to_dict(config),
-        "metrics": info.get("metrics", {})})
-    registry.promote(version, target_sha=target_sha)
+        **target_tags(config.target or target.path, sha, target.path), STAGE_TAG: "bootstrap",
+        TRAINING_CONFIG_TAG: to_dict(config), "metrics": info.get("metrics", {})})
+    registry.promote(version, target_sha=sha)
     print(f"bootstrap: registered v0 draft as version {version} (champion)", flush=True)
+    if existing is not None:
+        print(f"bootstrap: the champion was version {existing['version']}, "
+              f"{not_trained_for(existing['tags'], sha, 'this target')}; it is `previous` now "
+              f"(`draftwheel rollback` returns to it)", flush=True)
     return {"version": version, "registered": True}
 
 
 def bootstrap(config: BootstrapConfig | None = None, workload: list[dict] | None = None) -> dict[str, Any]:
-    """Reference target + v0 draft (+ registration). `workload` overrides the generated prompts (tests)."""
+    """The target + its v0 draft (+ registration). `workload` overrides the generated prompts (tests)."""
     from draftwheel.tracking import get_tracker
-    from draftwheel.serving.loading import load_model
+    from draftwheel.serving.loading import load_model, resolve_target
 
     config = config or BootstrapConfig()
     home.apply_offline_defaults()
-    target_dir = common.resolve_target(config.target)
-    draft_dir = home.models_dir() / config.draft_name
-    result: dict[str, Any] = {"target_dir": str(target_dir), "draft_dir": str(draft_dir)}
-    target = load_model(target_dir)
+    target = load_model(resolve_target(config.target))
+    sha = target.model_id.sha256
+    draft_dir = home.models_dir() / f"{config.draft_name}-{sha[:12]}"
+    result: dict[str, Any] = {"target_dir": str(target.path), "draft_dir": str(draft_dir)}
     if (draft_dir / common.INFO_FILE).is_file():
         print(f"bootstrap: v0 draft exists at {draft_dir}", flush=True)
         result["built"] = False
     else:
         # Keyed by what shapes the traffic, so a changed config never silently reuses stale data.
         key = (f"{config.workload}-{config.n_prompts}-{config.holdout_prompts}-{config.max_new_tokens}-{config.seed}"
-               f"-{config.draft_kind}" + ("-bf16" if config.bf16_eagle else ""))
+               f"-{config.draft_kind}" + ("-bf16" if config.bf16_eagle else "") + f"-{sha[:12]}")
         data = _traffic(config, target, home.datasets_dir() / "bootstrap" / key, workload)
         _build_draft(config, target, data, draft_dir, get_tracker(config.tracking))
         result["built"] = True
     result["metrics"] = common.read_training_info(draft_dir).get("metrics", {})
     if config.register:
-        result.update(_register(config, draft_dir, target.model_id.sha256))
+        result.update(_register(config, draft_dir, target))
     return result

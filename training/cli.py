@@ -38,13 +38,19 @@ def register(subparsers: Any) -> None:
         add_override_arguments(method, trainer.example)
         method.set_defaults(func=_train_command)
 
-    boot = subparsers.add_parser("bootstrap", help="reference target + v0 draft, registered as champion",
-                                 description="Obtain the reference target offline and build, distil and "
-                                             "register the v0 draft (skips what exists).",
+    boot = subparsers.add_parser("bootstrap", help="a target's v0 draft, registered as champion",
+                                 description="Build the v0 draft (eagle3 by default) for the target, trained on "
+                                             "its own answers, and register it as champion, tagged with where "
+                                             "the target is: every later command given no --target serves and "
+                                             "trains for that target. Without --target: the reference target, "
+                                             "converted offline once. Skips what exists.",
                                  **examples("draftwheel bootstrap",
-                                            "draftwheel bootstrap --config configs/bootstrap.yaml n_prompts=8",
-                                            "draftwheel bootstrap --set target=/path/to/target-dir"))
+                                            "draftwheel bootstrap --target /path/to/my-model",
+                                            "draftwheel bootstrap --target Qwen/Qwen2.5-0.5B-Instruct n_prompts=64",
+                                            "draftwheel bootstrap --config configs/bootstrap.yaml n_prompts=8"))
     boot.add_argument("--config", metavar="FILE", help="YAML config (e.g. configs/bootstrap.yaml); defaults if omitted")
+    boot.add_argument("--target", help="the target: a model dir or a Hugging Face hub id (hub ids need "
+                                       "HF_HUB_OFFLINE=0 once); the config's `target`")
     add_override_arguments(boot, "n_prompts=8")
     boot.set_defaults(func=_bootstrap_command)
 
@@ -62,8 +68,15 @@ def _train_command(args: argparse.Namespace) -> int:
 
 def _bootstrap_command(args: argparse.Namespace) -> int:
     from draftwheel.config import load_config
+    from draftwheel.exit_codes import fail
+    from draftwheel.tracking import RegistryError
     from draftwheel.training.bootstrap import BootstrapConfig, bootstrap
 
-    result = bootstrap(load_config(BootstrapConfig, args.config, args.overrides))
+    overrides = list(args.overrides) + ([f"target={args.target}"] if args.target else [])
+    config = load_config(BootstrapConfig, args.config, overrides)  # a ConfigError: the dispatcher's one line
+    try:
+        result = bootstrap(config)
+    except (OSError, RegistryError) as exc:  # the target cannot be loaded, the registry cannot be written
+        return fail("bootstrap", exc)
     print(json.dumps(result, indent=2, default=str))
     return 0

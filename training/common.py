@@ -98,15 +98,6 @@ class EpochSelectionFields:
                               patience=self.early_stop_patience, keep_best=self.keep_best_epoch)
 
 
-def resolve_target(spec: str) -> str:
-    """The target spec, or the reference target (converted once) when empty."""
-    if spec:
-        return spec
-    from draftwheel.serving.engine.reference import ensure_reference_target
-
-    return str(ensure_reference_target(home.models_dir()))
-
-
 def resolve_dataset(path: str, kind: str) -> Path:
     """A trainer's dataset dir: `path`, or where `draftwheel mine` writes `kind` by default."""
     return Path(path) if path else home.mined_dataset(kind)

@@ -175,12 +175,12 @@ def _train_dataset(config: DistillConfig, dataset_dir: Path, teacher: Any, teach
 
 def train_distill(config: DistillConfig, tracker: Any = None) -> Path:
     """Distil the student towards the target; return the saved candidate dir."""
-    from draftwheel.serving.loading import load_model
+    from draftwheel.serving.loading import load_model, resolve_target
 
     tracker = tracker or get_tracker(config.tracking)
     dataset_dir, holdout_dir = _resolve_paths(config)
     out_dir = common.resolve_output_dir(config.output_dir, "distill")
-    target = load_model(common.resolve_target(config.target))
+    target = load_model(resolve_target(config.target, config.student))
     student = load_model(config.student)
     target.model.requires_grad_(False)
     pad_id = student.tokenizer.pad_token_id if student.tokenizer.pad_token_id is not None else 0

@@ -645,13 +645,13 @@ def prepare_draft(config: EagleConfig, target: Any, counts: torch.Tensor, eos: l
 def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
     """Train an EAGLE-3 draft; return the saved candidate dir (speculators format)."""
     from draftwheel.serving.engine.engine import eos_token_ids
-    from draftwheel.serving.loading import load_model
+    from draftwheel.serving.loading import load_model, resolve_target
 
     tracker = tracker or get_tracker(config.tracking)
     dataset_dir = Path(config.dataset) if config.dataset else home.datasets_dir() / "distill"
     holdout_dir = Path(config.holdout) if config.holdout else dataset_dir.parent / "holdout"
     out_dir = common.resolve_output_dir(config.output_dir, "eagle")
-    target = load_model(common.resolve_target(config.target))
+    target = load_model(resolve_target(config.target, config.student))
     target.model.requires_grad_(False)
     train_seqs = load_sequences(dataset_dir, config.max_length, residual_floor=config.residual_floor)
     cache_root = Path(config.feature_cache) if config.feature_cache else home.state_dir() / "cache" / "eagle-features"

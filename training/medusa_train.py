@@ -154,12 +154,12 @@ def _paths(config: MedusaConfig) -> tuple[Path, Path | None]:
 
 def train_medusa(config: MedusaConfig, tracker: Any = None) -> Path:
     """Train Medusa heads on the frozen target; return the saved heads dir."""
-    from draftwheel.serving.loading import load_model
+    from draftwheel.serving.loading import load_model, resolve_target
 
     tracker = tracker or get_tracker(config.tracking)
     dataset_dir, holdout_dir = _paths(config)
     out_dir = common.resolve_output_dir(config.output_dir, "medusa")
-    target = load_model(common.resolve_target(config.target))
+    target = load_model(resolve_target(config.target))
     heads = MedusaHeads.for_target(target.model, config.n_heads, config.n_layers, target.model_id.sha256)
     model = MedusaModel(target.model, heads)
     pad_id = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else 0

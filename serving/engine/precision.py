@@ -6,7 +6,9 @@ verify forward of SmolLM2-135M costs ~1.5x a 1-token step in float32 (oneDNN's f
 few rows stream the weights at about half the single-row rate), but only ~1.1x in bfloat16 with
 prepacked weights, where oneDNN uses AMX tiles for the extra rows (docs/serving-engine.md has the
 measurements). A single bfloat16 step costs about what a float32 one does, so plain decoding gets no
-slower. `auto` picks bfloat16 when the CPU has AMX-BF16 (and oneDNN supports bfloat16), else float32.
+slower. `auto` picks bfloat16 when the CPU has AMX-BF16 (and oneDNN supports bfloat16), else float32; on a
+CUDA GPU, bfloat16 where the GPU supports it. The device setting `auto` (`resolve_device`) is CUDA when
+present, else the CPU.
 
 Lossless is always measured against the target alone in the same dtype: greedy speculative output is
 token-identical to plain decoding of the same (bfloat16 or float32) target.
@@ -28,6 +30,25 @@ def check_dtype_name(name: str) -> None:
         raise ValueError(f"dtype: {name!r} is not one of {', '.join(CHOICES)}")
 
 
+DEVICES = ("auto", "cpu", "cuda")  # torch-free: `auto` is CUDA when present, else the CPU; `cuda:N` names one GPU
+
+
+def check_device_name(name: str) -> None:
+    """Raise ValueError naming the `device` field unless `name` is one of DEVICES or `cuda:N` (torch-free)."""
+    if name not in DEVICES and not (name.startswith("cuda:") and name[len("cuda:"):].isdigit()):
+        raise ValueError(f"device: {name!r} is not one of {', '.join(DEVICES)} (or cuda:N)")
+
+
+def resolve_device(name: str) -> str:
+    """`auto` -> `cuda` when a CUDA GPU is present, else `cpu`; any other name as given, once checked."""
+    check_device_name(name)
+    if name != "auto":
+        return name
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def cpu_has_amx_bf16() -> bool:
     import torch
 
@@ -38,11 +59,14 @@ def cpu_has_amx_bf16() -> bool:
 
 
 def resolve_dtype(name: str, device: str = "cpu") -> "torch.dtype":
-    """`auto` -> bfloat16 on AMX-BF16 CPUs, else float32; `float32`/`bfloat16` as named.
-    Raises ValueError naming the choices for anything else."""
+    """`auto` -> bfloat16 on AMX-BF16 CPUs and on CUDA GPUs that support it (as `resolve_bf16`), else
+    float32; `float32`/`bfloat16` as named. `device` as `resolve_device` returns it. Raises ValueError
+    naming the choices for anything else."""
     import torch
 
     if name == "auto":
+        if device.startswith("cuda"):
+            return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
         return torch.bfloat16 if device == "cpu" and cpu_has_amx_bf16() else torch.float32
     check_dtype_name(name)
     return getattr(torch, name)

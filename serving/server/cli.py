@@ -31,7 +31,8 @@ from typing import Any
 from draftwheel.cli_help import add_log_dir, examples
 from draftwheel.config import ConfigError, SHIPPED_CONFIGS, add_override_arguments
 from draftwheel.registry_names import URI_PREFIX
-from draftwheel.serving.server.cli_flags import add_dtype, add_k, add_min_path_prob, add_served_model_name
+from draftwheel.serving.server.cli_flags import (TARGET_DEFAULT_HELP, add_device, add_dtype, add_k, add_min_path_prob,
+                                                add_served_model_name)
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +52,14 @@ def register(subparsers: Any) -> None:
                    "draftwheel serve --no-draft --medusa heads/ --log-dir /tmp/draftwheel-logs"))
     add_config_argument(parser)
     add_override_arguments(parser, "k=6")
-    parser.add_argument("--target", help="target model: dir, hub id or models:/NAME@ALIAS "
-                                         "(default: the reference target in $DRAFTWHEEL_HOME/models)")
+    parser.add_argument("--target", help=TARGET_DEFAULT_HELP)
     parser.add_argument("--draft", help="draft model: dir, hub id or models:/NAME@ALIAS (hot-reloaded)")
     parser.add_argument("--no-draft", action="store_true", help="serve without a draft (plain decoding)")
     parser.add_argument("--medusa", help="Medusa heads dir (with --no-draft)")
     add_k(parser, None)
     add_min_path_prob(parser, None)
     add_dtype(parser, None)
+    add_device(parser, None)
     add_served_model_name(parser)
     parser.add_argument("--host", help="bind address")
     parser.add_argument("--port", type=int, help="TCP port")
@@ -100,7 +101,7 @@ def build_config(args: argparse.Namespace) -> Any:
     config = load_serve_config(args.config, args.overrides)
     flags = {"target": args.target, "draft": args.draft, "medusa": args.medusa, "host": args.host,
              "port": args.port, "log_dir": args.log_dir, "k": args.k, "min_path_prob": args.min_path_prob,
-             "dtype": args.dtype, "served_model_name": args.served_model_name,
+             "dtype": args.dtype, "device": args.device, "served_model_name": args.served_model_name,
              # the flag wins, even empty (then refused); the environment fills in a key the config lacks
              "api_key": args.api_key if args.api_key is not None else
              (None if config.api_key else os.environ.get(API_KEY_ENV))}
@@ -150,24 +151,21 @@ def open_sink(config: Any, metrics: Any = None) -> Any:
 
 def _load_engine(config: Any, sink: Any, metrics: Any) -> Any:
     """The engine: target (+ Medusa heads), then the draft swapped in, each failure naming its setting."""
-    from draftwheel.home import models_dir
-    from draftwheel.serving.loading import engine_from_specs
-    from draftwheel.serving.loading import load_model
-    from draftwheel.serving.engine.precision import resolve_dtype
+    from draftwheel.serving.loading import engine_from_specs, load_model, resolve_target
+    from draftwheel.serving.engine.precision import resolve_device, resolve_dtype
 
     target = config.target
     if target is None:
-        from draftwheel.serving.engine.reference import ensure_reference_target
-
-        with _setting("target (the reference model)"):
-            target = str(ensure_reference_target(models_dir()))
+        with _setting("target (the one the champion was trained for, else the reference model)"):
+            target = resolve_target(None, config.draft)
     label = f"target {target}" + (f" / medusa {config.medusa}" if config.medusa else "")
+    device = resolve_device(config.device)
     with _setting(label):
-        engine = engine_from_specs(target, None, config.medusa, device=config.device, sink=sink, metrics=metrics,
-                                   dtype=resolve_dtype(config.dtype, config.device), min_path_prob=config.min_path_prob)
+        engine = engine_from_specs(target, None, config.medusa, device=device, sink=sink, metrics=metrics,
+                                   dtype=resolve_dtype(config.dtype, device), min_path_prob=config.min_path_prob)
     if config.draft:
         with _setting(f"draft {config.draft}"):
-            engine.swap_draft(load_model(config.draft, config.device))  # what Engine(target, draft) checks
+            engine.swap_draft(load_model(config.draft, device))  # what Engine(target, draft) checks
     return engine
 
 

@@ -1,5 +1,6 @@
 """The serving flags users reach for first, defined once so they mean the same on every command:
-`--k`, `--min-path-prob`, `--dtype` (generate, bench, serve, traffic, demo, shadow) and `--served-model-name` (serve).
+`--k`, `--min-path-prob`, `--dtype` (generate, bench, serve, traffic, demo, shadow), `--device` (generate,
+bench, serve, traffic) and `--served-model-name` (serve); and what `--target` defaults to, said once.
 
 Each maps onto the `ServeConfig` field of the same name. A command that reads a config (serve, bench)
 passes `default=None`, so an unset flag leaves the config's value; the others pass their own default.
@@ -11,7 +12,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from draftwheel.serving.engine.precision import CHOICES as PRECISIONS
+from draftwheel.serving.engine.precision import CHOICES as PRECISIONS, DEVICES
+
+TARGET_DEFAULT_HELP = ("target model: dir, hub id or models:/NAME@ALIAS (default: the target the champion was "
+                       "trained for, as the registry recorded it; with no champion, the reference target)")
 
 
 def _default(default: Any, config_default: Any) -> str:
@@ -33,6 +37,11 @@ def add_dtype(parser: argparse.ArgumentParser, default: str | None) -> None:
     parser.add_argument("--dtype", choices=PRECISIONS, default=default,
                         help="serving precision: auto is bfloat16 on CPUs with AMX-BF16, where verifying k+1 tokens "
                              f"costs about one decoding step, else float32 ({_default(default, 'auto')})")
+
+
+def add_device(parser: argparse.ArgumentParser, default: str | None) -> None:
+    parser.add_argument("--device", default=default, metavar="{" + ",".join(DEVICES) + ",cuda:N}",
+                        help=f"where the models run: auto is CUDA when present, else the CPU ({_default(default, 'auto')})")
 
 
 def add_served_model_name(parser: argparse.ArgumentParser) -> None:

@@ -1,8 +1,8 @@
 """`draftwheel generate` (one completion) and `draftwheel export` (an eagle3 draft in the format vLLM serves).
 
 Thin wrappers around the engine; torch and transformers are imported inside the command functions so
-`draftwheel --help` stays fast. `generate` takes flags only (default target and draft from
-`draftwheel.serving.engine.reference`: the reference target dir and the registry champion). Errors are one
+`draftwheel --help` stays fast. `generate` takes flags only (default draft: the registry champion; default
+target: the one that draft was trained for, `draftwheel.serving.loading.resolve_target`). Errors are one
 line; the exit code follows `draftwheel.exit_codes` (2: an input the user can fix, 1: the run failed).
 """
 
@@ -16,9 +16,8 @@ from typing import Any
 
 from draftwheel.cli_help import examples
 from draftwheel.exit_codes import fail
-from draftwheel.serving.server.cli_flags import add_dtype, add_k, add_min_path_prob
+from draftwheel.serving.server.cli_flags import TARGET_DEFAULT_HELP, add_device, add_dtype, add_k, add_min_path_prob
 
-TARGET_HELP = "target: model dir, hub id or models:/NAME@ALIAS (default: $DRAFTWHEEL_HOME/models/smollm2-135m-instruct)"
 DRAFT_HELP = "draft: model dir, hub id or models:/NAME@ALIAS (default: models:/draftwheel-draft@champion)"
 CHAT_HELP = "apply the tokenizer's chat template to prompts"
 
@@ -32,12 +31,13 @@ def _add_generate(subparsers: Any) -> None:
                                            '--seed 0 --json',
                                            'draftwheel generate --prompt "Hello!" --no-draft --dtype float32'))
     gen.add_argument("--prompt", required=True)
-    gen.add_argument("--target", help=TARGET_HELP)
+    gen.add_argument("--target", help=TARGET_DEFAULT_HELP)
     gen.add_argument("--draft", help=DRAFT_HELP)
     add_k(gen, 4)
     gen.add_argument("--chat", action="store_true", help=CHAT_HELP)
     add_min_path_prob(gen, 0.0)
     add_dtype(gen, "auto")
+    add_device(gen, "auto")
     gen.add_argument("--no-draft", action="store_true", help="plain decoding with the target alone")
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -65,20 +65,21 @@ def register(subparsers: Any) -> None:
     export.add_argument("--out", required=True, type=Path, help="output directory (refused if not empty)")
     export.add_argument("--force", action="store_true", help="replace a non-empty --out")
     export.add_argument("--target", help="the target's model dir, whose embedding table the export carries "
-                                         "(default: $DRAFTWHEEL_HOME/models/smollm2-135m-instruct)")
+                                         "(default: the one the draft was trained for, as the registry recorded it)")
     export.add_argument("--verifier", help="the target's Hugging Face id recorded for vLLM, ORG/NAME (default: "
                                            "the one the draft recorded, e.g. HuggingFaceTB/SmolLM2-135M-Instruct)")
     export.set_defaults(func=_export_command)
 
 
 def _load_engine(args: argparse.Namespace, with_draft: bool):
-    from draftwheel.serving.loading import engine_from_specs
-    from draftwheel.serving.engine.precision import resolve_dtype
-    from draftwheel.serving.engine.reference import DEFAULT_DRAFT_URI, default_target_dir
+    from draftwheel.serving.loading import engine_from_specs, resolve_target
+    from draftwheel.serving.engine.precision import resolve_device, resolve_dtype
+    from draftwheel.serving.engine.reference import DEFAULT_DRAFT_URI
 
-    target = args.target or str(default_target_dir())
-    draft = (args.draft or DEFAULT_DRAFT_URI) if with_draft else None
-    return engine_from_specs(target, draft, dtype=resolve_dtype(args.dtype), min_path_prob=args.min_path_prob)
+    draft = args.draft or DEFAULT_DRAFT_URI
+    device = resolve_device(args.device)
+    return engine_from_specs(resolve_target(args.target, draft), draft if with_draft else None, device=device,
+                             dtype=resolve_dtype(args.dtype, device), min_path_prob=args.min_path_prob)
 
 
 def _generate_command(args: argparse.Namespace) -> int:
@@ -102,14 +103,13 @@ def _generate_command(args: argparse.Namespace) -> int:
 def _export_command(args: argparse.Namespace) -> int:
     from draftwheel.serving.engine.eagle import Eagle3FormatError, is_eagle3_dir
     from draftwheel.serving.engine.eagle_export import export_speculators
-    from draftwheel.serving.loading import resolve_spec
-    from draftwheel.serving.engine.reference import default_target_dir
+    from draftwheel.serving.loading import resolve_spec, resolve_target
 
     try:
         src = resolve_spec(args.uri)
         if not is_eagle3_dir(src):
             raise ValueError(f"{args.uri} ({src}) is not an eagle3 draft: only eagle3 drafts export to speculators")
-        target = resolve_spec(args.target) if args.target else default_target_dir()
+        target = resolve_spec(resolve_target(args.target, args.uri))
         out = export_speculators(src, args.out, target, verifier=args.verifier or "", force=args.force)
     except (ValueError, OSError, Eagle3FormatError) as exc:
         return fail("export", exc)

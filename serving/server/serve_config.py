@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from draftwheel.registry_names import CHAMPION_URI
-from draftwheel.serving.engine.precision import check_dtype_name
+from draftwheel.serving.engine.precision import check_device_name, check_dtype_name
 from draftwheel.serving.engine.records import MODES
 
 MiB = 1024 * 1024
@@ -22,7 +22,9 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     target: str | None = None
-    """Target model dir, hub id or models:/ URI; None = the reference target in $DRAFTWHEEL_HOME/models."""
+    """Target model dir, hub id or models:/ URI; None = the target the draft's registry version (else the
+    champion) was trained for, as its tags record it; with no champion, the reference target in
+    $DRAFTWHEEL_HOME/models (draftwheel.serving.loading.resolve_target)."""
     draft: str | None = CHAMPION_URI
     """Draft model (dir, hub id, models:/NAME@ALIAS: reloaded when the alias moves); None = no draft."""
     medusa: str | None = None
@@ -56,7 +58,9 @@ class ServeConfig:
     drain_timeout_s: float = 30.0
     """On SIGINT/SIGTERM, how long in-flight requests may run before they are cut (and counted in the log)."""
     reload_poll_s: float = 30.0
-    device: str = "cpu"
+    device: str = "auto"
+    """Where the models run: auto (a CUDA GPU when present, else the CPU), cpu, cuda or cuda:N
+    (draftwheel.serving.engine.precision.resolve_device)."""
     dtype: str = "auto"
     """Serving precision: auto (bfloat16 on CPUs with AMX-BF16, where a k+1-token verify costs about one
     decoding step; else float32), float32 or bfloat16 (draftwheel.serving.engine.precision). Drafts follow the target."""
@@ -100,6 +104,7 @@ class ServeConfig:
             if not ok:
                 raise ValueError(f"{name}: invalid value {getattr(self, name)!r}")
         check_dtype_name(self.dtype)
+        check_device_name(self.device)
         if self.mode is not None and self.mode not in MODES:
             raise ValueError(f"mode: {self.mode!r} not one of {', '.join(MODES)} (or null)")
         if self.mode in ("suffix", "hybrid") and not self.suffix_tier:

@@ -15,7 +15,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 from draftwheel.serving.engine.engine import Engine
 from draftwheel.serving.engine.models import from_objects
 from draftwheel.serving.engine.params import SamplingParams
-from draftwheel.serving.engine.precision import resolve_bf16, resolve_dtype
+from draftwheel.serving.engine.precision import resolve_bf16, resolve_device, resolve_dtype
 from draftwheel.serving.engine.prepack import is_packed, packs_bfloat16, prepack_linears
 from draftwheel.serving.engine.row_invariant import NAME, use_row_invariant_attention, use_stock_attention
 from draftwheel.serving.testing import build_tokenizer, tiny_llama
@@ -146,6 +146,26 @@ def test_resolve_dtype_names_the_field():
     assert resolve_dtype("auto", device="cuda") == torch.float32
     with pytest.raises(ValueError, match="dtype: 'fp8' is not one of auto, float32, bfloat16"):
         resolve_dtype("fp8")
+
+
+def test_device_auto_is_cuda_when_present_and_dtype_auto_follows_it(monkeypatch):
+    """`device: auto` (serve's default) picks a CUDA GPU when there is one, else the CPU; `dtype: auto` then
+    picks bfloat16 on a GPU that supports it, as the trainers' `bf16: auto` does."""
+    from draftwheel.serving.server.serve_config import ServeConfig
+
+    assert ServeConfig().device == "auto"
+    for present in (False, True):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda present=present: present)
+        assert resolve_device("auto") == ("cuda" if present else "cpu")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    assert resolve_dtype("auto", device="cuda") == torch.bfloat16
+    assert resolve_dtype("auto", device="cuda:1") == torch.bfloat16
+    assert resolve_device("cpu") == "cpu" and resolve_device("cuda:1") == "cuda:1"
+    for bad in ("tpu", "cuda:x", "CPU"):
+        with pytest.raises(ValueError, match=f"device: '{bad}' is not one of auto, cpu, cuda"):
+            resolve_device(bad)
+        with pytest.raises(ValueError, match="device"):
+            ServeConfig(device=bad)
 
 
 def test_configs_refuse_an_unknown_dtype_naming_the_field():
