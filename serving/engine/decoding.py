@@ -58,14 +58,14 @@ def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
 
 
 def autoregressive(target: CachedLM, req: Request) -> Iterator[None]:
-    logits = target.forward(req.prompt_ids, keep=1)[-1]  # [V]
+    logits = (yield from target.step(req.prompt_ids, keep=1))[-1]  # [V]
     while True:
         token = choose(logits, req.params, req.generator)
         req.emit([token])
         yield
         if req.out.finished:
             return
-        logits = target.forward(torch.tensor([token]), keep=1)[-1]  # [V]
+        logits = (yield from target.step(torch.tensor([token]), keep=1))[-1]  # [V]
 
 
 def _draft_tokens(draft: CachedLM, pending: torch.Tensor, k: int, req: Request):
@@ -97,7 +97,7 @@ def speculative(target: CachedLM, draft: CachedLM, req: Request, controller: Ada
         k = controller.next_k() if controller else params.k
         k = min(k, req.out.remaining - 1)  # drafts past max_new_tokens would be thrown away
         if k <= 0:
-            token = choose(target.forward(target_new, keep=1)[-1], params, req.generator)
+            token = choose((yield from target.step(target_new, keep=1))[-1], params, req.generator)
             req.steps.append(Step(k=0, accepted=0, draft_token_ids=[], target_token_id=token))
             req.emit([token])
             target_new = draft_new = torch.tensor([token])
@@ -106,7 +106,7 @@ def speculative(target: CachedLM, draft: CachedLM, req: Request, controller: Ada
         start = time.perf_counter()
         drafted, q = _draft_tokens(draft, draft_new, k, req)  # [k], [k, V] | None
         draft_s = time.perf_counter() - start
-        logits = target.forward(torch.cat([target_new, drafted]), keep=k + 1)  # [k+1, V]
+        logits = yield from target.step(torch.cat([target_new, drafted]), keep=k + 1)  # [k+1, V]
         if params.greedy:
             emitted, accepted = verify_greedy(drafted, logits)
         else:
@@ -133,7 +133,7 @@ def medusa(target: CachedLM, heads: torch.nn.Module, req: Request) -> Iterator[N
     target forward verifies them. The heads' (warped) distributions play the draft's q, so greedy output
     equals the target's and sampling stays lossless."""
     params = req.params
-    logits, hidden = target.forward(req.prompt_ids, keep=1, hidden=True)  # [1, V], [P, H]
+    logits, hidden = yield from target.step(req.prompt_ids, keep=1, hidden=True)  # [1, V], [P, H]
     hidden = hidden[-1]  # [H]: the state whose logits chose `last`
     last = choose(logits[-1], params, req.generator)
     req.emit([last])
@@ -141,7 +141,7 @@ def medusa(target: CachedLM, heads: torch.nn.Module, req: Request) -> Iterator[N
     while not req.out.finished:
         k = min(heads.n_heads, params.k, req.out.remaining - 1)
         if k <= 0:
-            logits = target.forward(torch.tensor([last]), keep=1)[-1]  # [V]
+            logits = (yield from target.step(torch.tensor([last]), keep=1))[-1]  # [V]
             last = choose(logits, params, req.generator)
             req.steps.append(Step(k=0, accepted=0, draft_token_ids=[], target_token_id=last))
             req.emit([last])
@@ -157,7 +157,7 @@ def medusa(target: CachedLM, heads: torch.nn.Module, req: Request) -> Iterator[N
             q = warp(head_logits, params)  # [k, V]
             drafted = sample(q, req.generator)  # [k]
         draft_s = time.perf_counter() - start
-        logits, hiddens = target.forward(torch.cat([torch.tensor([last]), drafted]), hidden=True)  # [k+1, V], [k+1, H]
+        logits, hiddens = yield from target.step(torch.cat([torch.tensor([last]), drafted]), hidden=True)  # [k+1, V], [k+1, H]
         req.timed_step(draft_s, target.last_forward_s)
         if params.greedy:
             emitted, accepted = verify_greedy(drafted, logits)

@@ -85,7 +85,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
     calibration = ScoreCalibration()  # how far the index's scores come true in this request
     if propose and pace is None:
         pace = StepPace()  # the hybrid's "is drafting worth a step here?"
-    logits, features = target.forward(req.prompt_ids, keep=1, aux=aux_ids)  # [1, V], [P, 3H]
+    logits, features = yield from target.step(req.prompt_ids, keep=1, aux=aux_ids)  # [1, V], [P, 3H]
     last = choose(logits[-1], params, req.generator)
     req.emit([last])
     yield
@@ -96,7 +96,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
         k = controller.next_k() if controller else params.k
         k = min(k, req.out.remaining - 1)
         if k <= 0:  # the last token: nothing to draft
-            last = choose(target.forward(torch.tensor([last]), keep=1)[-1], params, req.generator)
+            last = choose((yield from target.step(torch.tensor([last]), keep=1))[-1], params, req.generator)
             req.steps.append(Step(k=0, accepted=0, draft_token_ids=[], target_token_id=last))
             req.emit([last])
             yield
@@ -118,7 +118,8 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
             drafted, q = _run_ahead(draft, hidden, k, kv, req, min_path_prob)  # [n], [n, V] | None (n <= k)
         k = drafted.shape[0]
         draft_s = time.perf_counter() - start
-        logits, new_features = target.forward(torch.cat([torch.tensor([last]), drafted]), keep=k + 1, aux=aux_ids)
+        logits, new_features = yield from target.step(torch.cat([torch.tensor([last]), drafted]), keep=k + 1,
+                                                       aux=aux_ids)
         if params.greedy:
             emitted, accepted = verify_greedy(drafted, logits)
         else:

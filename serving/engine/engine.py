@@ -59,6 +59,23 @@ class RequestStats:
 
 
 @dataclass
+class RequestRun:
+    """One request between `Engine.start` and `Engine.finish`: what its record is made of."""
+    prompt: Any
+    req: Request
+    mode: str
+    draft: LoadedModel | None
+    slice: str
+    text_in: str
+    seed: int | None
+    pick: Any  # the router's pick, if it chose the mode
+    pace_key: tuple | None
+    pace: StepPace | None
+    ts: float  # wall clock at the start
+    start: float  # perf_counter at the start: TTFT and latency count from here
+
+
+@dataclass
 class Completion:
     request_id: str
     prompt: Any  # the caller's prompt: a string, or a list of chat messages
@@ -169,12 +186,11 @@ class Engine:
             raise ValueError("mode: 'medusa' needs Medusa heads")
         return mode
 
-    def _loop(self, mode: str, draft: LoadedModel | None, req: Request, params: SamplingParams,
-              pace: StepPace | None = None):
-        target = CachedLM(self.target.model)
+    def _loop(self, run: RequestRun, target: Any):
+        mode, draft, req, params = run.mode, run.draft, run.req, run.req.params
         if mode in ("suffix", "hybrid"):
             return suffix_loop(target, draft if mode == "hybrid" else None, self.suffix_index, req,
-                               self.min_path_prob, pace)
+                               self.min_path_prob, run.pace)
         if mode == "draft":
             controller = AdaptiveK(params.k) if params.adaptive_k else None
             if draft.kind == "eagle3":
@@ -184,12 +200,10 @@ class Engine:
             return medusa(target, self.medusa, req)
         return autoregressive(target, req)
 
-    def stream(self, prompt: Any, params: SamplingParams | None = None, slice: str = "default",
-               chat: bool = False, mode: str | None = None,
-               cancel: threading.Event | None = None) -> Iterator[str | Completion]:
-        """Yield text deltas as they become stable, then the final `Completion`. Once `cancel` is set the
-        generator ends at the next step, with no `Completion` and no record: it is checked every step, since
-        text can stay held back (an incomplete character, a stop-string prefix) for the rest of a request."""
+    def start(self, prompt: Any, params: SamplingParams | None = None, slice: str = "default",
+              chat: bool = False, mode: str | None = None) -> RequestRun:
+        """Check and set up one request (tokenise, pick mode and draft, seed); its clock starts here.
+        Raises on bad input (`PromptTooLongError`, `ValueError` naming the field) before any decoding."""
         params = params or SamplingParams()
         draft = self._draft  # read once: a concurrent swap_draft does not affect this request
         text_in, ids = self.encode(prompt, chat)
@@ -206,25 +220,45 @@ class Engine:
         pace_key = (slice, draft.model_id.name, draft.model_id.version, draft.model_id.sha256) \
             if mode == "hybrid" else None
         pace = self.paces.resume(pace_key) if pace_key else None
-        ts, start = time.time(), time.perf_counter()
+        return RequestRun(prompt=prompt, req=req, mode=mode, draft=draft, slice=slice, text_in=text_in, seed=seed,
+                          pick=pick, pace_key=pace_key, pace=pace, ts=time.time(), start=time.perf_counter())
+
+    def decode(self, run: RequestRun, target: Any = None) -> Iterator[Any]:
+        """The request's decoding loop (draftwheel.serving.engine.decoding and friends) over `target`, by default
+        a `CachedLM` of its own; it yields after every step, and the batch engine's paged rows also yield
+        their forward calls (draftwheel.serving.engine.batching)."""
+        return self._loop(run, target if target is not None else CachedLM(self.target.model))
+
+    def finish(self, run: RequestRun) -> Completion:
+        """The finished request's record (published to the sink, metrics and suffix index) and `Completion`."""
+        latency = time.perf_counter() - run.start
+        if run.pace_key:
+            self.paces.keep(run.pace_key, run.pace)
+        record = self._record(run.req, run.mode, run.draft, run.slice, run.text_in, run.seed, run.ts, run.start,
+                              latency)
+        self._publish(record)
+        completion = self._completion(run.prompt, run.req, record)
+        if run.pick is not None:
+            self.router.learn(run.pick, run.draft, completion.stats.tokens_per_s,
+                              record.acceptance_rate if record.drafted_tokens else None)
+        return completion
+
+    def stream(self, prompt: Any, params: SamplingParams | None = None, slice: str = "default",
+               chat: bool = False, mode: str | None = None,
+               cancel: threading.Event | None = None) -> Iterator[str | Completion]:
+        """Yield text deltas as they become stable, then the final `Completion`. Once `cancel` is set the
+        generator ends at the next step, with no `Completion` and no record: it is checked every step, since
+        text can stay held back (an incomplete character, a stop-string prefix) for the rest of a request."""
+        run = self.start(prompt, params, slice, chat, mode)
         sent = 0
-        for _ in self._loop(mode, draft, req, params, pace):
+        for _ in self.decode(run):
             if cancel is not None and cancel.is_set():
                 return
-            stable = req.out.stable_text()
+            stable = run.req.out.stable_text()
             if len(stable) > sent:
                 yield stable[sent:]
                 sent = len(stable)
-        latency = time.perf_counter() - start
-        if pace_key:
-            self.paces.keep(pace_key, pace)
-        record = self._record(req, mode, draft, slice, text_in, seed, ts, start, latency)
-        self._publish(record)
-        completion = self._completion(prompt, req, record)
-        if pick is not None:
-            self.router.learn(pick, draft, completion.stats.tokens_per_s,
-                              record.acceptance_rate if record.drafted_tokens else None)
-        yield completion
+        yield self.finish(run)
 
     def generate(self, prompts: list[Any], params: SamplingParams | None = None, slice: str = "default",
                  chat: bool = False, mode: str | None = None) -> list[Completion]:

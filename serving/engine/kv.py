@@ -1,6 +1,7 @@
 """A causal LM paired with its KV cache: prefill, extend, and roll back by cropping.
 
-`CachedLM` keeps one HF `DynamicCache` for one request. Rolling back after a rejected draft crops the
+`CachedLM` keeps one HF `DynamicCache` for one request; the decoding loops reach its forward through
+`step`, a generator, so that the batch engine can stand a paged row in its place. Rolling back after a rejected draft crops the
 cache (`DynamicCache.crop`), so the accepted prefix is never re-encoded. It owns no decoding policy.
 Timing of forwards (for the adaptive-k cost ratio) is measured here because only here is each forward
 visible; on CPU the wall clock around a forward is its cost (no asynchronous kernels to wait for).
@@ -47,6 +48,13 @@ class CachedLM:
         if aux:
             return logits, torch.cat([out.hidden_states[i][0] for i in aux], -1)
         return (logits, out.hidden_states[-1][0]) if hidden else logits
+
+    def step(self, input_ids: torch.Tensor, keep: int = 0, hidden: bool = False, aux: list[int] | None = None):
+        """`forward` as the decoding loops call it, `logits = yield from target.step(...)`: here it never
+        suspends; a batched row (draftwheel.serving.engine.batching.PagedRow) suspends there until the
+        batch's one forward has run."""
+        return self.forward(input_ids, keep, hidden, aux)
+        yield  # unreachable: makes this a generator the loops can delegate to
 
     def rollback(self, n_tokens: int) -> None:
         """Forget the last `n_tokens` cached positions (a no-op for 0)."""

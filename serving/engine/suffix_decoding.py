@@ -99,7 +99,7 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
             drafted, q = torch.tensor(proposal.tokens, dtype=torch.long), None  # [k]
             source = "suffix" if proposal.tokens else None
         k = len(drafted)
-        logits = target.forward(torch.cat([pending, drafted]), keep=k + 1)  # [k+1, V]
+        logits = yield from target.step(torch.cat([pending, drafted]), keep=k + 1)  # [k+1, V]
         if params.greedy:
             emitted, accepted = verify_greedy(drafted, logits)
         else:

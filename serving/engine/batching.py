@@ -1,0 +1,305 @@
+"""The batch engine: many requests decoding at once, one target forward per step for all of them.
+
+`BatchEngine(engine, config)` wraps an `Engine` (draftwheel.serving.engine.engine): requests are set up
+and recorded by the engine exactly as one at a time (`Engine.start`, `Engine.finish`: the same checks,
+acceptance record, sink, metrics and suffix index), and decoded by the engine's own loops, unchanged
+(plain, draft, eagle3, medusa, suffix, hybrid) with a `PagedRow` standing in for each request's
+`CachedLM`: where a loop calls the target (`yield from target.step(...)`) the row suspends, handing
+over its call. One thread runs the steps: the scheduler (draftwheel.serving.engine.scheduler) admits
+requests and picks the rows, the paged runner (draftwheel.serving.engine.batch_kv) runs every row's
+call in one forward -- a plain step, the k + 1 rows of a verify, a chunk of a prompt -- and each row's
+loop resumes with its own logits: drafting, the pure per-request verification
+(draftwheel.serving.engine.verify) and its rollback (its length goes down) stay the request's own.
+
+Callers: `stream(...)` (the `Engine.stream` contract: text deltas, then the `Completion`; it ends
+early when `cancel` is set, and the request's blocks go back at the next step), `submit(...)` for a
+handle, `generate(prompts, ...)` to run a list at once. A full queue raises `QueueFullError`.
+Drafts run per row, inside their row's turn; only the target's forward is batched.
+Not here: HTTP (draftwheel.serving.server.app), block accounting (blocks), the attention (batch_kv).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from draftwheel.serving.engine.batch_kv import KVPool, PagedRunner, RowCall
+from draftwheel.serving.engine.blocks import BlockManager
+from draftwheel.serving.engine.engine import Completion, Engine, RequestRun
+from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.engine.scheduler import QueueFullError, Scheduler, SchedulerConfig, Sequence
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BatchConfig", "BatchEngine", "PagedRow", "QueueFullError"]
+
+
+@dataclass
+class BatchConfig:
+    """Sizes of the batch engine (`draftwheel serve` reads them from ServeConfig)."""
+    max_batch: int = 16  # requests decoding at once
+    max_batch_tokens: int = 512  # tokens per forward; longer prompts are read in chunks
+    kv_blocks: int = 1024  # KV pool size, in blocks
+    kv_block_size: int = 16  # token positions per block
+    max_waiting: int = 256  # queued requests beyond which new ones are refused
+
+
+class PagedRow:
+    """A request's target inside the batch: the decoding loops' `CachedLM`, whose `step` suspends."""
+
+    def __init__(self, seq: Sequence):
+        self.seq = seq
+        self.last_forward_s = 0.0  # the batch forward this row last took part in
+
+    @property
+    def length(self) -> int:
+        return self.seq.length
+
+    def step(self, input_ids: torch.Tensor, keep: int = 0, hidden: bool = False, aux: list[int] | None = None):
+        """Hand the call to the batch engine; resume with what `CachedLM.forward` would return."""
+        result = yield RowCall(input_ids, self.seq.length, self.seq.table, keep, hidden, aux)
+        return result
+
+    def rollback(self, n_tokens: int) -> None:
+        """Forget the last `n_tokens` positions: the next writes overwrite their slots."""
+        if n_tokens > 0:
+            self.seq.length -= n_tokens
+
+
+class Handle:
+    """One submitted request: its items arrive on `items` (text deltas, then a Completion or an error)."""
+
+    def __init__(self, engine: "BatchEngine", run: RequestRun):
+        self.run, self.engine = run, engine
+        self.items: queue.Queue = queue.Queue()
+        self.seq = Sequence(max_positions=run.req.prompt_ids.shape[0] + run.req.params.max_new_tokens,
+                            payload=self)
+        self.row = PagedRow(self.seq)
+        self.loop: Iterator[Any] | None = None
+        self.call: RowCall | None = None  # the forward call being fed
+        self.parts: list[Any] = []  # results of its chunks so far
+        self.sent = 0  # characters of stable text handed out
+        self.cancelled = False
+        self.queued_s = 0.0  # seconds between submission and admission
+
+    def cancel(self) -> None:
+        """Stop the request at the next step and free its blocks (a no-op once it has finished)."""
+        self.cancelled = True
+        self.engine._wake()
+
+    def results(self, cancel: threading.Event | None = None, poll_s: float = 0.05) -> Iterator[str | Completion]:
+        """Text deltas, then the Completion; ends early, cancelling, once `cancel` is set."""
+        try:
+            while True:
+                try:
+                    item = self.items.get(timeout=poll_s)
+                except queue.Empty:
+                    if cancel is not None and cancel.is_set():
+                        return
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if isinstance(item, Completion) or (cancel is not None and cancel.is_set()):
+                    return
+        finally:
+            self.cancel()
+
+
+def _combine(call: RowCall, parts: list[Any]) -> Any:
+    """One call's result from its chunks' results: logits of the kept positions, states of all."""
+    if len(parts) == 1:
+        return parts[0]
+    if call.hidden or call.aux:
+        logits = torch.cat([p[0] for p in parts]) if call.keep <= 0 else parts[-1][0]
+        return logits, torch.cat([p[1] for p in parts])
+    return torch.cat(parts) if call.keep <= 0 else parts[-1]
+
+
+class BatchEngine:
+    def __init__(self, engine: Engine, config: BatchConfig | None = None):
+        self.engine, self.config = engine, config or BatchConfig()
+        c = self.config
+        model = engine.target.model
+        self.pool = KVPool(model.config, c.kv_blocks, c.kv_block_size, engine.dtype, next(model.parameters()).device)
+        self.runner = PagedRunner(model, self.pool)
+        self.scheduler = Scheduler(BlockManager(c.kv_blocks, c.kv_block_size),
+                                   SchedulerConfig(c.max_batch, c.max_batch_tokens, c.max_waiting))
+        self._cond = threading.Condition()
+        self._engine_lock = threading.Lock()  # Engine.start/finish share the router and the pace memory
+        self._closed = False
+        self.steps = 0  # batched forwards run
+        self.rows_per_step: Counter[int] = Counter()  # how many forwards ran with how many rows
+        self._thread = threading.Thread(target=self._run, name="draftwheel-batch", daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> "BatchEngine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def submit(self, prompt: Any, params: SamplingParams | None = None, slice: str = "default",
+               chat: bool = False, mode: str | None = None) -> Handle:
+        """Check and queue a request (bad input raises here, as `Engine.stream` would; a full queue raises
+        QueueFullError)."""
+        with self._engine_lock:
+            run = self.engine.start(prompt, params, slice, chat, mode)
+        handle = Handle(self, run)
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the batch engine is closed")
+            self.scheduler.add(handle.seq)
+            self._cond.notify()
+        return handle
+
+    def stream(self, prompt: Any, params: SamplingParams | None = None, slice: str = "default", chat: bool = False,
+               mode: str | None = None, cancel: threading.Event | None = None) -> Iterator[str | Completion]:
+        """`Engine.stream`'s contract, decoded in the batch."""
+        yield from self.submit(prompt, params, slice, chat, mode).results(cancel)
+
+    def generate(self, prompts: list[Any], params: SamplingParams | None = None, slice: str = "default",
+                 chat: bool = False, mode: str | None = None) -> list[Completion]:
+        """Run every prompt, all in the batch at once (waiting for room when the queue is full); in order."""
+        handles: list[Handle] = []
+        for prompt in prompts:
+            while True:
+                try:
+                    handles.append(self.submit(prompt, params, slice, chat, mode))
+                    break
+                except QueueFullError:
+                    self._wait_for_room()
+        return [list(h.results())[-1] for h in handles]
+
+    def stats(self) -> dict[str, int]:
+        s = self.scheduler
+        return {"running": len(s.running), "waiting": len(s.waiting), "free_blocks": s.blocks.free_blocks,
+                "kv_blocks": s.blocks.n_blocks, "steps": self.steps}
+
+    def close(self) -> None:
+        """Stop the step thread; requests still queued or running end with an error."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=30)
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _wait_for_room(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: len(self.scheduler.waiting) < self.scheduler.config.max_waiting
+                                or self._closed, timeout=1.0)
+
+    # -- the step thread -------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._closed or self.scheduler.running or self.scheduler.waiting)
+                if self._closed:
+                    break
+                self._drop_cancelled()
+                admitted = self.scheduler.admit()
+                self._cond.notify_all()  # room in the queue
+            now = time.perf_counter()
+            for seq in admitted:
+                handle = seq.payload
+                handle.queued_s = now - handle.run.start
+                self._observe("observe_queue", handle.queued_s)
+                handle.loop = self.engine.decode(handle.run, handle.row)
+                self._advance(handle, None)
+            plan = self.scheduler.plan()
+            if plan:
+                self._step(plan)
+        self._fail_all(RuntimeError("the batch engine closed before the request finished"))
+
+    def _drop_cancelled(self) -> None:
+        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+            if seq.payload.cancelled:
+                self._release(seq.payload)
+
+    def _release(self, handle: Handle) -> None:
+        if handle.loop is not None:
+            handle.loop.close()
+        with self._cond:
+            self.scheduler.remove(handle.seq)
+
+    def _step(self, plan: list[tuple[Sequence, int]]) -> None:
+        chunks = []
+        for seq, n in plan:
+            call, fed = seq.payload.call, len(seq.payload.call.tokens) - seq.pending
+            final = n == seq.pending
+            chunks.append(RowCall(call.tokens[fed:fed + n], seq.length, seq.table, call.keep if final else 1,
+                                  call.hidden, call.aux))
+        try:
+            self.runner.forward(chunks)
+        except Exception as exc:  # noqa: BLE001 - a failed forward fails its rows, not the server
+            log.exception("batched forward over %d rows failed", len(plan))
+            for seq, _ in plan:
+                self._fail(seq.payload, exc)
+            return
+        self.steps += 1
+        self.rows_per_step[len(plan)] += 1
+        self._observe("observe_step", len(plan), sum(n for _, n in plan))
+        for (seq, n), chunk in zip(plan, chunks):
+            handle = seq.payload
+            seq.length += n
+            seq.pending -= n
+            handle.parts.append(chunk.result)
+            handle.row.last_forward_s = self.runner.last_forward_s
+            if seq.pending == 0:
+                result, handle.parts = _combine(handle.call, handle.parts), []
+                seq.prefilling = False
+                self._advance(handle, result)
+
+    def _advance(self, handle: Handle, value: Any) -> None:
+        """Resume the request's loop with `value` until it asks for the next forward or ends."""
+        seq = handle.seq
+        try:
+            while True:
+                item = handle.loop.send(value)
+                value = None
+                if isinstance(item, RowCall):
+                    handle.call, seq.pending = item, item.tokens.shape[0]
+                    seq.keep = item.keep if item.keep > 0 else 1
+                    return
+                stable = handle.run.req.out.stable_text()  # a step ended: hand out its stable text
+                if len(stable) > handle.sent:
+                    handle.items.put(stable[handle.sent:])
+                    handle.sent = len(stable)
+        except StopIteration:
+            with self._cond:
+                self.scheduler.remove(seq)
+            try:
+                with self._engine_lock:
+                    handle.items.put(self.engine.finish(handle.run))
+            except Exception as exc:  # noqa: BLE001 - handed to the caller
+                handle.items.put(exc)
+        except Exception as exc:  # noqa: BLE001 - one request's failure is its own
+            log.exception("request failed in the batch")
+            self._fail(handle, exc)
+
+    def _fail(self, handle: Handle, exc: BaseException) -> None:
+        self._release(handle)
+        handle.items.put(exc)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+            self._fail(seq.payload, exc)
+
+    def _observe(self, name: str, *values: Any) -> None:
+        """Optional scheduler metrics: the engine's metrics object may have `observe_step(rows, tokens)` and
+        `observe_queue(seconds)` (draftwheel.serving.server.metrics does)."""
+        hook = getattr(self.engine.metrics, name, None)
+        if hook is not None:
+            hook(*values)

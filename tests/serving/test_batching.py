@@ -1,0 +1,190 @@
+"""The batch engine on tiny random Llama models (seconds on CPU): the paged forward against a request's own
+cache, token identity with one-at-a-time decoding in every mode, the sampled law at batch 8, overload,
+cancellation and refusals.
+
+The draft is test_engine's noisy copy of the target (acceptance roughly 0.3-0.8), so verification's
+accept and rollback paths both run inside the batch.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from draftwheel.serving.engine.batch_kv import KVPool, PagedRunner, RowCall
+from draftwheel.serving.engine.batching import BatchConfig, BatchEngine, QueueFullError
+from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.engine.kv import CachedLM
+from draftwheel.serving.engine.models import from_objects
+from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.engine.row_invariant import use_row_invariant_attention
+from draftwheel.serving.engine.suffix import SuffixIndex, target_key
+from tests.serving.law import chi_square, window_law
+from tests.serving.test_engine import PROMPTS, TWO_TOKEN_PROMPT, pair  # noqa: F401 - a fixture
+from tests.serving.test_suffix_engine import corrupted
+
+MODES = ["autoregressive", "draft", "suffix", "hybrid"]
+
+
+class Records:
+    """A sink that keeps the records it is given."""
+
+    def __init__(self):
+        self.records = []
+
+    def write(self, record):
+        self.records.append(record)
+        return True
+
+
+def make_engine(pair, sink=None):
+    tokenizer, target, draft = pair
+    loaded = from_objects(target, tokenizer, "target")
+    engine = Engine(loaded, from_objects(draft, tokenizer, "draft"), sink=sink,
+                    suffix_index=SuffixIndex(target_key(loaded.model_id)))
+    for prompt in PROMPTS[:3]:  # proposals for some prompts, partly wrong
+        ids = tokenizer(prompt)["input_ids"]
+        engine.suffix_index.add(ids + corrupted(engine.generate([prompt], SamplingParams(max_new_tokens=40),
+                                                                mode="autoregressive")[0].token_ids))
+    return engine
+
+
+@pytest.fixture(scope="module")
+def engine(pair):
+    return make_engine(pair)
+
+
+def gqa_llama(seed=0):
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    return LlamaForCausalLM(config).eval()
+
+
+def test_a_paged_row_is_bitwise_the_request_alone_whatever_its_blocks():
+    """A prefill, a decoding step, a verify and a long chunk after a past, one row per forward: each equals
+    `CachedLM`'s forward bitwise, whether its blocks are consecutive (read in place) or scattered (gathered)."""
+    model = gqa_llama()
+    use_row_invariant_attention(model)  # as the engine runs its target
+    ids = torch.randint(0, 300, (120,), generator=torch.Generator().manual_seed(0))
+    pieces = [ids[:10], ids[10:11], ids[11:15], ids[15:100]]  # prefill, step, verify (4 rows), chunk of 85
+    alone = CachedLM(model)
+    expected = [alone.forward(p) for p in pieces]
+    runner = PagedRunner(model, KVPool(model.config, 32, 8, torch.float32))
+    for table in (list(range(13)), [30, 2, 17, 5, 9, 21, 0, 11, 28, 3, 14, 25, 7]):
+        past = 0
+        for piece, want in zip(pieces, expected):
+            got, = runner.forward([RowCall(piece, past, table)])
+            assert torch.equal(got, want), (past, len(piece))
+            past += len(piece)
+
+
+def test_rows_of_one_forward_do_not_see_each_other(pair):
+    """Three requests at different depths in one forward: each row's logits are its own request's
+    (equal to its forward alone up to float summation order), never another's."""
+    _, target, _ = pair
+    runner = PagedRunner(target, KVPool(target.config, 64, 4, torch.float32))
+    seqs = [torch.randint(0, 300, (n,), generator=torch.Generator().manual_seed(n)) for n in (7, 19, 33)]
+    tables = [list(range(i * 10, i * 10 + 10)) for i in range(3)]
+    runner.forward([RowCall(s[:-3], 0, t) for s, t in zip(seqs, tables)])
+    got = runner.forward([RowCall(s[-3:], len(s) - 3, t) for s, t in zip(seqs, tables)])
+    for s, logits in zip(seqs, got):
+        torch.testing.assert_close(logits, CachedLM(target).forward(s)[-3:], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_batch_of_one_is_token_identical_to_one_at_a_time(engine, mode):
+    params = SamplingParams(max_new_tokens=40, k=3)
+    expected = engine.generate(PROMPTS, params, mode=mode)
+    with BatchEngine(engine, BatchConfig(max_batch=1)) as batch:
+        got = batch.generate(PROMPTS, params, mode=mode)
+    assert [c.token_ids for c in got] == [c.token_ids for c in expected]
+    assert [c.record.steps for c in got] == [c.record.steps for c in expected]  # the same drafts, verified alike
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_batched_greedy_equals_one_at_a_time(engine, mode):
+    """All prompts in one batch, with a small token budget so prompts are read in chunks beside decoding rows."""
+    params = SamplingParams(max_new_tokens=40, k=3)
+    expected = engine.generate(PROMPTS * 2, params, mode=mode)
+    with BatchEngine(engine, BatchConfig(max_batch=8, max_batch_tokens=8)) as batch:
+        got = batch.generate(PROMPTS * 2, params, mode=mode)
+        assert batch.stats()["free_blocks"] == batch.config.kv_blocks
+    assert [c.token_ids for c in got] == [c.token_ids for c in expected]
+
+
+@pytest.mark.parametrize("mode", ["draft", "suffix"])
+def test_sampled_tokens_follow_the_target_law_at_batch_8(pair, mode):
+    """test_engine's two-token law: 1000 seeded requests decoded 8 at a time; their first two tokens must
+    follow p(a) p(b | a) of the target (chi-square, tests/serving/law.py), and not the draft's."""
+    tokenizer, target, draft = pair
+    engine = make_engine(pair)
+    params = SamplingParams(max_new_tokens=3, temperature=1.0, top_k=3, k=2)
+    with BatchEngine(engine, BatchConfig(max_batch=8, max_waiting=1000)) as batch:
+        handles = [batch.submit(TWO_TOKEN_PROMPT, SamplingParams(**{**params.__dict__, "seed": seed}), mode=mode)
+                   for seed in range(1000)]
+        completions = [list(h.results())[-1] for h in handles]
+    assert max(batch.rows_per_step) == 8
+    samples = [tuple(c.token_ids[:2]) for c in completions]
+    prompt_ids = tokenizer(TWO_TOKEN_PROMPT)["input_ids"]
+    result = chi_square(samples, window_law(target, prompt_ids, params, 0, 2))
+    assert result.outside_support == 0 and result.pvalue > 1e-3, result
+    assert chi_square(samples, window_law(draft, prompt_ids, params, 0, 2)).pvalue < 1e-6
+
+
+def test_more_requests_than_blocks_queue_and_all_finish(engine):
+    """A pool for two requests at a time and eight requests: they queue, none is lost, all are right."""
+    sink = Records()
+    engine_with_sink = make_engine_like(engine, sink)
+    params = SamplingParams(max_new_tokens=30)
+    expected = engine.generate(PROMPTS + PROMPTS[:3], params, mode="autoregressive")
+    need = engine.target.tokenizer(PROMPTS[0])["input_ids"]
+    with BatchEngine(engine_with_sink, BatchConfig(kv_blocks=2 * ((len(need) + 30) // 4 + 3), kv_block_size=4)) as batch:
+        got = batch.generate(PROMPTS + PROMPTS[:3], params, mode="autoregressive")
+        assert max(batch.rows_per_step) == 2
+    assert [c.token_ids for c in got] == [c.token_ids for c in expected]
+    assert len(sink.records) == 8 and {r.request_id for r in sink.records} == {c.request_id for c in got}
+
+
+def make_engine_like(engine, sink):
+    return Engine(engine.target, engine.draft, sink=sink, suffix_index=engine.suffix_index)
+
+
+def test_cancelling_frees_the_request_and_writes_no_record(engine):
+    sink = Records()
+    with BatchEngine(make_engine_like(engine, sink)) as batch:
+        handle = batch.submit(PROMPTS[0], SamplingParams(max_new_tokens=500), mode="autoregressive")
+        first = next(handle.results(poll_s=0.01))
+        assert isinstance(first, str)
+        handle.cancel()
+        deadline = time.monotonic() + 10
+        while batch.stats()["free_blocks"] < batch.config.kv_blocks and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert batch.stats() | {"steps": 0} == {"running": 0, "waiting": 0, "free_blocks": batch.config.kv_blocks,
+                                                "kv_blocks": batch.config.kv_blocks, "steps": 0}
+        cancel = threading.Event()
+        items = batch.stream(PROMPTS[1], SamplingParams(max_new_tokens=500), mode="autoregressive", cancel=cancel)
+        next(items)
+        cancel.set()
+        assert all(isinstance(item, str) for item in items)  # ends without a Completion
+    assert sink.records == []
+
+
+def test_refusals(engine):
+    with BatchEngine(engine, BatchConfig(max_batch=1, max_waiting=1, kv_blocks=128, kv_block_size=4)) as batch:
+        with pytest.raises(ValueError, match="KV blocks of 4 positions; the pool has 128"):
+            batch.submit(PROMPTS[0], SamplingParams(max_new_tokens=600))
+        with pytest.raises(ValueError, match="mode"):
+            batch.submit(PROMPTS[0], SamplingParams(max_new_tokens=4), mode="beam")
+        running = batch.submit(PROMPTS[0], SamplingParams(max_new_tokens=100), mode="autoregressive")
+        deadline = time.monotonic() + 10
+        while batch.stats()["running"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        waiting = batch.submit(PROMPTS[1], SamplingParams(max_new_tokens=8))
+        with pytest.raises(QueueFullError, match="already waiting"):
+            batch.submit(PROMPTS[2], SamplingParams(max_new_tokens=8))
+        assert list(running.results())[-1].token_ids and list(waiting.results())[-1].token_ids

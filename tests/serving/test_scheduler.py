@@ -1,0 +1,108 @@
+"""The continuous-batching scheduler and the KV block accounting, pure Python (no torch, no model)."""
+
+import pytest
+
+from draftwheel.serving.engine.blocks import BlockManager, OutOfBlocksError
+from draftwheel.serving.engine.scheduler import QueueFullError, Scheduler, SchedulerConfig, Sequence
+
+
+def test_blocks_are_handed_out_and_come_back():
+    blocks = BlockManager(n_blocks=4, block_size=16)
+    assert blocks.blocks_for(16) == 1 and blocks.blocks_for(17) == 2
+    table = blocks.allocate(33)
+    assert len(table) == 3 and blocks.free_blocks == 1
+    with pytest.raises(OutOfBlocksError, match="2 KV blocks needed, 1 free"):
+        blocks.allocate(17)
+    blocks.release(table)
+    assert blocks.free_blocks == 4 and table == []
+    blocks.release(table)  # a second release gives nothing back twice
+    assert blocks.free_blocks == 4
+    with pytest.raises(ValueError, match="kv_blocks"):
+        BlockManager(0, 16)
+
+
+def scheduler(n_blocks=8, block_size=4, **config):
+    return Scheduler(BlockManager(n_blocks, block_size), SchedulerConfig(**config))
+
+
+def seq(positions, pending=None, prefilling=True):
+    return Sequence(max_positions=positions, pending=positions if pending is None else pending, prefilling=prefilling)
+
+
+def test_admission_is_fifo_and_bounded_by_rows_and_blocks():
+    s = scheduler(n_blocks=8, block_size=4, max_batch=2)
+    a, b, c = seq(16), seq(8), seq(4)  # 4, 2 and 1 blocks
+    for x in (a, b, c):
+        s.add(x)
+    assert s.admit() == [a, b]  # max_batch rows
+    assert s.blocks.free_blocks == 2 and len(a.table) == 4 and len(b.table) == 2
+    s.remove(a)
+    assert s.blocks.free_blocks == 6 and a.table == []
+    assert s.admit() == [c]
+
+
+def test_a_request_that_does_not_fit_yet_holds_the_queue():
+    s = scheduler(n_blocks=4, block_size=4, max_batch=8)
+    big, small = seq(12), seq(4)  # 3 blocks, 1 block
+    s.add(seq(8))
+    assert len(s.admit()) == 1  # 2 blocks left
+    s.add(big)
+    s.add(small)
+    assert s.admit() == []  # small would fit, but big came first
+    s.remove(s.running[0])
+    assert s.admit() == [big, small]
+
+
+def test_refusals_name_the_limit():
+    s = scheduler(n_blocks=2, block_size=4, max_waiting=1)
+    with pytest.raises(ValueError, match="need 3 KV blocks of 4 positions; the pool has 2"):
+        s.add(seq(9))
+    s.add(seq(4))
+    with pytest.raises(QueueFullError, match="1 requests already waiting"):
+        s.add(seq(4))
+    with pytest.raises(ValueError, match="max_batch"):
+        SchedulerConfig(max_batch=0)
+
+
+def test_decoding_rows_first_then_prompts_in_chunks():
+    s = scheduler(n_blocks=64, block_size=4, max_batch=8, max_batch_tokens=20)
+    decoding = [seq(40, pending=1, prefilling=False), seq(40, pending=5, prefilling=False)]
+    long_prompt, next_prompt = seq(60, pending=50), seq(20, pending=10)
+    for x in (*decoding, long_prompt, next_prompt):
+        s.add(x)
+    s.admit()
+    plan = s.plan()
+    assert plan[:2] == [(decoding[0], 1), (decoding[1], 5)]
+    assert plan[2:] == [(long_prompt, 14)]  # the rest of the 20-token budget
+    long_prompt.pending -= 14
+    decoding[0].pending = decoding[1].pending = 0  # waiting on their next call
+    assert s.plan() == [(long_prompt, 20)]
+
+
+def test_prompts_keep_moving_when_decoding_rows_fill_the_budget():
+    s = scheduler(n_blocks=64, block_size=4, max_batch=8, max_batch_tokens=16)
+    rows = [seq(40, pending=6, prefilling=False) for _ in range(3)]  # 18 tokens > the budget
+    prompt = seq(40, pending=30)
+    for x in (*rows, prompt):
+        s.add(x)
+    s.admit()
+    assert s.plan()[-1] == (prompt, 4)  # a quarter of the budget
+
+
+def test_the_positions_whose_logits_are_read_go_in_one_chunk():
+    s = scheduler(n_blocks=64, block_size=4, max_batch=8, max_batch_tokens=10)
+    prompt = seq(40, pending=12)
+    prompt.keep = 5  # e.g. a prompt with 4 drafts behind it: the last 5 logits are read
+    s.add(prompt)
+    s.admit()
+    assert s.plan() == [(prompt, 7)]  # not 10: that would leave 2 of the 5 for the next chunk
+
+
+def test_blocks_come_as_one_run_where_the_pool_has_one():
+    blocks = BlockManager(n_blocks=8, block_size=4)
+    a, b, c = blocks.allocate(8), blocks.allocate(8), blocks.allocate(8)  # [0, 1] [2, 3] [4, 5]
+    blocks.release(a)
+    blocks.release(c)  # free: 0 1 4 5 6 7
+    assert blocks.allocate(12) == [4, 5, 6]  # the first run of 3, not 0 1 4
+    assert blocks.allocate(12) == [0, 1, 7]  # no run left: the lowest free blocks
+    assert b == [2, 3]
