@@ -1,8 +1,9 @@
 """The one register / promote / rollback / status path, used by the command line and by the flows.
 
 - `register_version` is the only way a version enters the registry (bootstrap, the flywheel and
-  `draftwheel shadow` alike): it refuses a version that does not record its target's weights hash and tags
-  every version with its kind.
+  `draftwheel shadow` alike): it refuses a version that does not record its target's weights hash, tags
+  every version with its kind, and registers it as an MLflow model that `mlflow.pyfunc.load_model` loads
+  (`draftwheel.tracking.register_draft`).
 - `record_candidate` registers a trained candidate with its provenance tags and the shadow summary
   (`shadow_report` is always the JSON of `report_summary`), and points `challenger` at it unless the gate
   rejected it; `record_shadow` does the same for a version that is registered already.
@@ -249,7 +250,10 @@ def _delivered_cell(raw: str) -> str:
 
 def _files_state(row: dict[str, Any]) -> str:
     """"ok", or "FILES MISSING" when a local artifact store lost the version's files (remote: "ok")."""
-    source = urlparse(row["source"])
+    try:
+        source = urlparse(tracking.files_uri(row["source"], row["tags"]))
+    except tracking.ArtifactError:
+        return "FILES MISSING"
     if source.scheme != "file":
         return "ok"
     names = json.loads(row["tags"].get(FILES_TAG, "{}"))

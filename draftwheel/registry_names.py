@@ -1,4 +1,5 @@
-"""The registry's names, in one place: registered models, aliases, version tags and `models:/` URIs.
+"""The registry's names, in one place: registered models, aliases, version tags, `models:/` URIs, and what
+a version is as an MLflow model (the pyfunc loader, where the files serving loads lie, the predict columns).
 
 Serving, training, the flows and the command line import these instead of spelling them. Data and tiny
 pure functions only: no MLflow, no I/O (the registry calls live in `draftwheel.tracking`, the register /
@@ -28,6 +29,9 @@ previous: the champion before the current one (what `rollback` returns to)."""
 # Version tags.
 TARGET_SHA_TAG = "target_sha256"
 """weights_sha256 of the target the draft was trained for; serving refuses a draft whose tag differs."""
+FILES_DIR_TAG = "files_dir"
+"""Where in a version's artifacts the files serving loads lie (`FILES_DIR` in the MLflow model). Absent on
+versions registered before drafts were MLflow models: their artifacts are those files, nothing else."""
 TARGET_DIR_TAG = "target_dir"
 """Where that target's model dir was when the version was registered: relative to the state dir when it lies
 inside it (a moved or copied state dir finds its own copy), else absolute. With `TARGET_HUB_TAG`, what a
@@ -86,3 +90,15 @@ def version_uri(version: str | int, name: str = DRAFT_MODEL) -> str:
 
 CHAMPION_URI = model_uri(CHAMPION)
 """`models:/draftwheel-draft@champion`: the draft serving, the flows and the trainers start from."""
+
+
+# A registered version as an MLflow model (`draftwheel.tracking.register_draft` writes it).
+PYFUNC_LOADER = "draftwheel.serving.draft_pyfunc"
+"""The pyfunc flavor's `loader_module`: MLflow imports it and calls `_load_pyfunc(data_path, model_config)`."""
+FILES_DIR = "data/draft"
+"""The pyfunc data path inside the MLflow model: exactly the files serving loads (`files_sha256`)."""
+PREDICT_INPUTS = (("prompt", "string"), ("token_ids", "long[]"), ("k", "long"), ("chat", "boolean"))
+"""predict's input columns, all optional per row: a `prompt` or the context's `token_ids`, how many tokens
+to propose (`k`), whether the prompt is a chat message (`chat`). Types: MLflow's names, `[]` an array."""
+PREDICT_OUTPUTS = (("token_ids", "long[]"), ("text", "string"))
+"""predict's output columns: the proposed token ids and their text."""

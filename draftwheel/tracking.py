@@ -7,7 +7,11 @@ re-rooted to it when first opened there (`draftwheel.store_root`), so a copy rea
 
 Registry primitives (register, aliases, resolve `models:/NAME@ALIAS` to a local safetensors dir) live
 below the trackers. They check files, not policy: a version enters the registry and becomes champion only
-through `draftwheel.registry` (`register_version`, `promote`). Nothing else in the project imports `mlflow`.
+through `draftwheel.registry` (`register_version`, `promote`). A version is an MLflow model: a pyfunc flavor
+whose loader (`draftwheel.serving.draft_pyfunc`, named here, never imported) drafts for a context, with a
+signature and an input example, around the files serving loads (`registry_names.FILES_DIR`). Versions
+registered before that are those files alone; `resolve_model_uri` reads both. Nothing else in the project
+imports `mlflow`.
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ import os
 import shutil
 import sqlite3
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
 from draftwheel import home, store_root
 from draftwheel.hashing import file_sha256, weights_sha256
 from draftwheel.registry_names import (  # noqa: F401 - DRAFT_MODEL, ALIASES, WEIGHTS_TAG: re-exported
-    ALIASES, DRAFT_MODEL, FILES_TAG, URI_PREFIX, WEIGHTS_TAG)
+    ALIASES, DRAFT_KIND_TAG, DRAFT_MODEL, FILES_DIR, FILES_DIR_TAG, FILES_TAG, PREDICT_INPUTS, PREDICT_OUTPUTS,
+    PYFUNC_LOADER, TARGET_DIR_TAG, TARGET_HUB_TAG, TARGET_SHA_TAG, URI_PREFIX, WEIGHTS_TAG)
 
 EXPERIMENT = "draftwheel"
 log = logging.getLogger(__name__)
@@ -207,29 +212,100 @@ def _tag_value(value: Any) -> str:
 
 def register_draft(model_dir: str | Path, tags: dict[str, Any] | None = None, name: str = DRAFT_MODEL,
                    tracking_uri: str | None = None) -> str:
-    """Log a safetensors model dir as run artifacts and create a registry version from it; return it.
+    """Log a safetensors model dir as an MLflow model in a run's artifacts and create a registry version
+    from it; return the version.
 
-    Only safetensors and JSON/text files are copied (pickles in the dir are left behind). Tags (dicts
-    become JSON strings) go on the version together with the sha256 of every file.
+    The model (`_save_mlflow_model`) is a pyfunc flavor around the dir's files under `FILES_DIR`: only
+    safetensors and JSON/text files (pickles in the dir are left behind). Tags (dicts become JSON strings)
+    go on the version together with the sha256 of every file and where the files lie (`FILES_DIR_TAG`).
     """
     # The served draft's id carries this hash (records' draft_id.sha256), so status can be matched to logs.
 
     files = _model_files(Path(model_dir))
     hashes = {p.name: file_sha256(p) for p in files}
     version_tags = {k: _tag_value(v) for k, v in (tags or {}).items()}
-    version_tags.update({FILES_TAG: json.dumps(hashes, sort_keys=True), WEIGHTS_TAG: weights_sha256(model_dir)})
+    version_tags.update({FILES_TAG: json.dumps(hashes, sort_keys=True), WEIGHTS_TAG: weights_sha256(model_dir),
+                         FILES_DIR_TAG: FILES_DIR})
     client = _client(tracking_uri)
     with _registry_call(f"registering {model_dir} as {name}"), tempfile.TemporaryDirectory() as staging:
+        draft = Path(staging) / PurePosixPath(FILES_DIR).name
+        draft.mkdir()
         for path in files:
-            shutil.copy2(path, Path(staging) / path.name)
+            _stage(path, draft / path.name)
+        model = _save_mlflow_model(Path(staging) / "model", draft, version_tags)
         run = client.create_run(_experiment_id(client), run_name=f"register-{name}",
                                 tags={"draftwheel.source_dir": str(model_dir)})
-        client.log_artifacts(run.info.run_id, staging, "model")
+        client.log_artifacts(run.info.run_id, str(model), "model")
         client.set_terminated(run.info.run_id)
         _ensure_registered_model(client, name)
         version = client.create_model_version(name, f"{run.info.artifact_uri}/model", run_id=run.info.run_id,
                                               tags=version_tags)
     return str(version.version)
+
+
+def _stage(source: Path, dest: Path) -> None:
+    """A file into the staging dir: a hard link where the file system allows one (MLflow copies it once
+    more into the model), else a copy."""
+    try:
+        os.link(source, dest)
+    except OSError:
+        shutil.copy2(source, dest)
+
+
+# The packages the pyfunc loader imports (draftwheel.serving.draft_pyfunc and what it loads models with).
+PYFUNC_REQUIREMENTS = ("draftwheel", "torch", "transformers", "tokenizers", "safetensors", "pandas", "mlflow")
+
+
+def _pip_requirements() -> list[str]:
+    """The pyfunc model's requirements, pinned to this environment's versions. Given explicitly, so that
+    MLflow does not infer them by loading the model in a subprocess (seconds on every registration)."""
+    import importlib.metadata
+
+    pinned = []
+    for dist in PYFUNC_REQUIREMENTS:
+        try:
+            pinned.append(f"{dist}=={importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            pinned.append(dist)
+    return pinned
+
+
+def predict_signature() -> Any:
+    """The pyfunc's `ModelSignature`, from `registry_names.PREDICT_INPUTS` / `PREDICT_OUTPUTS`: every input
+    column optional (a row gives a prompt or token ids), every output column present."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import Array, ColSpec, Schema
+
+    def column(name: str, kind: str, required: bool) -> Any:
+        return ColSpec(Array(kind[:-2]) if kind.endswith("[]") else kind, name, required=required)
+
+    return ModelSignature(inputs=Schema([column(n, t, False) for n, t in PREDICT_INPUTS]),
+                          outputs=Schema([column(n, t, True) for n, t in PREDICT_OUTPUTS]))
+
+
+INPUT_EXAMPLE = [{"prompt": "def add(a, b):", "k": 4}]
+
+
+def _save_mlflow_model(path: Path, draft: Path, tags: dict[str, str]) -> Path:
+    """Write the MLflow model of a version at `path`: the MLmodel (pyfunc flavor, `PYFUNC_LOADER`, its data
+    the files in `draft`, copied to `FILES_DIR`), the signature, an input example, the pinned requirements,
+    and a `model_config` that `mlflow.pyfunc.load_model(..., model_config={...})` may override: `target`
+    (a dir or hub id; "" = the target the version's tags record), `device`, `dtype`; the recorded target
+    (`target_dir`, `target_hub_id`, `target_sha256`: the loader finds and checks the target by them). The
+    model is not loaded: registering stays a copy."""
+    import mlflow.pyfunc
+
+    config = {"target": "", "device": "cpu", "dtype": "float32",
+              **{tag: tags.get(tag, "") for tag in (TARGET_DIR_TAG, TARGET_HUB_TAG, TARGET_SHA_TAG)}}
+    with _quiet("mlflow.pyfunc", "mlflow.models"):  # its INFO lines would break commands' one-line errors
+        model = mlflow.pyfunc.save_model(
+            str(path), loader_module=PYFUNC_LOADER, data_path=str(draft), signature=predict_signature(),
+            input_example=INPUT_EXAMPLE, pip_requirements=_pip_requirements(), model_config=config,
+            metadata={"draft_kind": tags.get(DRAFT_KIND_TAG, ""), WEIGHTS_TAG: tags.get(WEIGHTS_TAG, "")})
+    data = model.flavors["python_function"].get("data")
+    if data != FILES_DIR:  # serving reads the files from FILES_DIR_TAG: the two must agree
+        raise RegistryError(f"registry: MLflow put the draft's files at {data!r}, not {FILES_DIR!r}")
+    return path
 
 
 def _experiment_id(client: Any) -> str:
@@ -346,6 +422,31 @@ def parse_model_uri(uri: str) -> tuple[str, str | None, str | None]:
     raise RegistryError(f"{uri!r}: expected models:/NAME@ALIAS or models:/NAME/VERSION")
 
 
+@contextlib.contextmanager
+def _quiet(*names: str) -> Iterator[None]:
+    """MLflow's loggers `names` at WARNING for a while (its progress notes are not ours to print)."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def files_uri(source: str, tags: dict[str, str]) -> str:
+    """Where a version's files that serving loads lie, given its `source` and tags: `FILES_DIR_TAG` under the
+    source (an MLflow model), or the source itself (a version registered before drafts were MLflow models)."""
+    subdir = tags.get(FILES_DIR_TAG, "")
+    if not subdir:
+        return source
+    if PurePosixPath(subdir).is_absolute() or ".." in PurePosixPath(subdir).parts:
+        raise ArtifactError(f"{FILES_DIR_TAG} tag {subdir!r}: not a path inside the version's artifacts")
+    return f"{source.rstrip('/')}/{subdir}"
+
+
 def verify_model_dir(model_dir: Path, tags: dict[str, str], label: str) -> None:
     """Check a downloaded version against its `files_sha256` tag; raise `ArtifactError` on any defect."""
     if FILES_TAG not in tags:
@@ -367,7 +468,9 @@ def verify_model_dir(model_dir: Path, tags: dict[str, str], label: str) -> None:
 
 def resolve_model_uri(uri: str, tracking_uri: str | None = None,
                       cache_dir: str | Path | None = None) -> tuple[Path, str, dict[str, str]]:
-    """Download a registry version to a verified local dir: -> (local_dir, version, tags).
+    """Download a registry version's files that serving loads to a verified local dir: -> (local_dir, version,
+    tags). Only those files come down (`files_uri`: the MLflow model's `FILES_DIR`, or all of an older
+    version's artifacts), so the dir is the same for both kinds of version.
 
     The cache lives under the state dir (`models/registry/NAME/VERSION`); a cached copy is re-verified
     on every call and replaced if it fails. Raises `RegistryError` (registry/alias/version problems) or
@@ -384,7 +487,7 @@ def resolve_model_uri(uri: str, tracking_uri: str | None = None,
                 raise RegistryError(f"{uri}: alias {alias!r} is not set on {name}")
         info = client.get_model_version(name, version)
         tags = dict(info.tags)
-        source = client.get_model_version_download_uri(name, version)
+        source = files_uri(client.get_model_version_download_uri(name, version), tags)
     label = f"{name} version {version}"
     target = Path(cache_dir or home.models_dir() / "registry") / name / str(version)
     if target.is_dir():

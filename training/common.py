@@ -165,11 +165,22 @@ def finish_training(trainer: Any, tracker: Any, metrics: dict[str, Any], eval_hi
     merged candidate with its training info and attach that info to the run."""
     if eval_history:
         metrics.update({f"eval_{k}": v for k, v in eval_history[-1].items()})
-    tracker.log_metrics({k: float(v) for k, v in metrics.items()})
+    log_summary(tracker, metrics, trainer.state.global_step)
     if trainer.is_world_process_zero():
         save_candidate(merged(trainer.model), tokenizer, out_dir, stage, config, metrics,
                        {**extra, "eval_history": eval_history})
         tracker.log_artifact(out_dir / INFO_FILE)
+
+
+def log_summary(tracker: Any, metrics: dict[str, Any], step: int) -> None:
+    """Log a training run's closing figures at its last (global) step, beside the histories MLflow charts
+    by step: the Trainer's `train_*` every `logging_steps` (`TrackerCallback`) and the held-out `eval_*`
+    before training and after every epoch (`EpochSelectionCallback`). A figure those histories already
+    hold is not logged again: the last evaluation (`eval_*`), and the mean training loss goes in as
+    `train_loss_mean`, since the chart's `train_loss` is the loss of each logging window."""
+    summary = {("train_loss_mean" if k == "train_loss" else k): float(v) for k, v in metrics.items()
+               if not k.startswith("eval_")}
+    tracker.log_metrics(summary, step=step)
 
 
 def write_training_info(out_dir: Path, stage: str, config: Any, metrics: dict[str, Any],

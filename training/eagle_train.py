@@ -52,7 +52,7 @@ from draftwheel.training import common
 from draftwheel.training.data import join_and_truncate, load_dataset_dir
 from draftwheel.training.eagle_features import Features, cached_features, compute_features, join_features, row_from_states
 from draftwheel.training.eagle_ttt import chain_acceptance, implied_mal, served_walk, unroll, unrolled_loss
-from draftwheel.training.evaluate import EpochSelectionCallback, slice_key
+from draftwheel.training.evaluate import EpochSelectionCallback, TrackerCallback, slice_key
 from draftwheel.training.prompt_variants import variant_prompts
 
 METRIC = "implied_mal"  # the per-epoch probe's teacher-forced figure: every answer position's chain averaged
@@ -696,7 +696,7 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
             train_tokens + rehearsal_info["rehearsal_tokens"]
         info.update(rehearsal_info)
         print(f"[eagle] rehearsal: {rehearsal_info['rehearsal_sequences']} sequences of {source[0]}", flush=True)
-    callbacks: list[TrainerCallback] = []
+    callbacks: list[TrainerCallback] = [TrackerCallback(tracker)]
     hold_seqs = None
     if holdout_dir.is_dir():
         hold_seqs = load_sequences(holdout_dir, config.max_length, "output_token_ids", config.eval_max_samples)
@@ -729,7 +729,7 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
         history = evaluation.history if evaluation else []
         if history:  # the last evaluation describes the saved weights
             metrics.update({f"eval_{k}": v for k, v in history[-1].items()})
-        tracker.log_metrics({k: float(v) for k, v in metrics.items()})
+        common.log_summary(tracker, metrics, trainer.state.global_step)
         if trainer.is_world_process_zero():
             save_eagle3(draft.eval(), out_dir, target.tokenizer)
             common.write_training_info(out_dir, "eagle", config, metrics,

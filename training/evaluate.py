@@ -307,12 +307,15 @@ class AgreementCallback(EpochSelectionCallback):
 
 
 class TrackerCallback(TrainerCallback):
-    """Forwards the Trainer's logged scalars (loss, learning rate, ...) to our tracker."""
+    """Forwards the Trainer's logged scalars (loss, grad norm, learning rate, epoch) to our tracker as
+    `train_*`, at the global step, so MLflow charts them. The Trainer's own end-of-training summary
+    (`train_runtime`, its mean `train_loss`, ...) is left out: the trainers log theirs (`common.log_summary`)."""
 
     def __init__(self, tracker: Any):
         self.tracker = tracker
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs:
-            scalars = {f"train_{k}": float(v) for k, v in logs.items() if isinstance(v, (int, float))}
+            scalars = {f"train_{k}": float(v) for k, v in logs.items()
+                       if isinstance(v, (int, float)) and not k.startswith("train_") and k != "total_flos"}
             self.tracker.log_metrics(scalars, step=state.global_step)

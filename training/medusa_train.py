@@ -181,7 +181,7 @@ def train_medusa(config: MedusaConfig, tracker: Any = None) -> Path:
         model.eval()
         metrics.update({f"before_{k}": v for k, v in before.items()})
         metrics.update({f"eval_{k}": v for k, v in (head_accuracy(model, holdout) if holdout else {}).items()})
-        tracker.log_metrics({k: float(v) for k, v in metrics.items()})
+        common.log_summary(tracker, metrics, trainer.state.global_step)
         if trainer.is_world_process_zero():
             heads.save(out_dir)
             common.write_training_info(out_dir, "medusa", config, metrics,

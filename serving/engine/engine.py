@@ -95,6 +95,18 @@ def eos_token_ids(loaded: LoadedModel) -> set[int]:
     return set(eos) if isinstance(eos, (list, tuple)) else ({eos} if eos is not None else set())
 
 
+def encode(tokenizer: Any, prompt: Any, chat: bool) -> tuple[str, list[int]]:
+    """prompt -> (text as fed to the model, token ids): how every request's prompt is tokenised. With chat,
+    the chat template is applied (a string is one user message)."""
+    if chat:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return text, tokenizer(text, add_special_tokens=False)["input_ids"]
+    if not isinstance(prompt, str):
+        raise ValueError("prompt: expected a string (chat=False)")
+    return prompt, tokenizer(prompt)["input_ids"]
+
+
 class Engine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, medusa: Any = None,
                  sink: Any = None, metrics: Any = None, medusa_id: ModelId | None = None, prepack: bool = True,
@@ -157,15 +169,8 @@ class Engine:
         return "medusa" if self.medusa is not None else "autoregressive"
 
     def encode(self, prompt: Any, chat: bool) -> tuple[str, list[int]]:
-        """prompt -> (text as fed to the model, token ids). With chat, a string is one user message."""
-        tokenizer = self.target.tokenizer
-        if chat:
-            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            return text, tokenizer(text, add_special_tokens=False)["input_ids"]
-        if not isinstance(prompt, str):
-            raise ValueError("prompt: expected a string (chat=False)")
-        return prompt, tokenizer(prompt)["input_ids"]
+        """prompt -> (text as fed to the model, token ids), with the target's tokenizer (`encode`)."""
+        return encode(self.target.tokenizer, prompt, chat)
 
     def _check_fits(self, n_prompt: int, params: SamplingParams, models: list[Any]) -> None:
         if n_prompt == 0:

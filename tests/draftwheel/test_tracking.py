@@ -37,9 +37,10 @@ def fake_model_dir(root: Path, weights: bytes = b"weights-1", extra: dict[str, b
 
 
 def stored_dir(version: str, name: str = tracking.DRAFT_MODEL) -> Path:
-    """Where the artifact store keeps a version's files (the local file store of the default setup)."""
+    """Where the artifact store keeps a version's files serving loads (the local file store of the default
+    setup): inside the version's MLflow model."""
     row = next(r for r in tracking.list_versions(name) if r["version"] == version)
-    return Path(urlparse(row["source"]).path)
+    return Path(urlparse(tracking.files_uri(row["source"], row["tags"])).path)
 
 
 def test_register_tags_and_files(registry, tmp_path):

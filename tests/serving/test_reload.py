@@ -40,7 +40,8 @@ def registry(module_home, tmp_path_factory):
     versions["wrong_target"] = tracking.register_draft(paths["good"], {"target_sha256": "0" * 64})
     versions["corrupt"] = tracking.register_draft(paths["good"], {"target_sha256": target_sha})
     row = next(r for r in tracking.list_versions() if r["version"] == versions["corrupt"])
-    (Path(row["source"].removeprefix("file://")) / "model.safetensors").write_bytes(b"truncated")
+    (Path(tracking.files_uri(row["source"], row["tags"]).removeprefix("file://")) / "model.safetensors").write_bytes(
+        b"truncated")
     make_champion(versions["good"])
     return {"paths": paths, "versions": versions}
 
