@@ -6,7 +6,9 @@ and draft ids; the acceptance log's counts, `status: "degraded"` while its write
 `/metrics` and `/healthz` stay open for scrapers and probes.
 
 The engine runs one request at a time on a single worker thread; concurrent HTTP requests wait in
-its FIFO queue (never dropped; `draftwheel_queue_depth` shows the queue). Bad input gets a 4xx with an
+its FIFO queue (never dropped; `draftwheel_queue_depth` shows the queue). With `scheduler: batched` the
+requests decode together in the batch engine (draftwheel.serving.engine.batching), whose queue is bounded
+(`max_waiting`: a 503 with Retry-After beyond it). Bad input gets a 4xx with an
 OpenAI-style error body, never a 500 (an unexpected failure is a 500 with that body, never plain text).
 Bodies over `max_body_bytes` and prompts over `max_prompt_chars` get a 413 before any tokenising
 (`draftwheel.serving.server.http_guard`); on shutdown, running engine jobs stop at their next token and the requests
@@ -42,6 +44,7 @@ from draftwheel.serving.server.openai_api import (
     completion_chunk, new_id, requested_max_tokens, to_sampling_params, usage_chunk,
 )
 from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.engine.scheduler import QueueFullError
 from draftwheel.serving.server.serve_config import ServeConfig  # noqa: F401 - re-exported: callers import it from here
 
 log = logging.getLogger(__name__)
@@ -51,10 +54,11 @@ _END = object()
 
 
 class EngineWorker:
-    """Runs engine jobs one at a time, FIFO, on one thread; results come back as async iterators."""
+    """Runs engine jobs one at a time, FIFO, on one thread (or on `workers` threads, each waiting on its
+    request in the batch engine); results come back as async iterators."""
 
-    def __init__(self, metrics: Metrics) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftwheel-engine")
+    def __init__(self, metrics: Metrics, workers: int = 1) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="draftwheel-engine")
         self._metrics = metrics
         self._jobs: set[threading.Event] = set()  # the cancel flags of the jobs not yet finished
 
@@ -119,8 +123,9 @@ def _sse(payload: dict[str, Any]) -> str:
 class _Service:
     """Request handling shared by both completion routes."""
 
-    def __init__(self, engine: Any, config: ServeConfig, worker: EngineWorker) -> None:
+    def __init__(self, engine: Any, config: ServeConfig, worker: EngineWorker, runner: Any = None) -> None:
         self.engine, self.config, self.worker = engine, config, worker
+        self.runner = runner or engine  # what decodes: the engine itself, or its batch engine
         self.model_name = config.served_model_name or engine.target.model_id.name
         self.defaults = SamplingParams(k=config.k, adaptive_k=config.adaptive_k)
 
@@ -170,7 +175,7 @@ class _Service:
         """Runs on the worker thread: tokenise, size max_tokens, then stream deltas and the Completion."""
         _, ids = self.engine.encode(prompt, chat)
         params = self._params(request, len(ids))
-        yield from self.engine.stream(prompt, params, slice=request.record_slice, chat=chat,
+        yield from self.runner.stream(prompt, params, slice=request.record_slice, chat=chat,
                                       mode=request.mode or self.config.mode, cancel=cancel)
 
     def run(self, request: CompletionRequest | ChatRequest, prompt: Any, chat: bool) -> AsyncIterator[Any]:
@@ -261,6 +266,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse(ApiError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code)
 
+    @app.exception_handler(QueueFullError)
+    async def busy(_: Request, exc: QueueFullError) -> JSONResponse:
+        return JSONResponse(ApiError(503, str(exc), kind="server_error", code="server_busy").body(), status_code=503,
+                            headers={"Retry-After": "1"})
+
     @app.exception_handler(ValueError)
     async def value_error(_: Request, exc: ValueError) -> JSONResponse:
         # Engine-side input checks (prompt too long, empty prompt, no chat template, ...).
@@ -281,13 +291,20 @@ def _ensure_metrics(engine: Any) -> Metrics:
     return engine.metrics
 
 
+def _batch_engine(engine: Any, config: ServeConfig) -> Any:
+    from draftwheel.serving.engine.batching import BatchEngine
+
+    return BatchEngine(engine, config.batch_config())
+
+
 def create_app(engine: Any, config: ServeConfig | None = None, watcher: Any = None) -> FastAPI:
     """The FastAPI app serving `engine` (a `draftwheel.serving.engine.engine.Engine`); `watcher`, a running
     `draftwheel.serving.server.reload.DraftWatcher` if any, is only reported on /healthz."""
     config = config or ServeConfig()
     metrics = _ensure_metrics(engine)
-    worker = EngineWorker(metrics)
-    service = _Service(engine, config, worker)
+    runner = _batch_engine(engine, config) if config.scheduler == "batched" else engine
+    worker = EngineWorker(metrics, 1 if runner is engine else config.max_batch + config.max_waiting + 8)
+    service = _Service(engine, config, worker, runner)
     started = int(time.time())
     drain = DrainCounter()
 
@@ -295,6 +312,8 @@ def create_app(engine: Any, config: ServeConfig | None = None, watcher: Any = No
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         worker.shutdown()
+        if runner is not engine:
+            runner.close()
         if drain.cut:
             log.warning("shutdown: the drain timeout (%g s) passed; %d request(s) in flight were cut",
                         config.drain_timeout_s, drain.cut)
@@ -354,6 +373,7 @@ def create_app(engine: Any, config: ServeConfig | None = None, watcher: Any = No
                 "medusa": engine.medusa is not None,
                 "suffix_index": engine.suffix_index.stats() if engine.suffix_index is not None else None,
                 "queue_depth": int(metrics.value("draftwheel_queue_depth")),
+                "batch": runner.stats() if runner is not engine else None,
                 "reload": None if watcher is None else {
                     "uri": watcher.uri, "current_version": watcher.current_version, "swaps": watcher.swaps,
                     "last_error": watcher.last_error}}

@@ -13,6 +13,7 @@ from draftwheel.serving.engine.precision import check_device_name, check_dtype_n
 from draftwheel.serving.engine.records import MODES
 
 MiB = 1024 * 1024
+SCHEDULERS = ("serial", "batched")
 
 
 @dataclass
@@ -89,6 +90,28 @@ class ServeConfig:
     state_save_s: float = 60.0
     """How often the suffix index stats and the router state are written under $DRAFTWHEEL_HOME/serving
     (and once at shutdown)."""
+    scheduler: str = "serial"
+    """How requests share the target: `serial`, one at a time in arrival order; `batched`, continuous
+    batching (draftwheel.serving.engine.batching): every running request advances in one target forward
+    per step, joining and leaving at any step, under the four limits below."""
+    max_batch: int = 16
+    """batched: requests decoding at once."""
+    max_batch_tokens: int = 512
+    """batched: tokens per forward; longer prompts are read in chunks beside the decoding requests."""
+    kv_blocks: int = 1024
+    """batched: the KV pool, in blocks of kv_block_size positions, allocated at start-up; a request holds
+    blocks for its prompt + max_tokens while it runs (the reference target in bfloat16: 23 KiB a position,
+    1024 x 16 positions = 368 MiB)."""
+    kv_block_size: int = 16
+    max_waiting: int = 256
+    """batched: requests queued for a free row or KV blocks; more get a 503 (retry later), none is dropped."""
+
+    def batch_config(self):
+        """The batch engine's sizes (draftwheel.serving.engine.batching.BatchConfig)."""
+        from draftwheel.serving.engine.batching import BatchConfig
+
+        return BatchConfig(max_batch=self.max_batch, max_batch_tokens=self.max_batch_tokens,
+                           kv_blocks=self.kv_blocks, kv_block_size=self.kv_block_size, max_waiting=self.max_waiting)
 
     def __post_init__(self) -> None:
         checks = {"port": 0 <= self.port <= 65535, "log_max_bytes": self.log_max_bytes > 0,
@@ -99,10 +122,15 @@ class ServeConfig:
                   "max_body_bytes": self.max_body_bytes > 0, "max_prompt_chars": self.max_prompt_chars > 0,
                   "drain_timeout_s": self.drain_timeout_s >= 0, "suffix_max_requests": self.suffix_max_requests >= 1,
                   "suffix_max_tokens": self.suffix_max_tokens >= 1,
-                  "suffix_startup_max_bytes": self.suffix_startup_max_bytes >= 0, "state_save_s": self.state_save_s > 0}
+                  "suffix_startup_max_bytes": self.suffix_startup_max_bytes >= 0, "state_save_s": self.state_save_s > 0,
+                  "max_batch": self.max_batch >= 1,
+                  "max_batch_tokens": self.max_batch_tokens >= 1, "kv_blocks": self.kv_blocks >= 1,
+                  "kv_block_size": self.kv_block_size >= 1, "max_waiting": self.max_waiting >= 1}
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"{name}: invalid value {getattr(self, name)!r}")
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"scheduler: {self.scheduler!r} not one of {', '.join(SCHEDULERS)}")
         check_dtype_name(self.dtype)
         check_device_name(self.device)
         if self.mode is not None and self.mode not in MODES:
