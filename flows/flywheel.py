@@ -70,7 +70,9 @@ class FlywheelConfig:
     """The trainer's YAML ("" = the shipped configs/<trainer>.yaml). Data, start, target, output: set by the flow."""
     train_overrides: list[str] = field(default_factory=list)
     launcher: str = ""
-    """Run a built-in trainer as `<launcher> -m training.<trainer> ...`, e.g. "accelerate launch" ("" = in-process)."""
+    """Run a built-in trainer as a subprocess, `<launcher> -m draftwheel.training.<trainer> ...`, e.g. "accelerate
+    launch --multi_gpu --num_processes 4" or "accelerate launch --config_file ds.yaml" (data parallel: each
+    process its shard, gradients all-reduced, rank 0 writes; docs/training.md) ("" = in-process)."""
     shadow_config: str = ""
     """ShadowConfig YAML, the gate's thresholds ("" = the shipped configs/shadow.yaml)."""
     shadow_overrides: list[str] = field(default_factory=list)
@@ -107,6 +109,8 @@ class FlywheelConfig:
             raise ValueError(f"retry_replay_boost: must be > 1 (a retry with the same data repeats the "
                              f"first attempt), got {self.retry_replay_boost!r}")
         self.corpus_policy()  # its bounds are checked here, before any stage runs
+        if self.launcher:
+            tasks.check_launcher(self.launcher)
         if not self.champion_uri.startswith(URI_PREFIX):
             raise ValueError(f"champion_uri must be a registry URI {URI_PREFIX}NAME@ALIAS, got {self.champion_uri!r}")
         for name in ("mining_config", "train_config", "shadow_config"):

@@ -19,6 +19,7 @@ import importlib
 import json
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -125,10 +126,46 @@ def stage_overrides(trainer: str, dataset_dir: str, init_dir: str, target_dir: s
     return overrides + ([f"student={init_dir}"] if spec.student else [])  # medusa: heads on the frozen target
 
 
+ACCELERATE_CLI = "accelerate.commands.accelerate_cli"
+"""`accelerate` as a module: a launcher starting with `accelerate` runs under the flow's own interpreter."""
+
+
+def launcher_argv(launcher: str) -> list[str]:
+    """The launcher's words; `accelerate ...` becomes `<this python> -m accelerate.commands.accelerate_cli ...`,
+    the accelerate installed beside the flow (and beside the trainers it starts), whatever PATH holds."""
+    words = shlex.split(launcher)
+    return [sys.executable, "-m", ACCELERATE_CLI, *words[1:]] if words[:1] == ["accelerate"] else words
+
+
+def check_launcher(launcher: str) -> None:
+    """Raise ValueError naming `launcher` for one that would not run what it says. `accelerate launch --cpu
+    --num_processes N` starts N processes only through mpirun (`--mpirun_hostfile`); without it accelerate
+    starts one process and trains alone, silently. Several processes on one machine: `--multi_gpu` (torchrun;
+    on a machine without GPUs the processes train on its CPU, over gloo)."""
+    try:
+        words = shlex.split(launcher)
+    except ValueError as exc:
+        raise ValueError(f"launcher: cannot split {launcher!r} into words: {exc}") from exc
+    if words[:2] != ["accelerate", "launch"]:
+        return
+    from accelerate.commands.launch import launch_command_parser
+
+    try:
+        args = launch_command_parser().parse_args([*words[2:], "-m", "draftwheel.training.trainers"])
+    except SystemExit as exc:  # argparse has printed why
+        raise ValueError(f"launcher: accelerate launch refuses {' '.join(words[2:])!r}") from exc
+    if args.cpu and (args.num_processes or 1) > 1 and not args.mpirun_hostfile:
+        raise ValueError(f"launcher: {launcher!r} would train in one process: accelerate's --cpu starts "
+                         f"{args.num_processes} only through mpirun (--mpirun_hostfile). For several processes on "
+                         "this machine use --multi_gpu --num_processes N (on a machine without GPUs they train "
+                         "on the CPU over gloo)")
+
+
 def launch_command(launcher: str, trainer: str, config_path: str, overrides: list[str]) -> list[str]:
-    """`<launcher> -m training.<trainer> [--config F] k=v ...`, e.g. launcher "accelerate launch --num_processes 4"."""
+    """`<launcher> -m <trainer module> [--config F] k=v ...`, e.g. with launcher "accelerate launch --multi_gpu
+    --num_processes 4" (accelerate run by this interpreter: `launcher_argv`)."""
     module = TRAINERS[trainer].module
-    return [*shlex.split(launcher), "-m", module, *(["--config", config_path] if config_path else []), *overrides]
+    return [*launcher_argv(launcher), "-m", module, *(["--config", config_path] if config_path else []), *overrides]
 
 
 @task(name="train", cache_key_fn=lambda _ctx, params: params["cache_key"], persist_result=True)
@@ -138,7 +175,8 @@ def train_candidate(trainer: str, config_path: str, overrides: list[str], datase
     """Train a candidate from the mined datasets, starting from the champion; return its dir and config.
 
     A built-in trainer gets its config from `config_path` + `overrides` + the flow's data/model paths and
-    runs in-process, or under `launcher` as a subprocess (multi-GPU: `accelerate launch ...`). A custom
+    runs in-process, or under `launcher` as a subprocess (several processes: `accelerate launch ...`, each
+    training on its shard of the data, rank 0 writing the candidate and the MLflow run). A custom
     trainer "package.module:function" is called as
     `function(config_path=, overrides=, dataset_dir=, init_dir=, target_dir=, out_dir=, tracker=) -> dir`.
     """

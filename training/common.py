@@ -9,6 +9,7 @@ Nothing here decides *what* to train.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,8 +121,30 @@ def training_arguments_kwargs(config: TrainCommon, out_dir: Path) -> dict[str, A
         weight_decay=config.weight_decay, lr_scheduler_type="cosine", logging_steps=config.logging_steps,
         save_strategy="no", report_to=[], seed=config.seed, data_seed=config.seed,
         use_cpu=config.device == "cpu", dataloader_num_workers=0, remove_unused_columns=False,
-        disable_tqdm=False,
+        disable_tqdm=False, ddp_timeout=DATA_PREPARATION_TIMEOUT_S,
     )
+
+
+# Under several processes the other ranks wait for the main one to prepare the data (target features,
+# continuations, the teacher cache: `main_process_first`), longer than torch.distributed's 30 minutes on
+# a large round.
+DATA_PREPARATION_TIMEOUT_S = 4 * 3600
+
+
+def is_main_process(args: Any) -> bool:
+    """Rank 0 of a data-parallel run (`accelerate launch`, torchrun): the one process that logs to MLflow
+    and writes the candidate. True in-process."""
+    return args.process_index == 0
+
+
+def process_tracker(tracker: Any, enabled: bool, args: Any) -> Any:
+    """What this process logs to: `tracker` (default MLflow when `enabled`) on the main process, the
+    do-nothing tracker on the other ranks, so N processes make one MLflow run, not N."""
+    from draftwheel.tracking import get_tracker
+
+    if not is_main_process(args):
+        return get_tracker(False)
+    return tracker or get_tracker(enabled)
 
 
 def freeze_shared_embeddings(model: Any) -> None:
@@ -219,7 +242,7 @@ def seconds_since(start: float) -> float:
 def module_main(train: Any, config_cls: type, description: str, config_file: str,
                 argv: list[str] | None = None) -> int:
     """The `python -m training.X` / `accelerate launch -m training.X` entry point shared by the trainers:
-    `--config F` plus `key=value` overrides, offline defaults, prints the output dir."""
+    `--config F` plus `key=value` overrides, offline defaults, prints the output dir (rank 0 only)."""
     import argparse
 
     from draftwheel.config import add_override_arguments, load_config
@@ -229,5 +252,7 @@ def module_main(train: Any, config_cls: type, description: str, config_file: str
     add_override_arguments(parser)
     args = parser.parse_args(argv)
     home.apply_offline_defaults()
-    print(train(load_config(config_cls, args.config, args.overrides)))
+    out_dir = train(load_config(config_cls, args.config, args.overrides))
+    if os.environ.get("RANK", "0") == "0":  # under a launcher only rank 0 wrote it
+        print(out_dir)
     return 0

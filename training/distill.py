@@ -25,7 +25,6 @@ from transformers import Trainer, TrainingArguments
 
 from draftwheel.config import to_dict
 from draftwheel.registry_names import CHAMPION_URI
-from draftwheel.tracking import get_tracker
 from draftwheel.training import common, losses
 from draftwheel.training.data import (DistillCollator, build_teacher_cache, cache_key, has_teacher_topk, load_dataset_dir,
                            load_holdout, loss_mask_for, tokenize_distill)
@@ -174,26 +173,31 @@ def _train_dataset(config: DistillConfig, dataset_dir: Path, teacher: Any, teach
 
 
 def train_distill(config: DistillConfig, tracker: Any = None) -> Path:
-    """Distil the student towards the target; return the saved candidate dir."""
+    """Distil the student towards the target; return the saved candidate dir. Under several processes
+    (`accelerate launch`) each trains on its shard with gradients all-reduced (the Trainer's DDP), and rank 0
+    alone judges the epochs, logs to MLflow and writes the candidate."""
     from draftwheel.serving.loading import load_model, resolve_target
 
-    tracker = tracker or get_tracker(config.tracking)
     dataset_dir, holdout_dir = _resolve_paths(config)
     out_dir = common.resolve_output_dir(config.output_dir, "distill")
-    target = load_model(resolve_target(config.target, config.student))
-    student = load_model(config.student)
-    target.model.requires_grad_(False)
-    pad_id = student.tokenizer.pad_token_id if student.tokenizer.pad_token_id is not None else 0
-    started = time.perf_counter()
-    train_set = _train_dataset(config, dataset_dir, target.model, target.model_id.sha256, pad_id)
-    cache_s = common.seconds_since(started)
+    args = TrainingArguments(**common.training_arguments_kwargs(config, out_dir))
+    tracker = common.process_tracker(tracker, config.tracking, args)
+    # Under several processes the main one fetches the models (a registry URI downloads, the reference target
+    # converts once) and builds the teacher cache; the others then read what it wrote.
+    with args.main_process_first(local=False, desc="the models and the teacher cache"):
+        target = load_model(resolve_target(config.target, config.student))
+        student = load_model(config.student)
+        target.model.requires_grad_(False)
+        pad_id = student.tokenizer.pad_token_id if student.tokenizer.pad_token_id is not None else 0
+        started = time.perf_counter()
+        train_set = _train_dataset(config, dataset_dir, target.model, target.model_id.sha256, pad_id)
+        cache_s = common.seconds_since(started)
     model = _prepare_student(config, student)
     callbacks: list[Any] = [TrackerCallback(tracker)]
     holdout = load_holdout(holdout_dir, config.eval_max_samples, config.max_length) if holdout_dir else None
-    if holdout:
-        refs = target_references(target.model, holdout)
+    if holdout:  # only the main process evaluates the epochs
+        refs = target_references(target.model, holdout) if common.is_main_process(args) else None
         callbacks.append(AgreementCallback(holdout, tracker, config.eval_k, refs, selection=config.epoch_selection()))
-    args = TrainingArguments(**common.training_arguments_kwargs(config, out_dir))
     trainer = DistillTrainer(
         model=model, args=args, train_dataset=train_set, data_collator=DistillCollator(pad_id),
         callbacks=callbacks, teacher=None if config.teacher_mode == "cached" else target.model,

@@ -38,12 +38,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainingArguments
+from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from draftwheel import home
 from draftwheel.config import to_dict
 from draftwheel.registry_names import CHAMPION_URI
-from draftwheel.tracking import get_tracker
 from draftwheel.serving.engine.eagle import Eagle3Config, Eagle3Draft, default_aux_layer_ids, save_eagle3, vocab_from_counts
 from draftwheel.serving.engine.precision import resolve_bf16
 from draftwheel.serving.engine.prepack import can_prepack, prepack_linears
@@ -481,26 +481,69 @@ def collate(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     return batch
 
 
-class EagleTrainer(Trainer):
-    """A Trainer whose loss is the unrolled (training-time test) distillation loss."""
+class UnrolledDraft(torch.nn.Module):
+    """The module the Trainer trains: the draft as its one submodule, the unrolled (training-time test)
+    loss as its forward. Data parallelism (DDP, FSDP, DeepSpeed) synchronises gradients through the forward
+    of the module it wraps, and the draft's own methods are serving's: a loss computed beside the wrapper
+    trained every process on its own shard alone. The target's LM head is a plain attribute (frozen, never
+    saved nor broadcast)."""
 
-    def __init__(self, *args: Any, lm_head_weight: torch.Tensor = None, ttt_steps: int = 4, ttt_decay: float = 0.8,
-                 ttt_chain_share: float = 1.0, teacher_temperature: float = 1.0, acceptance_weight: float = 0.0,
-                 **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.lm_head_weight, self.ttt_steps, self.ttt_decay = lm_head_weight, ttt_steps, ttt_decay
-        self.ttt_chain_share, self.teacher_temperature = ttt_chain_share, teacher_temperature
-        self.acceptance_weight = acceptance_weight
+    def __init__(self, draft: Eagle3Draft, lm_head_weight: torch.Tensor, ttt_steps: int = 4, ttt_decay: float = 0.8,
+                 ttt_chain_share: float = 1.0, teacher_temperature: float = 1.0, acceptance_weight: float = 0.0):
+        super().__init__()
+        self.draft, self.lm_head_weight = draft, lm_head_weight
+        self.ttt_steps, self.ttt_decay, self.ttt_chain_share = ttt_steps, ttt_decay, ttt_chain_share
+        self.teacher_temperature, self.acceptance_weight = teacher_temperature, acceptance_weight
+
+    def forward(self, input_ids: torch.Tensor, aux: torch.Tensor, hidden: torch.Tensor, mask: torch.Tensor,
+                weight: torch.Tensor | None = None) -> torch.Tensor:
+        """One batch's loss (draftwheel.training.eagle_ttt.unrolled_loss)."""
+        loss, _ = unrolled_loss(self.draft, input_ids, aux, hidden, mask, self.lm_head_weight, self.ttt_steps,
+                                self.ttt_decay, self.ttt_chain_share, self.teacher_temperature, weight,
+                                self.acceptance_weight)
+        return loss
+
+
+class EagleTrainer(Trainer):
+    """A Trainer of an `UnrolledDraft`: its forward is the loss."""
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        draft = self.accelerator.unwrap_model(model)
-        # Accelerate's mixed precision wraps `model.forward`, which the unrolled loop never calls: enter
-        # its autocast here, or `bf16` trains in float32 (4-5x slower matmuls on an AMX CPU, measured).
+        # Accelerate's mixed precision wraps `forward` in autocast only where it prepares the model: enter
+        # it here too, or `bf16` trains in float32 (4-5x slower matmuls on an AMX CPU, measured).
         with self.accelerator.autocast():
-            loss, logits = unrolled_loss(draft, inputs["input_ids"], inputs["aux"], inputs["hidden"], inputs["mask"],
-                                         self.lm_head_weight, self.ttt_steps, self.ttt_decay, self.ttt_chain_share,
-                                         self.teacher_temperature, inputs.get("weight"), self.acceptance_weight)
-        return (loss, {"logits": logits[0]}) if return_outputs else loss
+            loss = model(inputs["input_ids"], inputs["aux"], inputs["hidden"], inputs["mask"], inputs.get("weight"))
+        return (loss, {}) if return_outputs else loss
+
+    def _get_train_sampler(self, train_dataset=None):
+        args = self.args
+        return GlobalBatchSampler(args.train_batch_size * args.gradient_accumulation_steps, args.world_size,
+                                  self.train_dataset if train_dataset is None else train_dataset,
+                                  torch.Generator().manual_seed(args.data_seed or 0))
+
+
+class GlobalBatchSampler(LengthGroupedSampler):
+    """Batches of similar lengths, grouped by the global batch (every process's batch of a step).
+
+    Mined outputs run from a few dozen to max_length tokens, and a random batch pads every row to its
+    longest (measured: about 40 % of the compute was padding). The global batch is what one process with
+    `processes` times the batch would take, and it is dealt round-robin: under N processes each rank's
+    batch holds every N-th of its sequences by length, so the ranks' batches weigh alike in the averaged
+    gradient (each rank's loss is a mean over its own positions) and none waits long for another at the
+    all-reduce. The order comes from a generator of its own, not the global RNG the main process alone
+    also draws on (the per-epoch probe): accelerate hands every rank the main process's generator at each
+    epoch, so all cut the same order, each into its own batches (accelerate's BatchSamplerShard: batch i
+    to rank i mod N)."""
+
+    def __init__(self, batch_size: int, processes: int, dataset: Any, generator: torch.Generator):
+        super().__init__(batch_size * processes, dataset=dataset, generator=generator)
+        self.processes = processes
+
+    def __iter__(self):
+        order = list(super().__iter__())
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start:start + self.batch_size]
+            for rank in range(self.processes):
+                yield from batch[rank::self.processes]
 
 
 def _chain_totals(draft: Eagle3Draft, dataset: EagleDataset, indices: list[int], k: int,
@@ -581,9 +624,9 @@ class ChainCallback(EpochSelectionCallback):
         self.dataset, self.k, self.bf16, self.metric = dataset, k, bf16, metric
         self.min_path_prob = min_path_prob
 
-    def measure(self, model: Any) -> dict[str, float]:
+    def measure(self, model: UnrolledDraft) -> dict[str, float]:
         started = time.perf_counter()
-        result = evaluate_chains(model, self.dataset, self.k, bf16=self.bf16, min_path_prob=self.min_path_prob)
+        result = evaluate_chains(model.draft, self.dataset, self.k, bf16=self.bf16, min_path_prob=self.min_path_prob)
         slices = " ".join(f"{name} {result[slice_key(name, METRIC)]:.3f}" for name in sorted(self.counts))
         served = " ".join(f"{name} {result[slice_key(name, SERVED)]:.3f}" for name in sorted(self.counts))
         print(f"[eagle] implied mean accepted length {result[METRIC]:.3f} (k={self.k}; {slices}); serving's walk "
@@ -642,15 +685,29 @@ def prepare_draft(config: EagleConfig, target: Any, counts: torch.Tensor, eos: l
     return draft.attach_target(target.model), info
 
 
-def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
-    """Train an EAGLE-3 draft; return the saved candidate dir (speculators format)."""
+@dataclass
+class Prepared:
+    """What a training run reads, prepared by `prepare`."""
+
+    target: Any                  # the loaded target (draftwheel.serving.loading.LoadedModel)
+    draft: Eagle3Draft           # the draft to train, attached to the target
+    train_set: torch.utils.data.Dataset
+    train_tokens: int            # tokens one epoch of `train_set` holds
+    probe: EagleDataset | None   # what each epoch is judged on (None: no hold-out, no canary)
+    dataset_dir: Path
+    info: dict[str, Any]         # figures for the training info (vocabulary, caches, rehearsal, ...)
+
+
+def prepare(config: EagleConfig) -> Prepared:
+    """The target, the draft (warm start or fresh, its vocabulary), the training set with the target's
+    features (continued, varied, rehearsed as configured) and the probe with theirs. Every product of the
+    target is cached on disk (features, continuations, canary answers), so a second call on the same data
+    reads them: under several processes the main one prepares first and the others read its caches."""
     from draftwheel.serving.engine.engine import eos_token_ids
     from draftwheel.serving.loading import load_model, resolve_target
 
-    tracker = tracker or get_tracker(config.tracking)
     dataset_dir = Path(config.dataset) if config.dataset else home.datasets_dir() / "distill"
     holdout_dir = Path(config.holdout) if config.holdout else dataset_dir.parent / "holdout"
-    out_dir = common.resolve_output_dir(config.output_dir, "eagle")
     target = load_model(resolve_target(config.target, config.student))
     target.model.requires_grad_(False)
     train_seqs = load_sequences(dataset_dir, config.max_length, residual_floor=config.residual_floor)
@@ -696,32 +753,47 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
             train_tokens + rehearsal_info["rehearsal_tokens"]
         info.update(rehearsal_info)
         print(f"[eagle] rehearsal: {rehearsal_info['rehearsal_sequences']} sequences of {source[0]}", flush=True)
-    callbacks: list[TrainerCallback] = [TrackerCallback(tracker)]
     hold_seqs = None
     if holdout_dir.is_dir():
         hold_seqs = load_sequences(holdout_dir, config.max_length, "output_token_ids", config.eval_max_samples)
         info["vocab_coverage_holdout"] = coverage(draft.t2d, output_counts(hold_seqs, vocab))
     parts = probe_parts(config, hold_seqs, source, target, cache_root)
-    evaluation = None
+    probe = None
     if parts:
-        probe, probe_features = probe_with_features(parts, target, draft.c.aux_layer_ids, cache_root, config.bf16)
-        evaluation = ChainCallback(EagleDataset(probe, probe_features, prompt_loss=False), config.eval_k, tracker,
-                                   config.epoch_selection(), config.bf16, config.select_on, config.eval_min_path_prob)
-        callbacks.append(evaluation)
-    draft.train()
-    # Batches of similar lengths: mined outputs run from a few dozen to max_length tokens, and a random
-    # batch pads every row to its longest (measured: about 40 % of the compute was padding).
+        probe_seqs, probe_features = probe_with_features(parts, target, draft.c.aux_layer_ids, cache_root, config.bf16)
+        probe = EagleDataset(probe_seqs, probe_features, prompt_loss=False)
+    return Prepared(target, draft, train_set, train_tokens, probe, dataset_dir, info)
+
+
+def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
+    """Train an EAGLE-3 draft; return the saved candidate dir (speculators format). Under several processes
+    (`accelerate launch`) each trains on its shard with gradients all-reduced, and rank 0 alone judges the
+    epochs, logs to MLflow and writes the candidate."""
+    out_dir = common.resolve_output_dir(config.output_dir, "eagle")
+    # Every parameter takes part in every step: DDP need not look for unused ones. (Batches: grouped by
+    # length, EagleTrainer._get_train_sampler.)
     args = TrainingArguments(**common.training_arguments_kwargs(config, out_dir), bf16=config.bf16,
-                             train_sampling_strategy="group_by_length")
-    trainer = EagleTrainer(model=draft, args=args, train_dataset=train_set, data_collator=collate,
-                           callbacks=callbacks, lm_head_weight=target.model.get_output_embeddings().weight.detach(),
-                           ttt_steps=config.ttt_steps, ttt_decay=config.ttt_decay,
-                           ttt_chain_share=config.ttt_chain_share, teacher_temperature=config.teacher_temperature,
-                           acceptance_weight=config.acceptance_weight)
+                             ddp_find_unused_parameters=False)
+    tracker = common.process_tracker(tracker, config.tracking, args)
+    with args.main_process_first(local=False, desc="the target's features"):
+        data = prepare(config)
+    target, draft, info = data.target, data.draft, data.info
+    evaluation = None
+    if data.probe is not None:
+        evaluation = ChainCallback(data.probe, config.eval_k, tracker, config.epoch_selection(), config.bf16,
+                                   config.select_on, config.eval_min_path_prob)
+    draft.train()
+    model = UnrolledDraft(draft, target.model.get_output_embeddings().weight.detach(), ttt_steps=config.ttt_steps,
+                          ttt_decay=config.ttt_decay, ttt_chain_share=config.ttt_chain_share,
+                          teacher_temperature=config.teacher_temperature,
+                          acceptance_weight=config.acceptance_weight)
+    trainer = EagleTrainer(model=model, args=args, train_dataset=data.train_set, data_collator=collate,
+                           callbacks=[TrackerCallback(tracker), *([evaluation] if evaluation else [])])
     with tracker.run("train-eagle", nested=True, tags={"stage": "eagle", "draft_kind": "eagle3"}):
-        tracker.log_params({**to_dict(config), "params_trainable": sum(p.numel() for p in draft.parameters())})
+        tracker.log_params({**to_dict(config), "params_trainable": sum(p.numel() for p in draft.parameters()),
+                            "processes": args.world_size})
         result = trainer.train()  # the ChainCallback puts back the epoch best for the gate at the end
-        tokens = train_tokens * trainer.state.epoch
+        tokens = data.train_tokens * trainer.state.epoch
         metrics = {"train_loss": result.training_loss, "train_runtime_s": result.metrics["train_runtime"],
                    "train_tokens": tokens, "train_tokens_per_s": tokens / max(result.metrics["train_runtime"], 1e-9),
                    "steps": trainer.state.global_step,
@@ -730,13 +802,14 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
         if history:  # the last evaluation describes the saved weights
             metrics.update({f"eval_{k}": v for k, v in history[-1].items()})
         common.log_summary(tracker, metrics, trainer.state.global_step)
-        if trainer.is_world_process_zero():
+        if common.is_main_process(args):
             save_eagle3(draft.eval(), out_dir, target.tokenizer)
             common.write_training_info(out_dir, "eagle", config, metrics,
                                        {"target": str(target.path), "target_sha256": target.model_id.sha256,
                                         "draft_kind": "eagle3", "vocab": info.get("vocab"),
-                                        "dataset": str(dataset_dir), "eval_history": history,
+                                        "dataset": str(data.dataset_dir), "eval_history": history,
                                         "epoch_selection": evaluation.summary() if evaluation else None,
+                                        "processes": args.world_size,
                                         **{k: info[k] for k in ("rehearsal", "rehearsal_max_length") if k in info}})
             tracker.log_artifact(out_dir / common.INFO_FILE)
     return out_dir

@@ -1,11 +1,16 @@
-"""The plain logic inside the flow tasks: retry policy, training cache key, trainer wiring."""
+"""The plain logic inside the flow tasks: retry policy, training cache key, trainer wiring, the launcher."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
+from draftwheel.config import ConfigError, load_config
 from draftwheel.tracking import ArtifactError, RegistryError
 from draftwheel.flows import tasks
+from draftwheel.flows.flywheel import FlywheelConfig
 
 
 class NotFound(Exception):
@@ -49,10 +54,44 @@ def test_stage_overrides_point_each_trainer_at_its_data():
 
 
 def test_launch_command_runs_the_trainer_module_under_the_launcher():
-    command = tasks.launch_command("accelerate launch --num_processes 2", "distill", "configs/distill.yaml", ["a=1"])
-    assert command == ["accelerate", "launch", "--num_processes", "2", "-m", "draftwheel.training.distill",
-                       "--config", "configs/distill.yaml", "a=1"]
+    """`accelerate` is run by the flow's own interpreter (the venv's accelerate, whatever PATH holds); any
+    other launcher as written."""
+    command = tasks.launch_command("accelerate launch --multi_gpu --num_processes 2", "distill",
+                                   "configs/distill.yaml", ["a=1"])
+    assert command == [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu",
+                       "--num_processes", "2", "-m", "draftwheel.training.distill", "--config", "configs/distill.yaml",
+                       "a=1"]
     assert tasks.launch_command("python", "dpo", "", []) == ["python", "-m", "draftwheel.training.dpo"]
+    assert tasks.launch_command("torchrun --nproc_per_node 2", "eagle", "", ["b=2"]) == [
+        "torchrun", "--nproc_per_node", "2", "-m", "draftwheel.training.eagle_train", "b=2"]
+
+
+def test_the_accelerate_launcher_runs_under_this_interpreter():
+    done = subprocess.run([*tasks.launcher_argv("accelerate launch"), "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "--num_processes" in done.stdout
+
+
+@pytest.mark.parametrize("launcher", ["accelerate launch --multi_gpu --num_processes 2", "accelerate launch --cpu",
+                                      "accelerate launch --cpu --num_processes 1",
+                                      "accelerate launch --cpu --num_processes 4 --mpirun_hostfile hosts",
+                                      "accelerate launch --config_file ds.yaml", "torchrun --nproc_per_node 2"])
+def test_launchers_that_start_what_they_name_pass(launcher):
+    tasks.check_launcher(launcher)
+    assert FlywheelConfig(launcher=launcher).launcher == launcher
+
+
+@pytest.mark.parametrize("launcher, message", [
+    ("accelerate launch --cpu --num_processes 2", "would train in one process.*--multi_gpu"),
+    ("accelerate launch --cpu --num-processes=2", "would train in one process"),
+    ("accelerate launch --num_processes two", "accelerate launch refuses"),
+    ("accelerate launch 'unclosed", "cannot split"),
+])
+def test_a_launcher_that_would_not_start_its_processes_is_refused_naming_the_field(launcher, message):
+    """accelerate's --cpu starts several processes only through mpirun; without it the run trains alone."""
+    with pytest.raises(ValueError, match=f"^launcher: .*{message}"):
+        FlywheelConfig(launcher=launcher)
+    with pytest.raises(ConfigError, match="launcher"):
+        load_config(FlywheelConfig, None, [f"launcher={launcher}"])
 
 
 def test_unknown_trainer_names_the_choices():
