@@ -24,7 +24,7 @@ from draftwheel.home import apply_offline_defaults
 from draftwheel.tracking import ArtifactError
 
 # Order here is the order of the commands in `draftwheel --help`.
-COMMAND_MODULES = ["draftwheel.serving.server.engine_cli", "draftwheel.evaluation.cli", "draftwheel.serving.server.cli", "draftwheel.mining.cli", "draftwheel.training.cli", "draftwheel.flows.registry_cli", "draftwheel.flows.cli", "draftwheel.flows.deploy"]
+COMMAND_MODULES = ["draftwheel.serving.server.engine_cli", "draftwheel.evaluation.cli", "draftwheel.serving.server.cli", "draftwheel.serving.server.proxy_cli", "draftwheel.mining.cli", "draftwheel.mining.ingest_cli", "draftwheel.training.cli", "draftwheel.flows.registry_cli", "draftwheel.flows.cli", "draftwheel.flows.deploy"]
 # `draftwheel COMMAND --help` descriptions and examples for commands whose module registers none.
 DESCRIPTIONS = {
     "rollback": "Swap the champion and previous aliases of a registered model (checked and locked, all or "

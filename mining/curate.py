@@ -5,8 +5,8 @@ candidate list to fill what its quota still lacks, and keeps a small summary per
 signature, normalised-text key, whether scrubbing would change it). Candidates are then admitted in
 priority order -- hold-out first, then hard, rollback, uniform and replay samples (each per slice,
 best first) -- unless they are an exact or near duplicate of something admitted before (the hold-out
-included, so no training prompt resembles a hold-out prompt), or need scrubbing while no tokenizer is
-there to re-derive their ids. The uniform and replay quotas follow what the categories before them
+included, so no training prompt resembles a hold-out prompt), or need scrubbing, or lack token ids (a
+record from another engine), while no tokenizer is there to derive their ids. The uniform and replay quotas follow what the categories before them
 actually kept. Writing the datasets is `draftwheel.mining.outputs`' job.
 """
 
@@ -45,6 +45,8 @@ class _Summary:
     key: int
     signature: Any
     needs_scrub: bool
+    needs_ids: bool = False
+    """A record from another engine that logged text without token ids: they come from the tokenizer."""
 
 
 def iter_records(files: list[Path], rows: np.ndarray) -> Iterator[tuple[int, Any]]:
@@ -83,7 +85,8 @@ class _Curator:
         for row_id, record in iter_records(self.files, rows):
             text = Scrubber().scrub(record.prompt) if self.config.scrub_pii else record.prompt
             changed = self.config.scrub_pii and (text != record.prompt or contains_pii(record.output))
-            self.summaries[row_id] = _Summary(exact_key(text), self.near.signature(text), changed)
+            lacks_ids = not record.prompt_token_ids or (bool(record.output) and not record.output_token_ids)
+            self.summaries[row_id] = _Summary(exact_key(text), self.near.signature(text), changed, lacks_ids)
 
     def admit(self, row_id: int, origin: str) -> bool:
         summary = self.summaries.get(row_id)
@@ -92,6 +95,8 @@ class _Curator:
             dropped["unreadable"] += 1
         elif summary.needs_scrub and not self.has_tokenizer:
             dropped["scrubbed_without_tokenizer"] += 1
+        elif summary.needs_ids and not self.has_tokenizer:
+            dropped["no_token_ids_without_tokenizer"] += 1
         elif summary.key in self.seen:
             dropped["exact_duplicate"] += 1
         elif (match := self.near.find(summary.signature)) is not None:

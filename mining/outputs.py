@@ -5,7 +5,7 @@ an Arrow file in batches (`DatasetWriter`), then saved with `save_to_disk`, so m
 the batch size. Text is PII-scrubbed by `TextPrep`, which keeps token ids consistent with the text:
 when scrubbing changes a text, its ids are re-derived with the target's tokenizer; without a
 tokenizer such a text cannot be written consistently and the row is skipped (the caller leaves
-those requests out beforehand). Preference pairs need the tokenizer to turn single tokens into text.
+those requests out beforehand). A record from another engine without token ids gets them the same way. Preference pairs need the tokenizer to turn single tokens into text.
 """
 
 from __future__ import annotations
@@ -48,8 +48,10 @@ class TextPrep:
         return self.scrubber.scrub(text) if self.scrubber is not None else text
 
     def text_and_ids(self, text: str, ids: list[int]) -> tuple[str, list[int]] | None:
+        """(scrubbed text, its ids). Ids a record lacks (another engine's, which did not return them) are
+        derived from the text like those of a scrubbed one."""
         clean = self.scrub(text)
-        if clean == text:
+        if clean == text and (ids or not text):
             return text, list(ids)
         if self.tokenizer is None:
             return None
@@ -84,7 +86,7 @@ def holdout_row(record: Any, prep: TextPrep) -> dict[str, Any] | None:
         return None
     # The log has no max_new_tokens; replaying with the served length reproduces the request's budget.
     return {"request_id": record.request_id, "prompt": prompt[0], "prompt_token_ids": prompt[1],
-            "slice": record.slice, "max_new_tokens": max(1, len(record.output_token_ids)),
+            "slice": record.slice, "max_new_tokens": max(1, len(output[1])),
             "output_token_ids": output[1]}
 
 

@@ -34,6 +34,11 @@ def served_residual(record: Any) -> list[float]:
 
 
 def served_share(record: Any) -> float:
-    """Share of the output tokens the served stack drafted and the target accepted (0.0 for no output)."""
+    """Share of the output tokens the served stack drafted and the target accepted (0.0 for no output).
+    A record from another engine has no steps, only its totals: each accepted drafted token is one output
+    token, of at least `accepted + verify_steps + 1` (the engine's plain steps are not reported)."""
+    if not record.steps and record.accepted_tokens:
+        return record.accepted_tokens / max(len(record.output_token_ids),
+                                            record.accepted_tokens + record.verify_steps + 1)
     residual = served_residual(record)
     return 1.0 - sum(residual) / len(residual) if residual else 0.0

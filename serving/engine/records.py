@@ -89,6 +89,10 @@ class AcceptanceRecord:
     ttft_s: float = 0.0
     latency_s: float = 0.0
     schema_version: Literal[1] = SCHEMA_VERSION  # a bump changes this type: v1 decoding refuses other versions
+    source: str | None = None
+    """Which engine served the request when it was not this one (`vllm`, `proxy:HOST:PORT`, `ingest:FILE`):
+    such a record carries the totals that engine reported and no steps. None (not written) for this
+    engine's own records, so they stay byte-identical to older v1 records (see docs/log-schema.md)."""
 
     @property
     def acceptance_rate(self) -> float:
@@ -100,8 +104,10 @@ class AcceptanceRecord:
         return acceptance.mean_accepted_length(self.accepted_tokens, self.verify_steps)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object of this record (plain dicts and lists); a step's `source` only when set."""
+        """The JSON object of this record (plain dicts and lists); `source` (its own and a step's) only when set."""
         data = msgspec.to_builtins(self)
+        if data["source"] is None:
+            del data["source"]
         for step in data["steps"]:
             if step["source"] is None:
                 del step["source"]
@@ -141,17 +147,22 @@ def _substitute(hint: Any, structs: dict[type, type]) -> Any:
     return hint
 
 
+OPTIONAL_FIELDS = ("source",)
+"""Top-level fields added within v1: optional on read, so lines written before them stay valid."""
+
+
 def _line_types() -> dict[type, type]:
     """msgspec Structs generated from the dataclasses above: same field names, types and (nested) defaults.
-    Decoding into them is ~3x faster than into dataclasses. At the top level every field is required: a
-    logged record carries all of them (the dataclass defaults are for writers)."""
+    Decoding into them is ~3x faster than into dataclasses. At the top level every field is required (a
+    logged record carries all of them; the dataclass defaults are for writers) except those added within
+    v1 (`OPTIONAL_FIELDS`), which older lines lack."""
     structs: dict[type, type] = {}
     for cls in (ModelId, Sampling, Step, AcceptanceRecord):  # a class after the classes it contains
         hints = typing.get_type_hints(cls)
         fields: list[tuple] = []
         for f in dataclasses.fields(cls):
             hint = _substitute(hints[f.name], structs)
-            if cls is AcceptanceRecord or f.default is dataclasses.MISSING:
+            if (cls is AcceptanceRecord and f.name not in OPTIONAL_FIELDS) or f.default is dataclasses.MISSING:
                 fields.append((f.name, hint))
             else:
                 fields.append((f.name, hint, f.default))
@@ -224,8 +235,9 @@ def _reason(message: str) -> RecordError:
 def check_record(record: Any, vocab_size: int | None = None) -> None:
     """Raise `RecordError` unless the counts, the step list and the token ids of a record (or
     `RecordLine`) agree: non-negative counts; `0 <= accepted <= k == len(draft_token_ids)` per step;
-    `drafted_tokens`, `accepted_tokens` and `verify_steps` equal the step list's sums and length; every
-    token id in `[0, vocab_size)` (`[0, TOKEN_ID_LIMIT)` when the vocabulary size is unknown)."""
+    `drafted_tokens`, `accepted_tokens` and `verify_steps` equal the step list's sums and length (a record
+    from another engine, `source` set and no steps, carries that engine's totals instead); every token id
+    in `[0, vocab_size)` (`[0, TOKEN_ID_LIMIT)` when the vocabulary size is unknown)."""
     for name in ("drafted_tokens", "accepted_tokens", "verify_steps"):
         if getattr(record, name) < 0:
             raise RecordError(f"out of range: field {name!r} = {getattr(record, name)}, must be >= 0", "out_of_range")
@@ -240,6 +252,10 @@ def check_record(record: Any, vocab_size: int | None = None) -> None:
             raise RecordError(f"steps[{index}]: {problem}", "bad_step")
     totals = {"drafted_tokens": sum(s.k for s in steps), "accepted_tokens": sum(s.accepted for s in steps),
               "verify_steps": len(steps)}
+    if record.source is not None and not steps:  # another engine's reported totals: nothing to sum them from
+        totals = {}
+        if record.drafted_tokens and not record.verify_steps:
+            raise RecordError(f"inconsistent: drafted_tokens={record.drafted_tokens} in no verify step", "inconsistent")
     for name, expected in totals.items():
         if getattr(record, name) != expected:
             raise RecordError(f"inconsistent: field {name!r} = {getattr(record, name)} but the steps give {expected}",

@@ -3,7 +3,9 @@
 Routes: `POST /v1/completions`, `POST /v1/chat/completions` (both streaming over SSE or not),
 `GET /v1/models`, `GET /metrics` (Prometheus text from the engine's `Metrics`), `GET /healthz` (target
 and draft ids; the acceptance log's counts, `status: "degraded"` while its writes fail). With `config.api_key` set, `/v1/*` needs `Authorization: Bearer <key>` (401 otherwise);
-`/metrics` and `/healthz` stay open for scrapers and probes.
+`/metrics` and `/healthz` stay open for scrapers and probes. Each completion carries the request's
+speculative figures as vLLM returns them, `metrics.speculative_decoding` (`draftwheel.serving.server.spec_metrics`;
+`per_request_spec_decode_metrics`).
 
 The engine runs one request at a time on a single worker thread; concurrent HTTP requests wait in
 its FIFO queue (never dropped; `draftwheel_queue_depth` shows the queue). With `scheduler: batched` the
@@ -38,6 +40,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from draftwheel.serving.server.http_guard import BodyLimit, DrainCounter, InFlight
+from draftwheel.serving.server import spec_metrics
 from draftwheel.serving.server.metrics import Metrics
 from draftwheel.serving.server.openai_api import (
     ApiError, ChatRequest, CompletionRequest, chat_body, chat_chunk, check_supported, check_text, completion_body,
@@ -181,19 +184,34 @@ class _Service:
     def run(self, request: CompletionRequest | ChatRequest, prompt: Any, chat: bool) -> AsyncIterator[Any]:
         return self.worker.iterate(lambda cancel: self.job(request, prompt, chat, cancel))
 
+    def spec_metrics(self, request: CompletionRequest | ChatRequest, completions: list[Any]) -> dict[str, Any] | None:
+        """The response's `metrics` object as vLLM sends it (`per_request_spec_decode_metrics`; None: not sent):
+        `speculative_decoding` from the request's record, null when it was not one speculative stream (several
+        prompts, or decoded without speculation)."""
+        level = self.config.per_request_spec_decode_metrics
+        if level == "none":
+            return None
+        record = completions[0].record if len(completions) == 1 else None
+        if record is None or record.mode == "autoregressive":
+            return {"speculative_decoding": None}
+        k = self.defaults.k if request.k is None else request.k
+        return {"speculative_decoding": spec_metrics.from_record(record, k, detailed=level == "detailed")}
+
     async def complete(self, request: CompletionRequest) -> dict[str, Any]:
         results = []
         for prompt in request.prompts():
             *_, completion = [item async for item in self.run(request, prompt, chat=False)]
             results.append(completion)
         return completion_body(new_id("cmpl"), self.model_name, [(c.text, c.finish_reason) for c in results],
-                               sum(len(c.prompt_token_ids) for c in results), sum(len(c.token_ids) for c in results))
+                               sum(len(c.prompt_token_ids) for c in results), sum(len(c.token_ids) for c in results),
+                               self.spec_metrics(request, results))
 
     async def chat(self, request: ChatRequest) -> dict[str, Any]:
         messages = [m.as_template_message() for m in request.messages]
         *_, completion = [item async for item in self.run(request, messages, chat=True)]
         return chat_body(new_id("chatcmpl"), self.model_name, completion.text, completion.finish_reason,
-                         len(completion.prompt_token_ids), len(completion.token_ids))
+                         len(completion.prompt_token_ids), len(completion.token_ids),
+                         self.spec_metrics(request, [completion]))
 
     async def stream(self, request: CompletionRequest | ChatRequest) -> StreamingResponse:
         chat = isinstance(request, ChatRequest)
@@ -224,7 +242,8 @@ class _Service:
                 yield chunk(item.text[len(sent):], None)
             yield chunk(None, item.finish_reason)
             if request.include_usage:
-                yield _sse(usage_chunk(rid, model, chat, len(item.prompt_token_ids), len(item.token_ids)))
+                yield _sse(usage_chunk(rid, model, chat, len(item.prompt_token_ids), len(item.token_ids),
+                                       self.spec_metrics(request, [item])))
         except Exception as exc:  # noqa: BLE001 - headers are sent; report in-band as OpenAI does
             log.exception("stream %s failed", rid)
             error = exc if isinstance(exc, ApiError) else ApiError(500, f"generation failed: {exc}",

@@ -222,21 +222,26 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+def _with_metrics(body: dict[str, Any], metrics: dict[str, Any] | None) -> dict[str, Any]:
+    """`body` with vLLM's per-request `metrics` object when there is one (None: the server sends none)."""
+    return body if metrics is None else {**body, "metrics": metrics}
+
+
 def completion_body(rid: str, model: str, choices: list[tuple[str, str]], prompt_tokens: int,
-                    completion_tokens: int) -> dict[str, Any]:
+                    completion_tokens: int, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
     """A `text_completion`; `choices` are (text, finish_reason) in prompt order."""
-    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": reason}
-                        for i, (text, reason) in enumerate(choices)],
-            "usage": usage(prompt_tokens, completion_tokens)}
+    return _with_metrics({"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+                          "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+                                      for i, (text, reason) in enumerate(choices)],
+                          "usage": usage(prompt_tokens, completion_tokens)}, metrics)
 
 
 def chat_body(rid: str, model: str, text: str, finish_reason: str, prompt_tokens: int,
-              completion_tokens: int) -> dict[str, Any]:
-    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": None, "finish_reason": finish_reason}],
-            "usage": usage(prompt_tokens, completion_tokens)}
+              completion_tokens: int, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+    return _with_metrics({"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+                          "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                       "logprobs": None, "finish_reason": finish_reason}],
+                          "usage": usage(prompt_tokens, completion_tokens)}, metrics)
 
 
 def completion_chunk(rid: str, model: str, text: str, finish_reason: str | None) -> dict[str, Any]:
@@ -249,8 +254,10 @@ def chat_chunk(rid: str, model: str, delta: dict[str, str], finish_reason: str |
             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
 
 
-def usage_chunk(rid: str, model: str, chat: bool, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    """The final chunk sent when `stream_options.include_usage` is set: no choices, only usage."""
+def usage_chunk(rid: str, model: str, chat: bool, prompt_tokens: int, completion_tokens: int,
+                metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The final chunk sent when `stream_options.include_usage` is set: no choices, only usage (and, as vLLM
+    sends it there, the per-request `metrics`)."""
     kind = "chat.completion.chunk" if chat else "text_completion"
-    return {"id": rid, "object": kind, "created": int(time.time()), "model": model, "choices": [],
-            "usage": usage(prompt_tokens, completion_tokens)}
+    return _with_metrics({"id": rid, "object": kind, "created": int(time.time()), "model": model, "choices": [],
+                          "usage": usage(prompt_tokens, completion_tokens)}, metrics)

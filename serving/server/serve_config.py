@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from draftwheel.registry_names import CHAMPION_URI
 from draftwheel.serving.engine.precision import check_device_name, check_dtype_name
 from draftwheel.serving.engine.records import MODES
+from draftwheel.serving.server.spec_metrics import LEVELS
 
 MiB = 1024 * 1024
 SCHEDULERS = ("serial", "batched")
@@ -87,6 +88,12 @@ class ServeConfig:
     """Let the LinUCB router (draftwheel.serving.engine.routing) pick mode and k per request when neither the request nor
     `mode` names one; its state is kept in $DRAFTWHEEL_HOME/serving/router.json, fresh per champion.
     Off by default until it beats the fixed hybrid in benchmarks/bench_suffix.py."""
+    per_request_spec_decode_metrics: str = "summary"
+    """vLLM's setting of the same name: `summary` returns each request's speculative figures as
+    `metrics.speculative_decoding` (the response body; when streaming, the final usage chunk, sent with
+    `stream_options.include_usage`), `detailed` adds the per-step lists, `none` leaves responses as OpenAI
+    sends them (draftwheel.serving.server.spec_metrics). On by default: the figures come from the record
+    the request writes anyway."""
     state_save_s: float = 60.0
     """How often the suffix index stats and the router state are written under $DRAFTWHEEL_HOME/serving
     (and once at shutdown)."""
@@ -132,6 +139,9 @@ class ServeConfig:
         if self.scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler: {self.scheduler!r} not one of {', '.join(SCHEDULERS)}")
         check_dtype_name(self.dtype)
+        if self.per_request_spec_decode_metrics not in LEVELS:
+            raise ValueError(f"per_request_spec_decode_metrics: {self.per_request_spec_decode_metrics!r} not one of "
+                             f"{', '.join(LEVELS)}")
         check_device_name(self.device)
         if self.mode is not None and self.mode not in MODES:
             raise ValueError(f"mode: {self.mode!r} not one of {', '.join(MODES)} (or null)")

@@ -10,8 +10,12 @@ from draftwheel.mining.residual import served_residual, served_share
 from draftwheel.serving.engine.records import Step
 
 
-def record(steps: list[Step], n_output: int) -> SimpleNamespace:
-    return SimpleNamespace(steps=steps, output_token_ids=list(range(n_output)), mode="hybrid")
+def record(steps: list[Step], n_output: int, accepted: int | None = None, verify_steps: int | None = None
+           ) -> SimpleNamespace:
+    """A record's fields the residual reads; the totals are the steps' unless given (another engine's)."""
+    return SimpleNamespace(steps=steps, output_token_ids=list(range(n_output)), mode="hybrid",
+                           accepted_tokens=sum(s.accepted for s in steps) if accepted is None else accepted,
+                           verify_steps=len(steps) if verify_steps is None else verify_steps)
 
 
 def step(k: int, accepted: int, source: str | None) -> Step:
@@ -34,3 +38,10 @@ def test_output_cut_by_a_stop_string_and_records_without_steps():
     assert served_residual(record([step(4, 4, "suffix")], 3)) == [1.0, 0.0, 0.0]
     assert served_residual(record([], 4)) == [1.0] * 4
     assert served_share(record([], 0)) == 0.0
+
+
+def test_a_record_from_another_engine_counts_its_reported_totals():
+    # no steps: 12 accepted drafted tokens in 4 verify steps give at least 12 + 4 + 1 output tokens
+    assert served_share(record([], 0, accepted=12, verify_steps=4)) == pytest.approx(12 / 17)
+    assert served_share(record([], 30, accepted=12, verify_steps=4)) == pytest.approx(12 / 30)
+    assert served_residual(record([], 5, accepted=3, verify_steps=1)) == [1.0] * 5  # which ones: unknown
