@@ -24,6 +24,25 @@ from draftwheel.serving.engine.kv import CachedLM
 CHUNK = 16  # rows per forward: within the verify sizes the engine runs (k + 1 <= 33 rows)
 
 
+def teacher_forced_logits(model: Any, prompt_ids: list[int], token_ids: list[int], chunk: int = CHUNK) -> list:
+    """The target's logits[V] at every output position of `token_ids` after `prompt_ids`, each bitwise the
+    row plain decoding computes there (the module docstring)."""
+    lm = CachedLM(model)
+    logits = [lm.forward(torch.tensor(prompt_ids), keep=1)[-1]]  # [V]: the first output position
+    fed = token_ids[:-1]  # the last token's successor is never needed
+    for start in range(0, len(fed), chunk):
+        logits.extend(lm.forward(torch.tensor(fed[start:start + chunk])))  # [T, V] rows
+    return logits
+
+
+def logit_margin(model: Any, prompt_ids: list[int], token_ids: list[int], position: int, other: int) -> float:
+    """At output `position` of plain decoding's `token_ids`, how far its token's logit is above `other`'s:
+    where another decode of the same prompt first chose `other`, a margin near the logits' rounding step
+    says the two differ only by float summation order."""
+    row = teacher_forced_logits(model, prompt_ids, token_ids[:position + 1])[position].float()
+    return float(row[token_ids[position]] - row[other])
+
+
 def greedy_divergence(model: Any, eos_ids: set[int], prompt_ids: list[int], token_ids: list[int],
                       max_new_tokens: int, chunk: int = CHUNK) -> int | None:
     """The first output position where `token_ids` leaves the target's greedy decode of `prompt_ids`
@@ -31,11 +50,7 @@ def greedy_divergence(model: Any, eos_ids: set[int], prompt_ids: list[int], toke
     is exactly that decode. `model` is the target as the engine runs it (dtype, attention)."""
     if not token_ids:
         return None if max_new_tokens <= 0 else 0
-    lm = CachedLM(model)
-    logits = [lm.forward(torch.tensor(prompt_ids), keep=1)[-1]]  # [V]: the first output position
-    fed = token_ids[:-1]  # the last token's successor is never needed
-    for start in range(0, len(fed), chunk):
-        logits.extend(lm.forward(torch.tensor(fed[start:start + chunk])))  # [T, V] rows
+    logits = teacher_forced_logits(model, prompt_ids, token_ids, chunk)
     for position, (row, token) in enumerate(zip(logits, token_ids)):
         if int(row.argmax()) != token:
             return position

@@ -77,6 +77,43 @@ class VerifyClock:
         return 1.0 + self.slope * (rows - 1)
 
 
+class ForwardClock:
+    """What a batched target forward costs by its tokens, fitted online: seconds = a + b * tokens by
+    discounted least squares over the batch engine's forwards (prior b / a = `prior_ratio` until they
+    span two token counts), and each row's share of one forward, `share`: the fixed part (the weights
+    read once per forward) split evenly over the rows, the per-token part by the row's tokens, scaled so
+    the shares add up to the forward's measured seconds. A row alone gets the whole forward, so the
+    per-request policies above (VerifyClock, StepPace, AdaptiveK) see exactly what they see one request
+    at a time; in a batch of B a plain row gets about a / B + b and a verify over k + 1 rows b * k more,
+    while the row's own drafting time stays whole: the bigger the batch, the dearer a drafted token
+    against the batch's own throughput, and the hybrid's pace turns to plain steps when drafting stops
+    paying. Pure Python."""
+
+    def __init__(self, prior_ratio: float = 0.05, decay: float = 0.98):
+        self.prior_ratio, self.decay = prior_ratio, decay
+        self._sums = [0.0] * 5  # discounted n, sum x, sum y, sum xx, sum xy (x = tokens, y = seconds)
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        x = float(tokens)
+        self._sums = [self.decay * old + new for old, new in zip(self._sums, (1.0, x, seconds, x * x, x * seconds))]
+
+    @property
+    def ratio(self) -> float:
+        """b / a: what one more token in a forward costs, relative to the forward's fixed part."""
+        n, sx, sy, sxx, sxy = self._sums
+        spread = n * sxx - sx * sx
+        if n < 2 or spread <= 1e-9 * max(n * sxx, 1e-12):
+            return self.prior_ratio
+        b = (n * sxy - sx * sy) / spread
+        a = (sy - b * sx) / n
+        return min(max(b / a, 0.0), 1.0) if a > 0 else self.prior_ratio
+
+    def share(self, tokens: int, rows: int, total_tokens: int, seconds: float) -> float:
+        """A row's seconds of a forward over `rows` rows and `total_tokens` tokens that took `seconds`."""
+        r = self.ratio
+        return seconds * (1.0 / rows + r * tokens) / (1.0 + r * total_tokens)
+
+
 class ScoreCalibration:
     """How far the suffix index's scores come true in one request: accepted tokens per unit of score
     over its verified proposals, discounted by `decay` per proposal, with a prior that trusts the score

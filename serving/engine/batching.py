@@ -14,7 +14,10 @@ loop resumes with its own logits: drafting, the pure per-request verification
 Callers: `stream(...)` (the `Engine.stream` contract: text deltas, then the `Completion`; it ends
 early when `cancel` is set, and the request's blocks go back at the next step), `submit(...)` for a
 handle, `generate(prompts, ...)` to run a list at once. A full queue raises `QueueFullError`.
-Drafts run per row, inside their row's turn; only the target's forward is batched.
+Drafts run per row, inside their row's turn; only the target's forward is batched. Each row's loop sees
+as its forward time its share of the batch's forward (draftwheel.serving.engine.adaptive.ForwardClock),
+so the hybrid's per-request choice between the index's proposal, the draft and a plain step weighs a
+drafted token against the batch's throughput at the current batch size: speculation backs off under load.
 Not here: HTTP (draftwheel.serving.server.app), block accounting (blocks), the attention (batch_kv).
 """
 
@@ -31,6 +34,7 @@ from typing import Any
 
 import torch
 
+from draftwheel.serving.engine.adaptive import ForwardClock
 from draftwheel.serving.engine.batch_kv import KVPool, PagedRunner, RowCall
 from draftwheel.serving.engine.blocks import BlockManager
 from draftwheel.serving.engine.engine import Completion, Engine, RequestRun
@@ -57,7 +61,7 @@ class PagedRow:
 
     def __init__(self, seq: Sequence):
         self.seq = seq
-        self.last_forward_s = 0.0  # the batch forward this row last took part in
+        self.last_forward_s = 0.0  # its share of the last forward it took part in (adaptive.ForwardClock)
 
     @property
     def length(self) -> int:
@@ -138,6 +142,7 @@ class BatchEngine:
         self._closed = False
         self.steps = 0  # batched forwards run
         self.rows_per_step: Counter[int] = Counter()  # how many forwards ran with how many rows
+        self.clock = ForwardClock()  # each row's share of a forward: what its loop's pace sees as its verify time
         self._thread = threading.Thread(target=self._run, name="draftwheel-batch", daemon=True)
         self._thread.start()
 
@@ -214,7 +219,8 @@ class BatchEngine:
             now = time.perf_counter()
             for seq in admitted:
                 handle = seq.payload
-                handle.queued_s = now - handle.run.start
+                # The record times decoding, as one at a time: its clock restarts at admission.
+                handle.queued_s, handle.run.start, handle.run.ts = now - handle.run.start, now, time.time()
                 self._observe("observe_queue", handle.queued_s)
                 handle.loop = self.engine.decode(handle.run, handle.row)
                 self._advance(handle, None)
@@ -250,13 +256,15 @@ class BatchEngine:
             return
         self.steps += 1
         self.rows_per_step[len(plan)] += 1
-        self._observe("observe_step", len(plan), sum(n for _, n in plan))
+        tokens, seconds = sum(n for _, n in plan), self.runner.last_forward_s
+        self.clock.observe(tokens, seconds)
+        self._observe("observe_step", len(plan), tokens)
         for (seq, n), chunk in zip(plan, chunks):
             handle = seq.payload
             seq.length += n
             seq.pending -= n
             handle.parts.append(chunk.result)
-            handle.row.last_forward_s = self.runner.last_forward_s
+            handle.row.last_forward_s = self.clock.share(n, len(plan), tokens, seconds)
             if seq.pending == 0:
                 result, handle.parts = _combine(handle.call, handle.parts), []
                 seq.prefilling = False

@@ -22,6 +22,10 @@ from draftwheel.serving.engine.records import AcceptanceRecord
 ROLLBACK_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 12, 16)
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
+QUEUE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+BATCH_ROW_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128)
+BATCH_TOKEN_BUCKETS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 # The metric names the alert rules and dashboards may rely on (Prometheus exposition names).
 EXPORTED_NAMES = (
@@ -36,6 +40,10 @@ EXPORTED_NAMES = (
     "draftwheel_requests_total",
     "draftwheel_log_write_errors_total",
     "draftwheel_queue_depth",
+    "draftwheel_tpot_seconds",
+    "draftwheel_queue_time_seconds",
+    "draftwheel_batch_rows",
+    "draftwheel_batch_tokens",
 )
 
 
@@ -72,6 +80,15 @@ class Metrics:
                                         "Acceptance records that could not be written to the log.", registry=reg)
         self.queue_depth = Gauge("draftwheel_queue_depth", "HTTP requests waiting for or holding the engine.",
                                  registry=reg)
+        self.tpot = Histogram("draftwheel_tpot_seconds", "Time per output token after the first, per request.",
+                              buckets=TPOT_BUCKETS, registry=reg)
+        self.queue_time = Histogram("draftwheel_queue_time_seconds",
+                                    "Batched scheduler: time from arrival to joining the running batch.",
+                                    buckets=QUEUE_BUCKETS, registry=reg)
+        self.batch_rows = Histogram("draftwheel_batch_rows", "Batched scheduler: requests in each target forward.",
+                                    buckets=BATCH_ROW_BUCKETS, registry=reg)
+        self.batch_tokens = Histogram("draftwheel_batch_tokens", "Batched scheduler: tokens in each target forward.",
+                                      buckets=BATCH_TOKEN_BUCKETS, registry=reg)
 
     def observe(self, record: AcceptanceRecord) -> None:
         """Account one finished request."""
@@ -80,6 +97,8 @@ class Metrics:
         self.request_latency.observe(record.latency_s)
         if record.output_token_ids:
             self.ttft.observe(record.ttft_s)
+        if len(record.output_token_ids) > 1:
+            self.tpot.observe((record.latency_s - record.ttft_s) / (len(record.output_token_ids) - 1))
         for step in record.steps:
             source = step.source or record.mode
             self.drafts.labels(source=source).inc()
@@ -88,6 +107,15 @@ class Metrics:
             for position in range(step.accepted):
                 self.accepted_per_pos.labels(source=source, position=str(position)).inc()
             self.rollback_depth.labels(source=source).observe(step.k - step.accepted)
+
+    def observe_step(self, rows: int, tokens: int) -> None:
+        """One batched target forward (draftwheel.serving.engine.batching calls it)."""
+        self.batch_rows.observe(rows)
+        self.batch_tokens.observe(tokens)
+
+    def observe_queue(self, seconds: float) -> None:
+        """A request joined the running batch after waiting `seconds`."""
+        self.queue_time.observe(seconds)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""

@@ -87,3 +87,17 @@ def test_render_exposes_exactly_the_documented_names():
                 exposed.add(base)
     assert exposed == set(EXPORTED_NAMES)
     assert "draftwheel_log_write_errors_total 1.0" in metrics.render().decode()
+
+
+def test_tpot_queue_time_and_batch_histograms():
+    metrics = Metrics()
+    metrics.observe(make_record([(2, 1), (2, 2)], latency_s=0.5, ttft_s=0.1))  # 5 tokens: (0.5 - 0.1) / 4
+    metrics.observe(make_record([], n_out=1, mode="autoregressive"))  # one token: no time per output token
+    assert metrics.value("draftwheel_tpot_seconds_count") == 1
+    assert abs(metrics.value("draftwheel_tpot_seconds_sum") - 0.1) < 1e-9
+    metrics.observe_step(rows=12, tokens=40)
+    metrics.observe_queue(0.3)
+    assert metrics.value("draftwheel_batch_rows_bucket", {"le": "12.0"}) == 1
+    assert metrics.value("draftwheel_batch_rows_bucket", {"le": "8.0"}) == 0
+    assert metrics.value("draftwheel_batch_tokens_sum") == 40
+    assert metrics.value("draftwheel_queue_time_seconds_sum") == 0.3

@@ -106,3 +106,19 @@ def test_blocks_come_as_one_run_where_the_pool_has_one():
     assert blocks.allocate(12) == [4, 5, 6]  # the first run of 3, not 0 1 4
     assert blocks.allocate(12) == [0, 1, 7]  # no run left: the lowest free blocks
     assert b == [2, 3]
+
+
+def test_forward_clock_splits_a_forward_into_row_shares():
+    from draftwheel.serving.engine.adaptive import ForwardClock
+
+    clock = ForwardClock()
+    for tokens in (1, 4, 16, 32, 8):  # seconds = 0.02 + 0.001 * tokens: b / a = 0.05
+        clock.observe(tokens, 0.02 + 0.001 * tokens)
+    assert abs(clock.ratio - 0.05) < 1e-6
+    assert clock.share(1, 1, 1, 0.021) == 0.021  # a row alone: the whole forward
+    # 16 rows, one a verify of 5 tokens, 15 plain: 20 tokens in 0.04 s
+    plain, verify = clock.share(1, 16, 20, 0.04), clock.share(5, 16, 20, 0.04)
+    assert abs(15 * plain + verify - 0.04) < 1e-12  # the shares add up to the forward
+    assert abs(plain - (0.02 / 16 + 0.001)) < 1e-9 and abs(verify - plain - 4 * 0.001) < 1e-9
+    # a verify's 4 extra rows: 0.17 of a plain row alone, 1.8 plain rows' worth in this batch
+    assert (verify - plain) / plain > 1.5

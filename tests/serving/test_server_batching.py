@@ -126,3 +126,21 @@ def test_overload_gets_503_and_loses_nothing_accepted(model_dirs, tmp_path):
         too_big = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 200})
         assert too_big.status_code == 400 and "kv_blocks" in too_big.json()["error"]["message"]
     sink.close()
+
+
+def test_metrics_show_batches_queue_time_and_tpot(stack, client):
+    _, _, url = stack
+    before = httpx.get(url + "/metrics").text
+    texts, errors = concurrently([lambda p=p: client.completions.create(model="tiny", prompt=p, max_tokens=8,
+                                                                        temperature=0) for p in PROMPTS])
+    assert not errors
+
+    def value(text, name):
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+    after = httpx.get(url + "/metrics").text
+    assert value(after, "draftwheel_queue_time_seconds_count") - value(before, "draftwheel_queue_time_seconds_count") == 4
+    assert value(after, "draftwheel_tpot_seconds_count") - value(before, "draftwheel_tpot_seconds_count") == 4
+    forwards = value(after, "draftwheel_batch_rows_count") - value(before, "draftwheel_batch_rows_count")
+    rows = value(after, "draftwheel_batch_rows_sum") - value(before, "draftwheel_batch_rows_sum")
+    assert 0 < forwards < rows  # some forwards served several requests
