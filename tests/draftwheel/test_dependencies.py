@@ -14,8 +14,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PRODUCT = ("draftwheel", "serving", "mining", "evaluation", "training", "flows")
 # Declared but never imported: another library loads them at run time.
-NOT_IMPORTED = {"accelerate": "transformers' Trainer and `accelerate launch`",
-                "gguf": "transformers' GGUF reader (the reference target ships as GGUF)"}
+NOT_IMPORTED = {"gguf": "transformers' GGUF reader (the reference target ships as GGUF)"}
 
 
 def _name(requirement: str) -> str:
