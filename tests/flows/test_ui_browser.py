@@ -3,7 +3,7 @@
 A round on the tiny flow world (tests/flows/toy_world.py: a random `bad` champion, the candidate a copy of
 `good`, the target's own function) runs against a `prefect server start` of the test's own, on a free
 port, and promotes; then `mlflow server` serves the state dir's sqlite store, and Chromium (Debian's
-`chromium`, which .ci/run installs, driven by playwright from the `test` extra) opens the pages a user
+`chromium` (`apt-get install -y chromium`), driven by playwright from the `test` extra) opens the pages a user
 would. Every check waits for text the single-page apps render, so it fails if the page never shows it:
 
 - MLflow, the registered model's page: one `@ champion` alias on the page, in the new version's row, with
@@ -89,7 +89,7 @@ def chromium():
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the `test` extra")
     executable = shutil.which("chromium") or shutil.which("chromium-browser")
     if executable is None:
-        pytest.skip("no chromium on PATH (apt-get install -y chromium; .ci/run installs it)")
+        pytest.skip("no chromium on PATH: apt-get install -y chromium")
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=executable, headless=True)
         page = browser.new_page(viewport={"width": 1600, "height": 1200})
