@@ -114,6 +114,48 @@ class ForwardClock:
         return seconds * (1.0 / rows + r * tokens) / (1.0 + r * total_tokens)
 
 
+class SpecGovernor:
+    """Whether the rows of a batch may draft, decided by what the batch emits: per batch size (buckets
+    2, 3-4, 5-8, ... rows), the tokens per second of spans of steps with drafting allowed against spans
+    with every row on plain steps (discounted sums over the spans of `span` steps measured, each span's
+    seconds the whole step: forward, verification and the next drafts). Each span keeps the regime that
+    emits more, except that the other is tried on one span in `1 / explore` (and until both have
+    `warmup` spans), so a change in traffic is noticed. The rows' own choices (each request's pace, the
+    index's proposals) still decide how they draft when allowed: this is the guard that makes speculation
+    never slower than batched plain decoding at a batch size, whatever those choices cost together.
+    A batch of one row is not governed (one request alone decides as `Engine` does). Pure Python; its
+    draws use its own seeded generator."""
+
+    def __init__(self, span: int = 4, explore: float = 0.1, warmup: int = 2, decay: float = 0.9, seed: int = 0):
+        self.span, self.explore, self.warmup, self.decay = span, explore, warmup, decay
+        self._random = random.Random(seed)
+        self._sums: dict[tuple[int, bool], list[float]] = {}  # (bucket, allowed) -> [spans, tokens, seconds]
+
+    @staticmethod
+    def bucket(rows: int) -> int:
+        return (rows - 1).bit_length()  # 2 -> 1, 3-4 -> 2, 5-8 -> 3, ...
+
+    def rate(self, rows: int, allowed: bool) -> float | None:
+        """Tokens per second measured with drafting allowed (or not) at this batch size; None if unmeasured."""
+        spans, tokens, seconds = self._sums.get((self.bucket(rows), allowed), (0.0, 0.0, 0.0))
+        return tokens / seconds if spans and seconds > 0 else None
+
+    def allow(self, rows: int) -> bool:
+        """The regime of the next span at this batch size."""
+        if rows <= 1:
+            return True
+        counts = [self._sums.get((self.bucket(rows), regime), [0.0])[0] for regime in (False, True)]
+        if min(counts) < self.warmup:
+            return counts[True] <= counts[False]  # measure both, drafting first
+        better = self.rate(rows, True) >= self.rate(rows, False)
+        return (not better) if self._random.random() < self.explore else better
+
+    def observe(self, rows: int, allowed: bool, tokens: int, seconds: float) -> None:
+        """One span of steps at about `rows` rows emitted `tokens` in `seconds`."""
+        sums = self._sums.setdefault((self.bucket(rows), allowed), [0.0, 0.0, 0.0])
+        sums[:] = [self.decay * sums[0] + 1.0, self.decay * sums[1] + tokens, self.decay * sums[2] + seconds]
+
+
 class ScoreCalibration:
     """How far the suffix index's scores come true in one request: accepted tokens per unit of score
     over its verified proposals, discounted by `decay` per proposal, with a prior that trusts the score

@@ -9,10 +9,13 @@ with its own position id), so the linear layers run once for the whole batch, an
 attention `draftwheel_paged` (registered here like `draftwheel.serving.engine.row_invariant`) writes
 each row's new keys/values into its slots, gathers the row's keys by its block table and runs the same
 `sdpa` calls a single request would make on its own cache: a prefill chunk with no past is one causal
-call, a decoding row one call over its keys, a verify (2..MAX_ROWS rows after a past) one call per
-query row, a longer chunk after a past one call with its causal mask. So a row's attention is
-bitwise what it would be alone (rows never see each other's keys or padding). Outside a batched
-forward (no `paged` argument) the attention is the row-invariant one, so one model serves both paths.
+call, a decoding row one call over its keys, a longer chunk after a past one call with its causal mask,
+and a verify (2..MAX_ROWS rows after a past) one call per query row when it is the forward's only row
+(row-invariant: bitwise the decoding steps), else one masked call (in a batch the linear layers already
+round by the batch's rows, and per-query-row calls would cost a verify's rows times the layers). So a
+row's attention is what it would be alone (rows never see each other's keys or padding), bitwise for a
+forward of one row. Outside a batched forward (no `paged` argument) the attention is the row-invariant
+one, so one model serves both paths.
 
 Rolling a row back (a rejected draft) is only its length going down: later writes overwrite the slots.
 Not here: which requests run (draftwheel.serving.engine.scheduler), decoding policy, block accounting.
@@ -82,7 +85,7 @@ class PagedBatch:
 
 
 def _row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                   past: int, **kwargs) -> torch.Tensor:
+                   past: int, alone: bool, **kwargs) -> torch.Tensor:
     """query[1, H, n, D] over key/value[1, KVH, past + n, D] -> out[1, n, H, D]: the calls one request makes."""
     n = query.shape[2]
     if n == 1:  # a decoding step: sdpa_attention_forward's own call for one query and no mask, minus its checks
@@ -91,11 +94,12 @@ def _row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, va
         return out.transpose(1, 2)
     if past == 0:  # a first prefill chunk: causal, no mask
         return sdpa_attention_forward(module, query, key, value, None, **kwargs)[0]
-    if n <= MAX_ROWS:  # a verify: one call per query row over exactly its keys (row_invariant)
+    if n <= MAX_ROWS and alone:  # a verify: one call per query row over exactly its keys (row_invariant)
         return torch.cat([sdpa_attention_forward(module, query[:, :, i:i + 1], key[:, :, :past + i + 1],
                                                  value[:, :, :past + i + 1], None, **kwargs)[0]
                           for i in range(n)], dim=1)
-    # a later prefill chunk: causal over its own positions, everything before it visible
+    # a later prefill chunk, or a verify in a batch (whose rows are not bitwise a request alone's anyway:
+    # the linear layers see every row's tokens): causal over its own positions, everything before visible
     mask = torch.ones(n, past + n, dtype=torch.bool, device=query.device).tril(past).view(1, 1, n, past + n)
     return sdpa_attention_forward(module, query, key, value, mask, **kwargs)[0]
 
@@ -117,7 +121,7 @@ def paged_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
             row_keys = keys.index_select(1, row.read).unsqueeze(0)  # [1, KVH, past + n, D]
             row_values = values.index_select(1, row.read).unsqueeze(0)
         outs.append(_row_attention(module, query[:, :, row.start:row.start + row.n], row_keys, row_values,
-                                   row.past, **kwargs))
+                                   row.past, len(paged.rows) == 1, **kwargs))
     return torch.cat(outs, dim=1), None
 
 

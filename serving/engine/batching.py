@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from draftwheel.serving.engine.adaptive import ForwardClock
+from draftwheel.serving.engine.adaptive import ForwardClock, SpecGovernor
 from draftwheel.serving.engine.batch_kv import KVPool, PagedRunner, RowCall
 from draftwheel.serving.engine.blocks import BlockManager
 from draftwheel.serving.engine.engine import Completion, Engine, RequestRun
@@ -54,6 +54,7 @@ class BatchConfig:
     kv_blocks: int = 1024  # KV pool size, in blocks
     kv_block_size: int = 16  # token positions per block
     max_waiting: int = 256  # queued requests beyond which new ones are refused
+    prefix_caching: bool = False  # requests share the KV blocks of a prompt prefix computed before (blocks.py)
 
 
 class PagedRow:
@@ -65,7 +66,9 @@ class PagedRow:
 
     @property
     def length(self) -> int:
-        return self.seq.length
+        """Positions in its cache; 0 before its first forward, so every loop hands over its whole prompt
+        (the engine skips a shared prefix of it, `Sequence.cached`)."""
+        return 0 if self.seq.prefilling else self.seq.length
 
     def step(self, input_ids: torch.Tensor, keep: int = 0, hidden: bool = False, aux: list[int] | None = None):
         """Hand the call to the batch engine; resume with what `CachedLM.forward` would return."""
@@ -84,8 +87,10 @@ class Handle:
     def __init__(self, engine: "BatchEngine", run: RequestRun):
         self.run, self.engine = run, engine
         self.items: queue.Queue = queue.Queue()
+        # Modes that read the target's states at every prompt position (eagle3, medusa) compute them all.
+        needs_states = run.mode == "medusa" or (run.mode in ("draft", "hybrid") and run.draft.kind == "eagle3")
         self.seq = Sequence(max_positions=run.req.prompt_ids.shape[0] + run.req.params.max_new_tokens,
-                            payload=self)
+                            payload=self, prompt=None if needs_states else run.req.prompt_ids.tolist())
         self.row = PagedRow(self.seq)
         self.loop: Iterator[Any] | None = None
         self.call: RowCall | None = None  # the forward call being fed
@@ -118,6 +123,23 @@ class Handle:
             self.cancel()
 
 
+@dataclass
+class _Span:
+    """Consecutive steps under one drafting regime, at one batch size: what the governor learns from.
+    A step counts for the regime its rows drafted under, catching up included (an eagle3 draft reads the
+    features of the plain steps before); the first step's forward verifies the previous regime's drafts."""
+    rows: int
+    allowed: bool
+    steps: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.tokens += tokens
+        self.seconds += seconds
+        self.steps += 1
+
+
 def _combine(call: RowCall, parts: list[Any]) -> Any:
     """One call's result from its chunks' results: logits of the kept positions, states of all."""
     if len(parts) == 1:
@@ -135,7 +157,7 @@ class BatchEngine:
         model = engine.target.model
         self.pool = KVPool(model.config, c.kv_blocks, c.kv_block_size, engine.dtype, next(model.parameters()).device)
         self.runner = PagedRunner(model, self.pool)
-        self.scheduler = Scheduler(BlockManager(c.kv_blocks, c.kv_block_size),
+        self.scheduler = Scheduler(BlockManager(c.kv_blocks, c.kv_block_size, c.prefix_caching),
                                    SchedulerConfig(c.max_batch, c.max_batch_tokens, c.max_waiting))
         self._cond = threading.Condition()
         self._engine_lock = threading.Lock()  # Engine.start/finish share the router and the pace memory
@@ -143,6 +165,8 @@ class BatchEngine:
         self.steps = 0  # batched forwards run
         self.rows_per_step: Counter[int] = Counter()  # how many forwards ran with how many rows
         self.clock = ForwardClock()  # each row's share of a forward: what its loop's pace sees as its verify time
+        self.governor = SpecGovernor()  # whether the rows may draft at the current batch size
+        self._span = _Span(rows=1, allowed=True)
         self._thread = threading.Thread(target=self._run, name="draftwheel-batch", daemon=True)
         self._thread.start()
 
@@ -185,9 +209,10 @@ class BatchEngine:
         return [list(h.results())[-1] for h in handles]
 
     def stats(self) -> dict[str, int]:
-        s = self.scheduler
-        return {"running": len(s.running), "waiting": len(s.waiting), "free_blocks": s.blocks.free_blocks,
-                "kv_blocks": s.blocks.n_blocks, "steps": self.steps}
+        s, blocks = self.scheduler, self.scheduler.blocks
+        return {"running": len(s.running), "waiting": len(s.waiting), "free_blocks": blocks.free_blocks,
+                "kv_blocks": blocks.n_blocks, "steps": self.steps,
+                "prefix_cache_hit_rate": blocks.hit_tokens / blocks.queried_tokens if blocks.queried_tokens else None}
 
     def close(self) -> None:
         """Stop the step thread; requests still queued or running end with an error."""
@@ -213,21 +238,33 @@ class BatchEngine:
                 self._cond.wait_for(lambda: self._closed or self.scheduler.running or self.scheduler.waiting)
                 if self._closed:
                     break
-                self._drop_cancelled()
-                admitted = self.scheduler.admit()
-                self._cond.notify_all()  # room in the queue
-            now = time.perf_counter()
-            for seq in admitted:
-                handle = seq.payload
-                # The record times decoding, as one at a time: its clock restarts at admission.
-                handle.queued_s, handle.run.start, handle.run.ts = now - handle.run.start, now, time.time()
-                self._observe("observe_queue", handle.queued_s)
-                handle.loop = self.engine.decode(handle.run, handle.row)
-                self._advance(handle, None)
-            plan = self.scheduler.plan()
-            if plan:
-                self._step(plan)
+            try:
+                self._turn()
+            except Exception as exc:  # noqa: BLE001 - a bug here fails the requests in flight, not the server
+                log.exception("batch engine step failed")
+                self._fail_all(exc)
         self._fail_all(RuntimeError("the batch engine closed before the request finished"))
+
+    def _turn(self) -> None:
+        """One step: drop cancelled requests, admit waiting ones, run one forward for the rows planned."""
+        with self._cond:
+            self._drop_cancelled()
+            admitted = self.scheduler.admit()
+            self._cond.notify_all()  # room in the queue
+        now = time.perf_counter()
+        for seq in admitted:
+            handle = seq.payload
+            # The record times decoding, as one at a time: its clock restarts at admission.
+            handle.queued_s, handle.run.start, handle.run.ts = now - handle.run.start, now, time.time()
+            self._observe("observe_queue", handle.queued_s)
+            if seq.prompt is not None and self.config.prefix_caching:
+                self._observe("observe_prefix", len(seq.prompt), seq.cached)
+            handle.run.req.k_cap = None if self._span.allowed else 0
+            handle.loop = self.engine.decode(handle.run, handle.row)
+            self._advance(handle, None)
+        plan = self.scheduler.plan()
+        if plan:
+            self._step(plan)
 
     def _drop_cancelled(self) -> None:
         for seq in [*self.scheduler.running, *self.scheduler.waiting]:
@@ -236,11 +273,15 @@ class BatchEngine:
 
     def _release(self, handle: Handle) -> None:
         if handle.loop is not None:
-            handle.loop.close()
+            try:
+                handle.loop.close()
+            except Exception:  # noqa: BLE001 - the request ends either way
+                log.exception("closing a request's loop failed")
         with self._cond:
             self.scheduler.remove(handle.seq)
 
     def _step(self, plan: list[tuple[Sequence, int]]) -> None:
+        began = time.perf_counter()
         chunks = []
         for seq, n in plan:
             call, fed = seq.payload.call, len(seq.payload.call.tokens) - seq.pending
@@ -259,6 +300,9 @@ class BatchEngine:
         tokens, seconds = sum(n for _, n in plan), self.runner.last_forward_s
         self.clock.observe(tokens, seconds)
         self._observe("observe_step", len(plan), tokens)
+        self._next_span()
+        emitted_before = {seq: len(seq.payload.run.req.out.token_ids) for seq, _ in plan if not seq.prefilling}
+        prompt_tokens = sum(n for seq, n in plan if seq.prefilling)
         for (seq, n), chunk in zip(plan, chunks):
             handle = seq.payload
             seq.length += n
@@ -267,8 +311,26 @@ class BatchEngine:
             handle.row.last_forward_s = self.clock.share(n, len(plan), tokens, seconds)
             if seq.pending == 0:
                 result, handle.parts = _combine(handle.call, handle.parts), []
+                if seq.prefilling and seq.prompt is not None:
+                    self.scheduler.blocks.register(seq.table, seq.prompt)  # later prompts may share it
                 seq.prefilling = False
                 self._advance(handle, result)
+        # What the decoding rows emitted, in the step's time less the prompts' share of the forward.
+        emitted = sum(len(seq.payload.run.req.out.token_ids) - n for seq, n in emitted_before.items())
+        prompt_s = self.clock.share(prompt_tokens, len(plan), tokens, seconds) if prompt_tokens else 0.0
+        self._span.add(emitted, time.perf_counter() - began - prompt_s)
+
+    def _next_span(self) -> None:
+        """Close a full span of steps into the governor and set the next span's regime on every row: the
+        drafts made from here on obey it."""
+        span, rows = self._span, len(self.scheduler.running)
+        if span.steps < self.governor.span and self.governor.bucket(span.rows) == self.governor.bucket(rows):
+            return
+        if span.steps and span.rows > 1:
+            self.governor.observe(span.rows, span.allowed, span.tokens, span.seconds)
+        self._span = _Span(rows, self.governor.allow(rows))
+        for seq in self.scheduler.running:
+            seq.payload.run.req.k_cap = None if self._span.allowed else 0
 
     def _advance(self, handle: Handle, value: Any) -> None:
         """Resume the request's loop with `value` until it asks for the next forward or ends."""
@@ -278,7 +340,10 @@ class BatchEngine:
                 item = handle.loop.send(value)
                 value = None
                 if isinstance(item, RowCall):
-                    handle.call, seq.pending = item, item.tokens.shape[0]
+                    # the first call is the whole prompt: a shared prefix of it is in the KV already
+                    handle.call, seq.pending = item, item.tokens.shape[0] - (seq.cached if seq.prefilling else 0)
+                    if seq.pending <= 0:
+                        raise RuntimeError(f"a forward call with nothing to feed ({item.tokens.shape[0]} tokens)")
                     seq.keep = item.keep if item.keep > 0 else 1
                     return
                 stable = handle.run.req.out.stable_text()  # a step ended: hand out its stable text
@@ -306,8 +371,9 @@ class BatchEngine:
             self._fail(seq.payload, exc)
 
     def _observe(self, name: str, *values: Any) -> None:
-        """Optional scheduler metrics: the engine's metrics object may have `observe_step(rows, tokens)` and
-        `observe_queue(seconds)` (draftwheel.serving.server.metrics does)."""
+        """Optional scheduler metrics: the engine's metrics object may have `observe_step(rows, tokens)`,
+        `observe_queue(seconds)` and `observe_prefix(prompt_tokens, cached_tokens)`
+        (draftwheel.serving.server.metrics does)."""
         hook = getattr(self.engine.metrics, name, None)
         if hook is not None:
             hook(*values)

@@ -39,6 +39,13 @@ class Request:
     first_token_s: float | None = None  # perf_counter time of the first emitted token
     draft_s: float = 0.0  # seconds spent drafting, summed over steps (the measured draft cost)
     verify_s: float = 0.0  # seconds spent in the target's verification forwards
+    k_cap: int | None = None  # at most this many drafted tokens per step (the batch engine's; 0: plain steps)
+
+    @property
+    def draft_room(self) -> int:
+        """Tokens a step may draft: drafts past max_new_tokens would be thrown away; at most `k_cap`."""
+        room = self.out.remaining - 1
+        return room if self.k_cap is None else min(room, self.k_cap)
 
     def timed_step(self, draft_s: float, verify_s: float) -> None:
         self.draft_s += draft_s
@@ -95,12 +102,13 @@ def speculative(target: CachedLM, draft: CachedLM, req: Request, controller: Ada
     target_new = draft_new = req.prompt_ids  # tokens not yet in each cache
     while not req.out.finished:
         k = controller.next_k() if controller else params.k
-        k = min(k, req.out.remaining - 1)  # drafts past max_new_tokens would be thrown away
+        k = min(k, req.draft_room)
         if k <= 0:
             token = choose((yield from target.step(target_new, keep=1))[-1], params, req.generator)
             req.steps.append(Step(k=0, accepted=0, draft_token_ids=[], target_token_id=token))
             req.emit([token])
-            target_new = draft_new = torch.tensor([token])
+            # the draft has seen neither its pending tokens nor this one (k = 0 mid-request: req.k_cap)
+            target_new, draft_new = torch.tensor([token]), torch.cat([draft_new, torch.tensor([token])])
             yield
             continue
         start = time.perf_counter()
@@ -139,10 +147,11 @@ def medusa(target: CachedLM, heads: torch.nn.Module, req: Request) -> Iterator[N
     req.emit([last])
     yield
     while not req.out.finished:
-        k = min(heads.n_heads, params.k, req.out.remaining - 1)
+        k = min(heads.n_heads, params.k, req.draft_room)
         if k <= 0:
-            logits = (yield from target.step(torch.tensor([last]), keep=1))[-1]  # [V]
-            last = choose(logits, params, req.generator)
+            logits, hiddens = yield from target.step(torch.tensor([last]), keep=1, hidden=True)  # [1, V], [1, H]
+            hidden = hiddens[-1]  # the heads' next guesses start from here (k = 0 mid-request: req.k_cap)
+            last = choose(logits[-1], params, req.generator)
             req.steps.append(Step(k=0, accepted=0, draft_token_ids=[], target_token_id=last))
             req.emit([last])
             yield

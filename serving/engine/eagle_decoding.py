@@ -94,16 +94,17 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
     slot_tokens = torch.cat([req.prompt_ids[1:], torch.tensor([last])])  # [P]
     while not req.out.finished:
         k = controller.next_k() if controller else params.k
-        k = min(k, req.out.remaining - 1)
-        if k <= 0:  # the last token: nothing to draft
+        k = min(k, req.draft_room)
+        if req.out.remaining <= 1:  # the last token: nothing to draft, and no feature needed after it
             last = choose((yield from target.step(torch.tensor([last]), keep=1))[-1], params, req.generator)
             req.steps.append(Step(k=0, accepted=0, draft_token_ids=[], target_token_id=last))
             req.emit([last])
             yield
             continue
         # The index may propose past k (up to its max_spec_tokens): long verbatim spans are its strength.
-        proposal = propose(context, req.out.remaining - 1) if propose else None
-        use_draft = pace.draft_pays() if pace else True
+        # k = 0 (the batch engine's cap, req.k_cap): a plain step, whose features queue for the draft.
+        proposal = propose(context, req.draft_room) if propose and k > 0 else None
+        use_draft = k > 0 and (pace.draft_pays() if pace else True)
         from_suffix = bool(proposal and proposal.tokens) and suffix_drafts(
             calibration.scaled(proposal.score), proposal.match_len, use_draft, estimate.a, k,
             len(proposal.tokens), estimate.c, pace.clock.cost if pace else None)

@@ -32,6 +32,8 @@ class Sequence:
     """One request as the scheduler sees it."""
     max_positions: int  # KV positions it may ever hold: prompt + max_new_tokens
     payload: Any = None  # the batch engine's state of the request
+    prompt: list[int] | None = None  # its prompt's ids when it may share a cached prefix (blocks.py)
+    cached: int = 0  # prompt positions found computed at admission (a shared prefix)
     table: list[int] = field(default_factory=list)  # its KV blocks, in position order
     length: int = 0  # positions in its KV cache
     pending: int = 0  # tokens of its current forward call not yet fed to the model
@@ -72,9 +74,10 @@ class Scheduler:
         """Move waiting requests into the batch, FIFO, while rows and blocks allow; return them."""
         admitted = []
         while self.waiting and len(self.running) < self.config.max_batch \
-                and self.blocks.can_allocate(self.waiting[0].max_positions):
+                and self.blocks.can_allocate(self.waiting[0].max_positions, self.waiting[0].prompt):
             seq = self.waiting.popleft()
-            seq.table = self.blocks.allocate(seq.max_positions)
+            seq.table, seq.cached = self.blocks.allocate(seq.max_positions, seq.prompt)
+            seq.length = seq.cached
             seq.running = True
             self.running.append(seq)
             admitted.append(seq)

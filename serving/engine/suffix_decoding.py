@@ -80,7 +80,7 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
         # Drafts past max_new_tokens would be thrown away. The first forward is the prompt alone, as in
         # plain decoding: a prefill that also verifies drafts runs other kernel shapes, and in bfloat16
         # its rows then differ from plain decoding's (4 of 8 reference prompts diverged).
-        room = req.out.remaining - 1 if target.length else 0
+        room = req.draft_room if target.length else 0
         proposal = best_proposal(context, room, local, index)
         k_model = min(model_a.next_k() if params.adaptive_k else params.k, room)
         draft_pays = draft is not None and k_model > 0 and pace.draft_pays()

@@ -44,6 +44,8 @@ EXPORTED_NAMES = (
     "draftwheel_queue_time_seconds",
     "draftwheel_batch_rows",
     "draftwheel_batch_tokens",
+    "draftwheel_prefix_cache_queries_total",
+    "draftwheel_prefix_cache_hits_total",
 )
 
 
@@ -87,6 +89,10 @@ class Metrics:
                                     buckets=QUEUE_BUCKETS, registry=reg)
         self.batch_rows = Histogram("draftwheel_batch_rows", "Batched scheduler: requests in each target forward.",
                                     buckets=BATCH_ROW_BUCKETS, registry=reg)
+        self.prefix_queries = Counter("draftwheel_prefix_cache_queries",
+                                      "Batched scheduler with prefix caching: prompt tokens looked up.", registry=reg)
+        self.prefix_hits = Counter("draftwheel_prefix_cache_hits",
+                                   "Batched scheduler with prefix caching: prompt tokens found computed.", registry=reg)
         self.batch_tokens = Histogram("draftwheel_batch_tokens", "Batched scheduler: tokens in each target forward.",
                                       buckets=BATCH_TOKEN_BUCKETS, registry=reg)
 
@@ -116,6 +122,11 @@ class Metrics:
     def observe_queue(self, seconds: float) -> None:
         """A request joined the running batch after waiting `seconds`."""
         self.queue_time.observe(seconds)
+
+    def observe_prefix(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """A request joined the batch with `cached_tokens` of its prompt in shared blocks."""
+        self.prefix_queries.inc(prompt_tokens)
+        self.prefix_hits.inc(cached_tokens)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""

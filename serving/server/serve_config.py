@@ -112,13 +112,19 @@ class ServeConfig:
     kv_block_size: int = 16
     max_waiting: int = 256
     """batched: requests queued for a free row or KV blocks; more get a 503 (retry later), none is dropped."""
+    prefix_caching: bool = False
+    """batched: a prompt starting with full KV blocks another prompt computed (a system prompt, a chat
+    template, a few-shot preamble) shares those blocks instead of computing them again; unused ones stay
+    cached until the pool needs them (LRU). Off by default: a shared prefix's keys come from another
+    request's forward, so greedy output is no longer bitwise one-at-a-time decoding's (float rounding)."""
 
     def batch_config(self):
         """The batch engine's sizes (draftwheel.serving.engine.batching.BatchConfig)."""
         from draftwheel.serving.engine.batching import BatchConfig
 
         return BatchConfig(max_batch=self.max_batch, max_batch_tokens=self.max_batch_tokens,
-                           kv_blocks=self.kv_blocks, kv_block_size=self.kv_block_size, max_waiting=self.max_waiting)
+                           kv_blocks=self.kv_blocks, kv_block_size=self.kv_block_size, max_waiting=self.max_waiting,
+                           prefix_caching=self.prefix_caching)
 
     def __post_init__(self) -> None:
         checks = {"port": 0 <= self.port <= 65535, "log_max_bytes": self.log_max_bytes > 0,

@@ -165,8 +165,8 @@ def test_cancelling_frees_the_request_and_writes_no_record(engine):
         deadline = time.monotonic() + 10
         while batch.stats()["free_blocks"] < batch.config.kv_blocks and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert batch.stats() | {"steps": 0} == {"running": 0, "waiting": 0, "free_blocks": batch.config.kv_blocks,
-                                                "kv_blocks": batch.config.kv_blocks, "steps": 0}
+        stats = batch.stats()
+        assert (stats["running"], stats["waiting"], stats["free_blocks"]) == (0, 0, batch.config.kv_blocks)
         cancel = threading.Event()
         items = batch.stream(PROMPTS[1], SamplingParams(max_new_tokens=500), mode="autoregressive", cancel=cancel)
         next(items)
@@ -217,3 +217,50 @@ def test_eagle3_chains_in_the_batch_are_lossless(eagle_engine, mode):
         assert [c.token_ids for c in got] == [c.token_ids for c in expected]
         if mode == "draft":  # (the hybrid drafts where its pace says drafting pays: timings decide)
             assert any(s.source == "eagle3" and s.accepted for c in got for s in c.record.steps)
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(engine, monkeypatch):
+    with BatchEngine(engine) as batch:
+        plan = batch.scheduler.plan
+        calls = iter([RuntimeError("a bug in planning")])
+
+        def broken_once():
+            for exc in calls:
+                raise exc
+            return plan()
+
+        monkeypatch.setattr(batch.scheduler, "plan", broken_once)
+        with pytest.raises(RuntimeError, match="a bug in planning"):
+            batch.generate([PROMPTS[0]], SamplingParams(max_new_tokens=4))
+        assert batch.stats()["free_blocks"] == batch.config.kv_blocks
+        assert len(batch.generate([PROMPTS[1]], SamplingParams(max_new_tokens=4))[0].token_ids) == 4
+
+
+@pytest.mark.parametrize("mode", ["autoregressive", "draft", "hybrid"])
+def test_prompts_sharing_a_prefix_share_its_blocks(engine, mode):
+    """A long common preamble: the first request computes it, the next ones find its blocks (fewer
+    tokens through the model) and still decode the output one at a time gives."""
+    preamble = "You are a careful assistant. Answer briefly and precisely, in plain words. " * 3
+    prompts = [preamble + p for p in PROMPTS]
+    params = SamplingParams(max_new_tokens=24, k=3)
+    expected = engine.generate(prompts, params, mode=mode)
+    with BatchEngine(engine, BatchConfig(kv_block_size=4, prefix_caching=True)) as batch:
+        first = batch.generate(prompts[:1], params, mode=mode)
+        fed_before = batch.scheduler.blocks.hit_tokens
+        rest = batch.generate(prompts[1:], params, mode=mode)
+        stats = batch.stats()
+    assert [c.token_ids for c in first + rest] == [c.token_ids for c in expected]
+    preamble_tokens = len(engine.target.tokenizer(preamble)["input_ids"])
+    assert batch.scheduler.blocks.hit_tokens - fed_before >= 4 * (preamble_tokens // 4 - 1)
+    assert 0.4 < stats["prefix_cache_hit_rate"] < 1
+
+
+def test_eagle3_requests_compute_their_whole_prompt(eagle_engine):
+    """eagle3 reads the target's features at every prompt position: its requests never share."""
+    prompts = ["The same long preamble for everyone. " * 4 + p for p in PROMPTS[:2]]
+    with BatchEngine(eagle_engine, BatchConfig(kv_block_size=4, prefix_caching=True)) as batch:
+        batch.generate(prompts, SamplingParams(max_new_tokens=8), mode="draft")
+        assert batch.scheduler.blocks.hit_tokens == 0
+        for prompt in prompts:  # one after the other: the second finds the first's blocks
+            batch.generate([prompt], SamplingParams(max_new_tokens=8), mode="autoregressive")
+        assert batch.scheduler.blocks.hit_tokens > 0

@@ -9,7 +9,8 @@ from draftwheel.serving.engine.scheduler import QueueFullError, Scheduler, Sched
 def test_blocks_are_handed_out_and_come_back():
     blocks = BlockManager(n_blocks=4, block_size=16)
     assert blocks.blocks_for(16) == 1 and blocks.blocks_for(17) == 2
-    table = blocks.allocate(33)
+    table, cached = blocks.allocate(33)
+    assert cached == 0
     assert len(table) == 3 and blocks.free_blocks == 1
     with pytest.raises(OutOfBlocksError, match="2 KV blocks needed, 1 free"):
         blocks.allocate(17)
@@ -100,11 +101,11 @@ def test_the_positions_whose_logits_are_read_go_in_one_chunk():
 
 def test_blocks_come_as_one_run_where_the_pool_has_one():
     blocks = BlockManager(n_blocks=8, block_size=4)
-    a, b, c = blocks.allocate(8), blocks.allocate(8), blocks.allocate(8)  # [0, 1] [2, 3] [4, 5]
+    (a, _), (b, _), (c, _) = blocks.allocate(8), blocks.allocate(8), blocks.allocate(8)  # [0, 1] [2, 3] [4, 5]
     blocks.release(a)
     blocks.release(c)  # free: 0 1 4 5 6 7
-    assert blocks.allocate(12) == [4, 5, 6]  # the first run of 3, not 0 1 4
-    assert blocks.allocate(12) == [0, 1, 7]  # no run left: the lowest free blocks
+    assert blocks.allocate(12) == ([4, 5, 6], 0)  # the first run of 3, not 0 1 4
+    assert blocks.allocate(12) == ([0, 1, 7], 0)  # no run left: the lowest free blocks
     assert b == [2, 3]
 
 
@@ -122,3 +123,50 @@ def test_forward_clock_splits_a_forward_into_row_shares():
     assert abs(plain - (0.02 / 16 + 0.001)) < 1e-9 and abs(verify - plain - 4 * 0.001) < 1e-9
     # a verify's 4 extra rows: 0.17 of a plain row alone, 1.8 plain rows' worth in this batch
     assert (verify - plain) / plain > 1.5
+
+
+def test_prompts_share_their_registered_full_blocks():
+    blocks = BlockManager(n_blocks=12, block_size=4, prefix_caching=True)
+    system = list(range(100, 110))  # 10 tokens: 2 full blocks and 2 more
+    first, cached = blocks.allocate(16, system + [1, 2])
+    assert cached == 0  # nothing registered yet
+    blocks.register(first, system + [1, 2])  # 12 tokens: 3 full blocks
+    second, cached = blocks.allocate(16, system + [3, 4, 5])
+    assert second[:2] == first[:2] and cached == 8  # [100..103] [104..107]; block 3 differs (108 109 3 4)
+    assert blocks.free_blocks == 12 - 4 - 2
+    assert blocks.hit_tokens == 8 and blocks.queried_tokens == 12 + 13
+    # the prompt's last token is always computed by the request itself: 8 tokens share 1 block, not 2
+    assert blocks.allocate(12, system[:8])[1] == 4
+    other, cached = blocks.allocate(8, [7] * 8)
+    assert cached == 0 and not set(other) & set(first)
+
+
+def test_released_prefixes_stay_cached_until_the_pool_needs_their_blocks():
+    blocks = BlockManager(n_blocks=6, block_size=4, prefix_caching=True)
+    prompt = list(range(13))  # 3 full blocks
+    table, _ = blocks.allocate(16, prompt)
+    blocks.register(table, prompt)
+    held = list(table)
+    blocks.release(table)
+    assert blocks.free_blocks == 6
+    again, cached = blocks.allocate(16, prompt)
+    assert again[:3] == held[:3] and cached == 12  # found again after its owner left
+    blocks.release(again)
+    partial, _ = blocks.allocate(16, [1] * 16)  # 4 blocks: the 3 plain free ones, then the oldest cached one
+    assert held[2] in partial  # the prompt's end went first
+    blocks.release(partial)
+    assert blocks.allocate(16, prompt)[1] == 8  # its first two blocks are still found
+
+
+def test_a_shared_block_in_use_costs_a_new_request_nothing():
+    blocks = BlockManager(n_blocks=4, block_size=4, prefix_caching=True)
+    prompt = list(range(9))  # 2 full blocks
+    first, _ = blocks.allocate(12, prompt)
+    blocks.register(first, prompt)
+    assert blocks.free_blocks == 1
+    assert blocks.can_allocate(12, prompt)  # 3 blocks, 2 of them shared and held: 1 new
+    assert not blocks.can_allocate(12, [5] * 9)
+    second, cached = blocks.allocate(12, prompt)
+    assert cached == 8 and blocks.free_blocks == 0
+    blocks.release(first)
+    assert blocks.free_blocks == 1  # the shared blocks are still held by the second request
