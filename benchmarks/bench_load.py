@@ -15,6 +15,9 @@ speed against `serial` at the same concurrency. Greedy identity: each setting's 
 (one at a time, plain: batch-1 plain decoding), token by token from the servers' acceptance logs; at each
 divergence the target's logit margin between the two tokens at the first differing position, as plain
 decoding computes it (a margin near the rounding step of the serving dtype: float summation order).
+With `--prefix-burst N`: a burst of N concurrent requests sharing a long system prompt (`--system-words`),
+one token each, against batched servers with `prefix_caching` off and on (the system prompt served once
+before): the burst's wall time, i.e. how fast its prompts are read, and the ratio.
 
     .venv/bin/python benchmarks/bench_load.py --draft models:/draftwheel-draft@champion
     .venv/bin/python benchmarks/bench_load.py --settings serial batched-plain --concurrency 1 4 16 32
@@ -65,8 +68,9 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
-def run_level(url: str, prompts: list[str], concurrency: int, max_tokens: int) -> dict[str, Any]:
-    """`concurrency` client threads stream the prompts' greedy chat completions; the level's figures."""
+def run_level(url: str, prompts: list, concurrency: int, max_tokens: int) -> dict[str, Any]:
+    """`concurrency` client threads stream the prompts' greedy chat completions (a prompt: a user message,
+    or a list of messages); the level's figures."""
     import openai
 
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=3600)
@@ -75,12 +79,13 @@ def run_level(url: str, prompts: list[str], concurrency: int, max_tokens: int) -
     requests: list[dict[str, Any]] = []
     errors: list[str] = []
 
-    def one(prompt: str) -> dict[str, Any]:
+    def one(prompt: str | list) -> dict[str, Any]:
         start = time.perf_counter()
         first = last = None
         tokens, text = 0, []
         for chunk in client.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0,
+                model=model, messages=[{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt,
+                max_tokens=max_tokens, temperature=0,
                 stream=True, stream_options={"include_usage": True}):
             if chunk.choices and chunk.choices[0].delta.content:
                 last = time.perf_counter()
@@ -145,6 +150,39 @@ def start_server(target: str, draft: str | None, log_dir: Path, overrides: list[
             time.sleep(0.5)
 
 
+SYSTEM = ("You are the support assistant of a hardware store. Answer in two sentences, politely, without "
+          "promising delivery dates, refunds or discounts; point to the returns desk for anything else. ")
+
+
+def burst_messages(n: int, words: int) -> list[list[dict[str, str]]]:
+    """n chats sharing one system prompt of about `words` words, each with its own question."""
+    system = " ".join((SYSTEM * (words // len(SYSTEM.split()) + 1)).split()[:words])
+    return [[{"role": "system", "content": system}, {"role": "user", "content": f"Question {i}: do you sell "
+             f"item number {1000 + 7 * i}?"}] for i in range(n)]
+
+
+def prefix_burst(target: str, n: int, words: int, work: Path, overrides: list[str]) -> dict[str, Any]:
+    """The burst's wall time with prefix caching off and on (module docstring)."""
+    result: dict[str, Any] = {"requests": n}
+    messages = burst_messages(n + 1, words)
+    for caching in (False, True):
+        proc, url = start_server(target, None, work / f"burst-{caching}", ["scheduler=batched", "mode=autoregressive",
+                                 f"prefix_caching={str(caching).lower()}", f"max_batch={max(n, 1)}"] + overrides)
+        try:
+            run_level(url, messages[-1:], 1, 1)  # the system prompt, served once before
+            level = run_level(url, messages[:n], n, 1)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=120)
+        key = "prefix_caching" if caching else "no_prefix_caching"
+        result[key] = {"wall_s": level["wall_s"], "ttft_p50_s": level["ttft_p50_s"], "ttft_p99_s": level["ttft_p99_s"],
+                       "completed": level["completed"]}
+    records = logged_outputs(work / "burst-True")
+    result["prompt_tokens"] = max(len(r["prompt_token_ids"]) for r in records.values())
+    result["speedup"] = result["no_prefix_caching"]["wall_s"] / result["prefix_caching"]["wall_s"]
+    return result
+
+
 def logged_outputs(log_dir: Path) -> dict[str, dict[str, Any]]:
     """prompt text (as fed, chat template applied) -> its record's prompt and output token ids."""
     from draftwheel.serving.engine.sink import iter_lines
@@ -185,6 +223,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="a `draftwheel serve` override for every setting, e.g. --set max_batch=32")
     parser.add_argument("--no-margins", action="store_true", help="skip loading the target to measure logit margins")
+    parser.add_argument("--prefix-burst", type=int, default=16, help="burst size sharing a system prompt (0: skip)")
+    parser.add_argument("--system-words", type=int, default=300, help="words of the burst's shared system prompt")
     add_output_arguments(parser, "bench_load")
     args = parser.parse_args(argv)
     if args.settings is None:
@@ -236,6 +276,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 proc.wait(timeout=120)
             result["settings"][setting] = {"overrides": SETTINGS[setting] + args.overrides, "levels": figures}
             logs[setting] = logged_outputs(log_dir)
+        if args.prefix_burst:
+            result["prefix_burst"] = prefix_burst(args.target, args.prefix_burst, args.system_words, Path(tmp),
+                                                  ["default_temperature=0"] + args.overrides)
+            print(f"prefix burst   {json.dumps(result['prefix_burst'])}", flush=True)
     if "serial" in result["settings"]:
         target = None
         if not args.no_margins:

@@ -129,7 +129,7 @@ class SpecGovernor:
     def __init__(self, span: int = 4, explore: float = 0.1, warmup: int = 2, decay: float = 0.9, seed: int = 0):
         self.span, self.explore, self.warmup, self.decay = span, explore, warmup, decay
         self._random = random.Random(seed)
-        self._sums: dict[tuple[int, bool], list[float]] = {}  # (bucket, allowed) -> [spans, tokens, seconds]
+        self._sums: dict[tuple[int, bool], list[float]] = {}  # (bucket, allowed) -> spans, discounted tokens, seconds
 
     @staticmethod
     def bucket(rows: int) -> int:
@@ -153,7 +153,7 @@ class SpecGovernor:
     def observe(self, rows: int, allowed: bool, tokens: int, seconds: float) -> None:
         """One span of steps at about `rows` rows emitted `tokens` in `seconds`."""
         sums = self._sums.setdefault((self.bucket(rows), allowed), [0.0, 0.0, 0.0])
-        sums[:] = [self.decay * sums[0] + 1.0, self.decay * sums[1] + tokens, self.decay * sums[2] + seconds]
+        sums[:] = [sums[0] + 1.0, self.decay * sums[1] + tokens, self.decay * sums[2] + seconds]
 
 
 class ScoreCalibration:

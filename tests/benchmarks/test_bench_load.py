@@ -40,3 +40,10 @@ def test_levels_and_greedy_identity_between_two_servers(load_benchmark, tmp_path
     assert identity["identical"] == "5/6"
     divergence, = identity["divergences"]
     assert divergence["position"] == 2 and divergence["logit_margin"] > 0  # the reference's token was the argmax
+
+
+def test_burst_messages_share_one_system_prompt(load_benchmark):
+    bench = load_benchmark("bench_load")
+    chats = bench.burst_messages(3, words=40)
+    assert len({c[0]["content"] for c in chats}) == 1 and len(chats[0][0]["content"].split()) == 40
+    assert len({c[1]["content"] for c in chats}) == 3

@@ -170,3 +170,19 @@ def test_a_shared_block_in_use_costs_a_new_request_nothing():
     assert cached == 8 and blocks.free_blocks == 0
     blocks.release(first)
     assert blocks.free_blocks == 1  # the shared blocks are still held by the second request
+
+
+def test_spec_governor_keeps_the_regime_that_emits_more():
+    from draftwheel.serving.engine.adaptive import SpecGovernor
+
+    governor = SpecGovernor(explore=0.1, warmup=2, seed=1)
+    assert governor.allow(1)  # one row alone is never governed
+    tried = []
+    for _ in range(4):  # warm-up: both regimes measured, drafting first
+        allowed = governor.allow(12)
+        tried.append(allowed)
+        governor.observe(12, allowed, tokens=40 if allowed else 60, seconds=1.0)  # plain emits more here
+    assert tried.count(True) == 2 and tried.count(False) == 2 and tried[0]
+    choices = [governor.allow(12) for _ in range(1000)]
+    assert 0.85 < choices.count(False) / 1000 < 0.95  # plain, but drafting tried again one span in ten
+    assert governor.rate(16, False) == 60.0 and governor.rate(3, False) is None  # 9-16 rows: one bucket
