@@ -145,10 +145,10 @@ class ServeConfig:
         if self.scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler: {self.scheduler!r} not one of {', '.join(SCHEDULERS)}")
         check_dtype_name(self.dtype)
+        check_device_name(self.device)
         if self.per_request_spec_decode_metrics not in LEVELS:
             raise ValueError(f"per_request_spec_decode_metrics: {self.per_request_spec_decode_metrics!r} not one of "
                              f"{', '.join(LEVELS)}")
-        check_device_name(self.device)
         if self.mode is not None and self.mode not in MODES:
             raise ValueError(f"mode: {self.mode!r} not one of {', '.join(MODES)} (or null)")
         if self.mode in ("suffix", "hybrid") and not self.suffix_tier:
