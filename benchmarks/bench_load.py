@@ -5,9 +5,11 @@ index): `serial` (one request at a time, plain decoding: also the reference for 
 `batched-plain` (continuous batching, plain decoding) and, with `--draft`, `serial-hybrid` (today's
 default server: one at a time, hybrid speculative decoding) and `batched-hybrid` (continuous batching,
 hybrid). At each concurrency C (`--concurrency`) C client threads stream greedy chat completions with the
-official `openai` client, one request after another, until `--requests` are done. The prompts mix chat,
-code and templated (SQL, tool calls) requests (draftwheel.mining.workloads); each concurrency has its own
-seeded prompts, and every setting gets the same ones in the same order.
+official `openai` client, one request after another, until `--requests` are done (a closed loop). At
+each rate R (`--rates`) requests arrive as a Poisson process of R per second, each on its own client
+thread however many are still running (an open loop: the queue grows when the server cannot keep up).
+The prompts mix chat, code and templated (SQL, tool calls) requests (draftwheel.mining.workloads); each
+level has its own seeded prompts, and every setting gets the same ones in the same order.
 
 Per setting and concurrency: output tokens/s over the wall clock of the whole level; TTFT (to the first
 content chunk) and TPOT ((last chunk - first) / (tokens - 1)) p50/p99 on the client; each setting's
@@ -20,7 +22,7 @@ one token each, against batched servers with `prefix_caching` off and on (the sy
 before): the burst's wall time, i.e. how fast its prompts are read, and the ratio.
 
     .venv/bin/python benchmarks/bench_load.py --draft models:/draftwheel-draft@champion
-    .venv/bin/python benchmarks/bench_load.py --settings serial batched-plain --concurrency 1 4 16 32
+    .venv/bin/python benchmarks/bench_load.py --settings serial batched-plain --concurrency 1 4 16 32 --rates 1 2
 
 The target defaults to the reference target (SmolLM2-135M-Instruct, converted offline into the state dir).
 The JSON goes to --out (default $DRAFTWHEEL_HOME/benchmarks/bench_load.json) and the run to MLflow.
@@ -68,34 +70,51 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
-def run_level(url: str, prompts: list, concurrency: int, max_tokens: int) -> dict[str, Any]:
-    """`concurrency` client threads stream the prompts' greedy chat completions (a prompt: a user message,
-    or a list of messages); the level's figures."""
+def _client(url: str):
     import openai
 
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=3600)
-    model = client.models.list().data[0].id
+    return client, client.models.list().data[0].id
+
+
+def stream_one(client, model: str, prompt: str | list, max_tokens: int) -> dict[str, Any]:
+    """One greedy streamed chat completion (a prompt: a user message, or a list of messages): TTFT, TPOT,
+    tokens and text as the client saw them."""
+    start = time.perf_counter()
+    first = last = None
+    tokens, text = 0, []
+    for chunk in client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt,
+            max_tokens=max_tokens, temperature=0, stream=True, stream_options={"include_usage": True}):
+        if chunk.choices and chunk.choices[0].delta.content:
+            last = time.perf_counter()
+            first = first or last
+            text.append(chunk.choices[0].delta.content)
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    return {"ttft_s": (first or time.perf_counter()) - start,
+            "tpot_s": (last - first) / (tokens - 1) if first and tokens > 1 else None,
+            "tokens": tokens, "text": "".join(text)}
+
+
+def summarise(requests: list[dict[str, Any]], errors: list[str], wall: float) -> dict[str, Any]:
+    ttft = [r["ttft_s"] for r in requests]
+    tpot = [r["tpot_s"] for r in requests if r["tpot_s"] is not None]
+    tokens = sum(r["tokens"] for r in requests)
+    return {"completed": len(requests), "errors": errors, "wall_s": wall,
+            "output_tokens": tokens, "output_tokens_per_s": tokens / wall,
+            "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
+            "tpot_p50_s": percentile(tpot, 50), "tpot_p99_s": percentile(tpot, 99),
+            "texts": {r["index"]: r["text"] for r in requests}}
+
+
+def run_level(url: str, prompts: list, concurrency: int, max_tokens: int) -> dict[str, Any]:
+    """Closed loop: `concurrency` client threads stream the prompts' greedy chat completions, each thread
+    one request after another; the level's figures."""
+    client, model = _client(url)
     todo, lock = list(enumerate(prompts)), threading.Lock()
     requests: list[dict[str, Any]] = []
     errors: list[str] = []
-
-    def one(prompt: str | list) -> dict[str, Any]:
-        start = time.perf_counter()
-        first = last = None
-        tokens, text = 0, []
-        for chunk in client.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt,
-                max_tokens=max_tokens, temperature=0,
-                stream=True, stream_options={"include_usage": True}):
-            if chunk.choices and chunk.choices[0].delta.content:
-                last = time.perf_counter()
-                first = first or last
-                text.append(chunk.choices[0].delta.content)
-            if chunk.usage is not None:
-                tokens = chunk.usage.completion_tokens
-        return {"ttft_s": (first or time.perf_counter()) - start,
-                "tpot_s": (last - first) / (tokens - 1) if first and tokens > 1 else None,
-                "tokens": tokens, "text": "".join(text)}
 
     def worker() -> None:
         while True:
@@ -104,7 +123,7 @@ def run_level(url: str, prompts: list, concurrency: int, max_tokens: int) -> dic
                     return
                 index, prompt = todo.pop(0)
             try:
-                requests.append({"index": index, **one(prompt)})
+                requests.append({"index": index, **stream_one(client, model, prompt, max_tokens)})
             except Exception as exc:  # noqa: BLE001 - counted, the level goes on
                 errors.append(f"{type(exc).__name__}: {exc}")
 
@@ -114,15 +133,35 @@ def run_level(url: str, prompts: list, concurrency: int, max_tokens: int) -> dic
         thread.start()
     for thread in threads:
         thread.join()
-    wall = time.perf_counter() - start
-    ttft = [r["ttft_s"] for r in requests]
-    tpot = [r["tpot_s"] for r in requests if r["tpot_s"] is not None]
-    tokens = sum(r["tokens"] for r in requests)
-    return {"concurrency": concurrency, "completed": len(requests), "errors": errors, "wall_s": wall,
-            "output_tokens": tokens, "output_tokens_per_s": tokens / wall,
-            "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
-            "tpot_p50_s": percentile(tpot, 50), "tpot_p99_s": percentile(tpot, 99),
-            "texts": {r["index"]: r["text"] for r in requests}}
+    return {"concurrency": concurrency, **summarise(requests, errors, time.perf_counter() - start)}
+
+
+def run_poisson(url: str, prompts: list, rate: float, max_tokens: int, seed: int) -> dict[str, Any]:
+    """Open loop: requests arrive as a Poisson process of `rate` per second (exponential gaps drawn
+    from `seed`), each on its own thread however many are still running; the level's figures."""
+    import random
+
+    client, model = _client(url)
+    gaps = random.Random(seed)
+    requests: list[dict[str, Any]] = []
+    errors: list[str] = []
+
+    def one(index: int, prompt: str | list) -> None:
+        try:
+            requests.append({"index": index, **stream_one(client, model, prompt, max_tokens)})
+        except Exception as exc:  # noqa: BLE001 - counted, the level goes on
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    start = time.perf_counter()
+    threads, due = [], 0.0
+    for index, prompt in enumerate(prompts):
+        due += gaps.expovariate(rate)
+        time.sleep(max(0.0, start + due - time.perf_counter()))
+        threads.append(threading.Thread(target=one, args=(index, prompt)))
+        threads[-1].start()
+    for thread in threads:
+        thread.join()
+    return {"rate_per_s": rate, **summarise(requests, errors, time.perf_counter() - start)}
 
 
 def start_server(target: str, draft: str | None, log_dir: Path, overrides: list[str]) -> tuple[subprocess.Popen, str]:
@@ -218,7 +257,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=None,
                         help="default: serial, batched-plain, and the hybrid two with --draft")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument("--requests", type=int, default=32, help="requests per concurrency level")
+    parser.add_argument("--rates", type=float, nargs="*", default=[0.5, 1.0],
+                        help="Poisson arrival rates, requests per second (open loop)")
+    parser.add_argument("--requests", type=int, default=32, help="requests per concurrency level or rate")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="a `draftwheel serve` override for every setting, e.g. --set max_batch=32")
@@ -253,7 +294,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         from draftwheel.serving.engine.reference import ensure_reference_target
 
         args.target = str(ensure_reference_target(models_dir()))
-    levels = {c: mixed_prompts(args.requests, seed=c) for c in args.concurrency}
+    # each level's key in the result: "C" for a closed loop of C clients, "rate=R" for Poisson arrivals
+    levels = {str(c): (run_level, c, mixed_prompts(args.requests, seed=c)) for c in args.concurrency}
+    levels |= {f"rate={r:g}": (run_poisson, r, mixed_prompts(args.requests, seed=1000 + i))
+               for i, r in enumerate(args.rates)}
     result: dict[str, Any] = {"cpu": cpu_name(), "cores": os.cpu_count(), "target": args.target, "draft": args.draft,
                               "requests": args.requests, "max_tokens": args.max_tokens, "settings": {}}
     logs: dict[str, dict[str, dict]] = {}
@@ -265,12 +309,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             try:
                 run_level(url, mixed_prompts(2, seed=-1), 1, 8)  # warm-up, also outside the index's reach
                 figures = {}
-                for c, prompts in levels.items():
-                    figures[str(c)] = run_level(url, prompts, c, args.max_tokens)
-                    figures[str(c)].pop("texts")
-                    print(f"{setting:15s} C={c:<3d} {figures[str(c)]['output_tokens_per_s']:7.1f} tok/s  "
-                          f"TTFT p50/p99 {figures[str(c)]['ttft_p50_s']:.2f}/{figures[str(c)]['ttft_p99_s']:.2f} s",
-                          flush=True)
+                for key, (run, level, prompts) in levels.items():
+                    seed = [int(level * 1000)] if run is run_poisson else []
+                    figures[key] = run(url, prompts, level, args.max_tokens, *seed)
+                    figures[key].pop("texts")
+                    print(f"{setting:15s} {key:9s} {figures[key]['output_tokens_per_s']:7.1f} tok/s  "
+                          f"TTFT p50/p99 {figures[key]['ttft_p50_s']:.2f}/{figures[key]['ttft_p99_s']:.2f} s  "
+                          f"TPOT p50 {figures[key]['tpot_p50_s'] or 0:.3f} s", flush=True)
             finally:
                 proc.terminate()
                 proc.wait(timeout=120)

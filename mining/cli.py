@@ -31,7 +31,8 @@ def register(subparsers: Any) -> None:
                                     **examples("draftwheel traffic --workload code --n 48",
                                                "draftwheel traffic --workload mixed --n 30 --seed 1 --k 5 "
                                                "--log-dir /tmp/draftwheel-logs",
-                                               "draftwheel traffic --workload prompts.jsonl --draft none"))
+                                               "draftwheel traffic --workload prompts.jsonl --draft none",
+                                               "draftwheel traffic --workload mixed --n 32 --max-batch 8"))
     traffic.add_argument("--workload", required=True,
                          help="built-in workload (code, prose, chat, mixed, sql, tools, templated) or a JSONL file of {prompt, slice}")
     traffic.add_argument("--n", type=int, default=None, help="number of prompts (built-ins: default 30; files: all)")
@@ -46,6 +47,9 @@ def register(subparsers: Any) -> None:
     add_min_path_prob(traffic, 0.0)
     add_dtype(traffic, "auto")
     add_device(traffic, "auto")
+    traffic.add_argument("--max-batch", type=int, default=1,
+                         help="requests decoding at once (continuous batching, as `serve --set scheduler=batched`); "
+                              "1: one at a time, each request's suffix index holding every earlier one")
     traffic.add_argument("--no-progress", action="store_true", help="no progress bar")
     traffic.set_defaults(func=_traffic_command)
 
@@ -80,6 +84,8 @@ def _traffic_command(args: argparse.Namespace) -> int:
     from draftwheel.serving.engine.reference import DEFAULT_DRAFT_URI
 
     try:
+        if args.max_batch < 1:
+            raise ValueError(f"--max-batch: must be >= 1, got {args.max_batch}")
         workload = load_workload(args.workload, args.n, args.seed)
         params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, k=args.k)
         draft = None if args.draft == "none" else (args.draft or DEFAULT_DRAFT_URI)
@@ -88,8 +94,15 @@ def _traffic_command(args: argparse.Namespace) -> int:
                                    dtype=resolve_dtype(args.dtype, device), min_path_prob=args.min_path_prob)
     except (ValueError, OSError, RuntimeError) as exc:
         return fail("traffic", exc)
-    summary = run_traffic(engine, workload, args.log_dir or logs_dir(), params, chat=True,
-                          progress=not args.no_progress)
+    if args.max_batch > 1:
+        from draftwheel.serving.engine.batching import BatchConfig, BatchEngine
+
+        with BatchEngine(engine, BatchConfig(max_batch=args.max_batch)) as batch:
+            summary = run_traffic(batch, workload, args.log_dir or logs_dir(), params, chat=True,
+                                  progress=not args.no_progress)
+    else:
+        summary = run_traffic(engine, workload, args.log_dir or logs_dir(), params, chat=True,
+                              progress=not args.no_progress)
     print(json.dumps(summary, indent=2))
     return 0 if summary["requests"] else FAILURE
 

@@ -1,15 +1,19 @@
 """Replaying a prompt workload through the serving Engine so that it writes acceptance records.
 
-`run_traffic(engine, workload, log_dir, params)` sends every prompt through `engine.generate` with the
-chat template applied and the item's slice, and writes each request's `AcceptanceRecord` to a
+`run_traffic(engine, workload, log_dir, params)` sends every prompt through the engine with the chat
+template applied and the item's slice, and writes each request's `AcceptanceRecord` to a
 `draftwheel.serving.engine.sink.JsonlSink` in `log_dir` (or leaves logging to the engine's own sink when `log_dir` is
-None). It returns a per-slice summary. It does not build workloads (`draftwheel.mining.workloads`) or models.
+None). It returns a per-slice summary. An `Engine` serves the prompts one at a time; a `BatchEngine`
+(draftwheel.serving.engine.batching) takes them all at once, as `draftwheel serve --set scheduler=batched`
+would take that many concurrent clients, and the records are written in workload order. It does not build
+workloads (`draftwheel.mining.workloads`) or models.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,29 +33,25 @@ def run_traffic(engine: Any, workload: list[dict[str, str]], log_dir: str | Path
     """Generate every workload prompt; returns {"requests", "failed", "seconds", "by_slice", "log_dir"}."""
     from draftwheel.serving.engine.sink import JsonlSink
 
-    if log_dir is not None and getattr(engine, "sink", None) is not None:
+    serial = getattr(engine, "engine", engine)  # a BatchEngine's records go through its Engine
+    if log_dir is not None and getattr(serial, "sink", None) is not None:
         raise ValueError("log_dir: the engine already writes to a sink; pass log_dir=None to use it")
     params = params or SamplingParams()
     sink = JsonlSink(log_dir) if log_dir is not None else None
     # per slice: requests, drafted, accepted, verify steps, generated tokens
     by_slice: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
     failed: dict[str, int] = defaultdict(int)
-    items = workload
+    start = time.perf_counter()
+    served = _completions(engine, workload, params, chat, failed)
     if progress:
         from tqdm import tqdm
 
-        items = tqdm(workload, desc="traffic", unit="req")
-    start = time.perf_counter()
+        served = tqdm(served, total=len(workload), desc="traffic", unit="req")
     try:
-        for item in items:
-            try:
-                completion = engine.generate([item["prompt"]], params, slice=item["slice"], chat=chat)[0]
-            except ValueError as exc:  # e.g. a prompt longer than the model's context: skip it, count it
-                failed[type(exc).__name__] += 1
-                continue
-            if sink is not None:
-                sink.write(completion.record)
+        for item, completion in served:
             record = completion.record
+            if sink is not None:
+                sink.write(record)
             totals = by_slice[item["slice"]]
             for i, value in enumerate((1, record.drafted_tokens, record.accepted_tokens, record.verify_steps,
                                        len(record.output_token_ids))):
@@ -63,3 +63,36 @@ def run_traffic(engine: Any, workload: list[dict[str, str]], log_dir: str | Path
             "seconds": round(time.perf_counter() - start, 3), "log_dir": str(log_dir) if log_dir else None,
             "write_errors": getattr(sink, "write_errors", 0),
             "by_slice": {name: _summary(totals) for name, totals in sorted(by_slice.items())}}
+
+
+def _completions(engine: Any, items: list[dict[str, str]], params: SamplingParams, chat: bool,
+                 failed: dict[str, int]) -> Iterator[tuple[dict[str, str], Any]]:
+    """(item, its Completion) in workload order; an item the engine refuses (e.g. a prompt longer than
+    the model's context: ValueError) is counted in `failed` and skipped."""
+    if not hasattr(engine, "submit"):  # one request at a time
+        for item in items:
+            try:
+                yield item, engine.generate([item["prompt"]], params, slice=item["slice"], chat=chat)[0]
+            except ValueError as exc:
+                failed[type(exc).__name__] += 1
+        return
+    from draftwheel.serving.engine.scheduler import QueueFullError
+
+    handles = []
+    for item in items:  # all queued at once, waiting for room when the queue is full
+        while True:
+            try:
+                handles.append((item, engine.submit(item["prompt"], params, slice=item["slice"], chat=chat)))
+                break
+            except QueueFullError:
+                time.sleep(0.05)
+            except ValueError as exc:
+                failed[type(exc).__name__] += 1
+                break
+    for item, handle in handles:
+        try:
+            completion = list(handle.results())[-1]
+        except ValueError as exc:
+            failed[type(exc).__name__] += 1
+            continue
+        yield item, completion

@@ -39,6 +39,7 @@ from draftwheel.serving.engine.batch_kv import KVPool, PagedRunner, RowCall
 from draftwheel.serving.engine.blocks import BlockManager
 from draftwheel.serving.engine.engine import Completion, Engine, RequestRun
 from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.engine.records import LOAD
 from draftwheel.serving.engine.scheduler import QueueFullError, Scheduler, SchedulerConfig, Sequence
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,7 @@ class Handle:
         self.row = PagedRow(self.seq)
         self.loop: Iterator[Any] | None = None
         self.call: RowCall | None = None  # the forward call being fed
+        self.capped_at: int | None = None  # steps so far when the loop called with drafting capped to 0
         self.parts: list[Any] = []  # results of its chunks so far
         self.sent = 0  # characters of stable text handed out
         self.cancelled = False
@@ -345,8 +347,14 @@ class BatchEngine:
                     if seq.pending <= 0:
                         raise RuntimeError(f"a forward call with nothing to feed ({item.tokens.shape[0]} tokens)")
                     seq.keep = item.keep if item.keep > 0 else 1
+                    req = handle.run.req
+                    handle.capped_at = len(req.steps) if req.k_cap == 0 else None
                     return
-                stable = handle.run.req.out.stable_text()  # a step ended: hand out its stable text
+                steps = handle.run.req.steps  # a step ended: say so when load made it a plain one
+                if handle.capped_at is not None and len(steps) > handle.capped_at and steps[-1].k == 0 \
+                        and steps[-1].source is None:
+                    steps[-1].source = LOAD
+                stable = handle.run.req.out.stable_text()  # hand out its stable text
                 if len(stable) > handle.sent:
                     handle.items.put(stable[handle.sent:])
                     handle.sent = len(stable)

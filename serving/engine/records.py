@@ -117,20 +117,26 @@ class AcceptanceRecord:
         return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
 
 
+LOAD = "load"
+"""The `source` of a plain step the batch engine's governor imposed (speculation off at that batch size,
+draftwheel.serving.engine.adaptive.SpecGovernor): nobody was allowed to draft, so it says nothing about the draft."""
+
+
 def draft_steps(record: Any) -> list[Any]:
     """The steps of an `AcceptanceRecord` (or a decoded log line) that the draft model drafted: a hybrid
     record's suffix-index steps and its plain steps (no source, nothing drafted: the step pace chose the
     target alone) are left out -- they measure the index and the pace, not the draft, which is what the
-    monitor and mining judge; other records' steps all count."""
+    monitor and mining judge; so are the plain steps load imposed (`LOAD`), in every mode."""
+    steps = [step for step in record.steps if step.source != LOAD]
     if record.mode != "hybrid":
-        return record.steps
-    return [step for step in record.steps if step.source != "suffix" and (step.source or step.k)]
+        return steps
+    return [step for step in steps if step.source != "suffix" and (step.source or step.k)]
 
 
 def draft_counts(record: Any) -> tuple[int, int, int]:
     """(drafted tokens, accepted tokens, verify steps) over `draft_steps(record)`."""
-    if record.mode != "hybrid":  # the record's own totals (they count every step)
-        return record.drafted_tokens, record.accepted_tokens, record.verify_steps
+    if record.mode != "hybrid" and not any(step.source == LOAD for step in record.steps):
+        return record.drafted_tokens, record.accepted_tokens, record.verify_steps  # the record's own totals
     own = draft_steps(record)
     return sum(step.k for step in own), sum(step.accepted for step in own), len(own)
 

@@ -1,6 +1,6 @@
 """benchmarks/bench_load.py's measurements against servers in this process (the command starts `draftwheel
 serve` per setting, which takes longer than a smoke test should): a level runs every request at the
-concurrency asked and reports its figures, and the greedy identity between two servers' logs names each
+concurrency asked (or at Poisson arrivals) and reports its figures, and the greedy identity between two servers' logs names each
 divergence with the target's logit margin there."""
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ def test_levels_and_greedy_identity_between_two_servers(load_benchmark, tmp_path
         config = ServeConfig(served_model_name="toy", scheduler=scheduler, mode="autoregressive", max_batch=4)
         with background_server(create_app(engine_from_specs(target, sink=sink), config)) as url:
             level = bench.run_level(url, prompts, concurrency=3, max_tokens=6)
+            arrivals = bench.run_poisson(url, prompts[:3], rate=50.0, max_tokens=4, seed=1)
         sink.close()
+        assert arrivals["rate_per_s"] == 50.0 and arrivals["completed"] == 3 and not arrivals["errors"]
+        assert arrivals["output_tokens"] > 0 and arrivals["ttft_p50_s"] > 0
         assert level["completed"] == 6 and not level["errors"] and level["output_tokens"] > 0
         assert 0 < level["ttft_p50_s"] <= level["ttft_p99_s"] and level["output_tokens_per_s"] > 0
         logs[scheduler] = bench.logged_outputs(tmp_path / scheduler)

@@ -106,8 +106,33 @@ def test_traffic_and_mine_commands(tmp_path, toy_models, capsys):
     code = main(["traffic", "--workload", str(workload), "--target", str(target), "--draft", str(draft),
                  "--log-dir", str(tmp_path / "logs"), "--max-new-tokens", "6", "--no-progress"])
     assert code == 0 and json.loads(capsys.readouterr().out)["requests"] == 3
+    code = main(["traffic", "--workload", str(workload), "--target", str(target), "--draft", str(draft),
+                 "--log-dir", str(tmp_path / "batched"), "--max-new-tokens", "6", "--no-progress", "--max-batch", "3"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["requests"] == 3
+    assert main(["traffic", "--workload", str(workload), "--max-batch", "0"]) != 0
+    assert "--max-batch" in capsys.readouterr().err
     code = main(["mine", "--log-dir", str(tmp_path / "logs"), "--out", str(tmp_path / "out"), "--tokenizer", str(target),
                  "--set", "plot=false", "--set", "holdout_fraction=0.34"])
     assert code == 0 and json.loads(capsys.readouterr().out)["counts"]["kept"] == 3
     assert (tmp_path / "out" / "manifest.json").is_file()
     assert main(["traffic", "--workload", "nope", "--target", str(target)]) == 2
+
+
+def test_batched_traffic_writes_the_same_records_in_workload_order(tmp_path, toy_models):
+    """A BatchEngine takes the whole workload at once; the logs hold one record per item, in workload order,
+    with the greedy output one at a time gives, and an item the engine refuses is counted, not fatal."""
+    from draftwheel.serving.engine.batching import BatchConfig, BatchEngine
+    from draftwheel.serving.loading import engine_from_specs
+
+    target, draft = toy_models
+    workload = build_workload("chat", 5, seed=3) + [{"prompt": "word " * 5000, "slice": "chat"}]
+    params = SamplingParams(max_new_tokens=8)
+    serial = run_traffic(engine_from_specs(target, draft), workload, tmp_path / "serial", params)
+    with BatchEngine(engine_from_specs(target, draft), BatchConfig(max_batch=4, max_waiting=2)) as batch:
+        batched = run_traffic(batch, workload, tmp_path / "batched", params)
+    assert batched["requests"] == serial["requests"] == 5
+    assert batched["failed"] == serial["failed"] and sum(batched["failed"].values()) == 1
+    logs = {name: [parse_record(line) for f in list_log_files(tmp_path / name) for line in f.read_bytes().splitlines()]
+            for name in ("serial", "batched")}
+    assert [r.prompt for r in logs["batched"]] == [r.prompt for r in logs["serial"]]
+    assert [r.output_token_ids for r in logs["batched"]] == [r.output_token_ids for r in logs["serial"]]

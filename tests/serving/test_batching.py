@@ -264,3 +264,29 @@ def test_eagle3_requests_compute_their_whole_prompt(eagle_engine):
         for prompt in prompts:  # one after the other: the second finds the first's blocks
             batch.generate([prompt], SamplingParams(max_new_tokens=8), mode="autoregressive")
         assert batch.scheduler.blocks.hit_tokens > 0
+
+
+@pytest.mark.parametrize("mode", ["draft", "hybrid"])
+def test_steps_the_governor_caps_are_recorded_as_load_and_not_judged_as_the_drafts(pair, mode, monkeypatch):
+    """With speculation off at every batch size of two rows or more, requests running together take plain
+    steps: the record says `load` for each, the output stays the target's, and `draft_counts` (what the
+    monitor and mining judge the draft by) leaves them out."""
+    from draftwheel.serving.engine.records import LOAD, draft_counts
+
+    sink = Records()
+    serial = make_engine(pair)
+    params = SamplingParams(max_new_tokens=12, k=3)
+    expected = [c.token_ids for c in serial.generate(PROMPTS[:4], params, mode=mode)]
+    with BatchEngine(make_engine(pair, sink)) as batch:
+        monkeypatch.setattr(batch.governor, "allow", lambda rows: rows < 2)
+        got = batch.generate(PROMPTS[:4], params, mode=mode)
+    assert [c.token_ids for c in got] == expected
+    capped = [s for r in sink.records for s in r.steps if s.source == LOAD]
+    assert capped and all(s.k == 0 and s.accepted == 0 for s in capped)
+    for record in sink.records:
+        drafted, accepted, steps = draft_counts(record)
+        load_steps = sum(s.source == LOAD for s in record.steps)
+        own = [s for s in record.steps if s.source != LOAD and (mode == "draft" or (s.source or s.k))
+               and s.source != "suffix"]
+        assert steps == len(own) and steps <= record.verify_steps - load_steps
+        assert (drafted, accepted) == (sum(s.k for s in own), sum(s.accepted for s in own))
