@@ -15,10 +15,12 @@ the state dir and logged to MLflow (metrics per round and slice, a plot).
 
 The arm is set by the trainer's overrides: `--residual-floor 1.0` trains every position alike (uniform
 weighting), the ablation of the default residual weighting. Run each arm in its own state dir
-(`--home`); each bootstraps its v0 once (the demo's quick bootstrap).
+(`--home`); each bootstraps its v0 once: the demo's quick bootstrap, or with `--bootstrap full` the v0 that
+`draftwheel bootstrap` trains (a state dir that already has a champion starts from it).
 
     .venv/bin/python benchmarks/rounds.py --home rounds-residual
     .venv/bin/python benchmarks/rounds.py --home rounds-uniform --residual-floor 1.0
+    .venv/bin/python benchmarks/rounds.py --home rounds-full --bootstrap full
 Four rounds take about half an hour on 2 CPU cores.
 """
 
@@ -51,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the eagle trainer's residual_floor (default: configs/eagle.yaml's; 1.0 = uniform)")
     parser.add_argument("--train-set", action="append", default=[], metavar="KEY=VALUE",
                         help="more overrides for the trainer (e.g. epochs=4)")
+    parser.add_argument("--bootstrap", choices=("quick", "full"), default="quick",
+                        help="the v0: quick = the demo's (~6 min), full = `draftwheel bootstrap`'s configs/bootstrap.yaml "
+                             "(~18 min, stronger on chat)")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
 
@@ -184,7 +189,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         train.append(f"residual_floor={args.residual_floor}")
     config = DemoConfig(max_new_tokens=args.max_new_tokens, code_requests=args.requests * len(SLICES),
                         train_overrides=train, seed=args.seed)
-    bootstrap_flow(overrides=config.bootstrap_overrides)
+    bootstrap_flow(overrides=config.bootstrap_overrides if args.bootstrap == "quick" else [])
     target = tasks.resolve_target("")
     loaded = load_model(target["dir"])
     serving = Engine(loaded, load_model(CHAMPION_URI), dtype=resolve_dtype(config.dtype),
