@@ -61,6 +61,8 @@ class BootstrapConfig:
     batch_size: int = 8          # training batch size
     max_length: int = 384        # tokens per training sequence
     text_sequences: int = 64     # eagle3: extra teacher-forced text (stdlib docstrings, the `prose` workload)
+    sampled_completions: int = 0  # eagle3: per training prompt, this many more completions sampled at sample_temperature
+    sample_temperature: float = 0.8  # (more of the target's own text around the same prompts; its teacher stays the target)
     ttt_steps: int = 3           # eagle3: training-time-test unroll depth
     bf16: bool | str = False     # eagle3: generate the completions and train under bfloat16 (~1.7x faster on AMX, a weaker v0; auto = only where fast)
     register: bool = True        # register the draft and make it `champion` (unless the champion is for this target)
@@ -87,6 +89,9 @@ class BootstrapConfig:
         common.require(self.holdout_prompts >= 0, "holdout_prompts", f"must be >= 0, got {self.holdout_prompts}")
         common.require(self.learning_rate > 0, "learning_rate", f"must be > 0, got {self.learning_rate}")
         common.require(self.epochs > 0, "epochs", f"must be > 0, got {self.epochs}")
+        common.require(self.sampled_completions >= 0, "sampled_completions",
+                       f"must be >= 0, got {self.sampled_completions}")
+        common.require(self.sample_temperature > 0, "sample_temperature", f"must be > 0, got {self.sample_temperature}")
 
 
 def init_draft_from_target(target: Any, layers: list[int]) -> Any:
@@ -131,13 +136,19 @@ def _traffic(config: BootstrapConfig, target: Any, data_dir: Path, workload: lis
     # The lm v0 distils cached top-k log-probs, kept in float32; the eagle3 v0 reads only the token ids
     # (its teacher comes from the feature forward), so a bfloat16 copy may generate them (135 s instead of
     # ~180 s for the 272 bootstrap prompts, measured).
-    rows = target_traffic(generation_model(target, config.bf16_eagle), target.tokenizer, workload,
-                          config.max_new_tokens, config.gen_batch_size,
+    model = generation_model(target, config.bf16_eagle)
+    rows = target_traffic(model, target.tokenizer, workload, config.max_new_tokens, config.gen_batch_size,
                           top_k=0 if config.draft_kind == "eagle3" else config.top_k)
+    train, holdout = rows[: config.n_prompts], rows[config.n_prompts:]
+    for i in range(config.sampled_completions if config.draft_kind == "eagle3" else 0):
+        print(f"bootstrap: sampled completions {i + 1}/{config.sampled_completions} (temperature "
+              f"{config.sample_temperature:g})", flush=True)
+        train += target_traffic(model, target.tokenizer, workload[: config.n_prompts], config.max_new_tokens,
+                                config.gen_batch_size, temperature=config.sample_temperature, seed=config.seed + i)
     tmp = data_dir.with_name(data_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.parent.mkdir(parents=True, exist_ok=True)
-    save_traffic(rows[: config.n_prompts], rows[config.n_prompts:], tmp)
+    save_traffic(train, holdout, tmp)
     tmp.rename(data_dir)  # all-or-nothing: an interrupted run never leaves half a dataset behind
     return {"distill": data_dir / "distill", "holdout": data_dir / "holdout"}
 
@@ -252,7 +263,9 @@ def bootstrap(config: BootstrapConfig | None = None, workload: list[dict] | None
     else:
         # Keyed by what shapes the traffic, so a changed config never silently reuses stale data.
         key = (f"{config.workload}-{config.n_prompts}-{config.holdout_prompts}-{config.max_new_tokens}-{config.seed}"
-               f"-{config.draft_kind}" + ("-bf16" if config.bf16_eagle else "") + f"-{sha[:12]}")
+               f"-{config.draft_kind}" + ("-bf16" if config.bf16_eagle else "")
+               + (f"-s{config.sampled_completions}t{config.sample_temperature:g}" if config.sampled_completions else "")
+               + f"-{sha[:12]}")
         data = _traffic(config, target, home.datasets_dir() / "bootstrap" / key, workload)
         _build_draft(config, target, data, draft_dir, get_tracker(config.tracking))
         result["built"] = True

@@ -30,8 +30,10 @@ def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> tuple[str, list[in
 
 
 def _decode_batch(model: Any, prompt_ids: list[list[int]], pad_id: int, eos_ids: set[int], limits: list[int],
-                  logits: bool = False, layers: Sequence[int] | None = None) -> list[dict[str, Any]]:
-    """Greedy decoding of a left-padded batch in which a row leaves the batch (and the KV cache,
+                  logits: bool = False, layers: Sequence[int] | None = None, temperature: float = 0.0,
+                  generator: torch.Generator | None = None) -> list[dict[str, Any]]:
+    """Greedy decoding (or, with `temperature` > 0, sampling from softmax(logits / temperature) with
+    `generator`) of a left-padded batch in which a row leaves the batch (and the KV cache,
     `Cache.batch_select_indices`) as soon as it ends: an EOS, or `limits[i]` new tokens. HF's generate
     decodes every row until the last one ends; on a shifted-code round's continuations that was ~40 % of
     the row-steps, and a decoding step costs about the same per row at any batch size.
@@ -65,7 +67,11 @@ def _decode_batch(model: Any, prompt_ids: list[list[int]], pad_id: int, eos_ids:
         step = forward(ids, position, prefill=True)
         position = position[:, -1:]
         while True:
-            chosen = step.argmax(-1)
+            if temperature > 0:
+                probs = torch.softmax(step.float() / temperature, -1)
+                chosen = torch.multinomial(probs, 1, generator=generator).view(-1)
+            else:
+                chosen = step.argmax(-1)
             going = []
             for j, (i, token) in enumerate(zip(alive, chosen.tolist())):
                 tokens = rows[i]["tokens"]
@@ -100,18 +106,21 @@ def _pad_and_eos(model: Any, tokenizer: Any) -> tuple[int, set[int]]:
 
 
 def target_traffic(model: Any, tokenizer: Any, workload: list[dict[str, str]], max_new_tokens: int,
-                   batch_size: int = 8, top_k: int = 0, chat: bool = True, progress: bool = True) -> list[dict]:
-    """Greedy target completions of `workload` rows ({"prompt", "slice"}) as distill-style rows."""
+                   batch_size: int = 8, top_k: int = 0, chat: bool = True, progress: bool = True,
+                   temperature: float = 0.0, seed: int = 0) -> list[dict]:
+    """Target completions of `workload` rows ({"prompt", "slice"}) as distill-style rows: greedy, or
+    sampled at `temperature` (seeded by `seed`: the same rows every run)."""
     from tqdm.auto import tqdm
 
     pad_id, eos_ids = _pad_and_eos(model, tokenizer)
+    generator = torch.Generator().manual_seed(seed) if temperature > 0 else None
     rows: list[dict] = []
     bar = tqdm(total=len(workload), desc="target traffic", disable=not progress)
     for start in range(0, len(workload), batch_size):
         batch = workload[start:start + batch_size]
         encoded = [encode_prompt(tokenizer, item["prompt"], chat) for item in batch]
         decoded = _decode_batch(model, [ids for _, ids in encoded], pad_id, eos_ids, [max_new_tokens] * len(batch),
-                                logits=bool(top_k))
+                                logits=bool(top_k), temperature=temperature, generator=generator)
         for out, item, (text, ids) in zip(decoded, batch, encoded):
             completion = out["tokens"]
             record = {"prompt": text, "completion": tokenizer.decode(completion), "prompt_token_ids": ids,

@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from draftwheel import home
 from draftwheel.config import ConfigError, load_config
 from draftwheel.serving import testing as toy
 from draftwheel.training.bootstrap import BootstrapConfig, bootstrap, init_draft_from_target
@@ -81,6 +82,29 @@ def test_bootstrap_builds_an_eagle3_v0_by_default(tmp_path):
     params = SamplingParams(max_new_tokens=12, k=3)
     plain = engine.generate(PROMPTS[:3], params, mode="autoregressive")
     assert [c.token_ids for c in engine.generate(PROMPTS[:3], params)] == [c.token_ids for c in plain]
+
+
+def test_sampled_completions_add_training_rows_only(tmp_path):
+    """`sampled_completions` n: each training prompt gets n more, sampled, completions in `distill/` (the
+    hold-out keeps the greedy ones alone), under their own dataset key."""
+    from datasets import load_from_disk
+
+    tokenizer = toy.build_tokenizer()
+    target_dir = toy.save_model(toy.tiny_llama(tokenizer, n_layers=3, seed=0, tie_embeddings=False), tokenizer,
+                                tmp_path / "target")
+    workload = [{"prompt": p, "slice": "chat"} for p in PROMPTS[:6]]
+    config = BootstrapConfig(target=str(target_dir), n_prompts=4, holdout_prompts=2, max_new_tokens=8,
+                             text_sequences=0, epochs=1, tracking=False, register=False,
+                             sampled_completions=2, sample_temperature=1.0)
+    bootstrap(config, workload=workload)
+    data, = (home.datasets_dir() / "bootstrap").glob("*-s2t1-*")
+    distill, holdout = load_from_disk(str(data / "distill")), load_from_disk(str(data / "holdout"))
+    assert len(distill) == 4 * 3 and len(holdout) == 2
+    greedy = distill["completion_token_ids"][:4]
+    assert sorted(distill["prompt"]) == sorted(distill["prompt"][:4] * 3)
+    assert distill["completion_token_ids"][4:] != greedy + greedy  # draws, not the greedy answers again
+    with pytest.raises(ValueError, match="sampled_completions"):
+        BootstrapConfig(sampled_completions=-1)
 
 
 def test_bootstrap_config_validation():

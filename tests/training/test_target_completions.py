@@ -56,3 +56,23 @@ def test_logits_are_the_ones_each_token_was_picked_from(target):
     for row in rows:
         assert row["logits"].shape == (len(row["tokens"]), target.model.config.vocab_size)
         assert row["logits"].argmax(-1).tolist() == row["tokens"]
+
+
+def test_sampled_rows_are_seeded_and_follow_the_targets_law(target):
+    """With a temperature the rows are draws, the same for the same generator seed; at a temperature near
+    0 they are the greedy tokens, and one step's draws over many rows follow softmax(logits / T)."""
+    def sample(seed, temperature=1.0, sequences=SEQUENCES, limit=6):
+        return [r["tokens"] for r in _decode_batch(target.model, sequences, 0, set(), [limit] * len(sequences),
+                                                   temperature=temperature,
+                                                   generator=torch.Generator().manual_seed(seed))]
+
+    assert sample(1) == sample(1) and sample(1) != sample(2)
+    assert sample(1, temperature=1e-4) == [r["tokens"] for r in _decode_batch(target.model, SEQUENCES, 0, set(), [6] * 4)]
+    many = [SEQUENCES[1]] * 400
+    first = torch.tensor([t[0] for t in sample(3, sequences=many, limit=1)])
+    with torch.no_grad():
+        law = torch.softmax(target.model(torch.tensor([SEQUENCES[1]])).logits[0, -1].float(), -1)
+    top = law.topk(3).indices
+    for token in top.tolist():  # the likeliest tokens' frequencies, each within 5 standard errors of its law
+        p, freq = float(law[token]), float((first == token).float().mean())
+        assert abs(freq - p) <= 5 * (p * (1 - p) / len(many)) ** 0.5 + 1e-9, (token, freq, p)
