@@ -14,7 +14,9 @@ loop resumes with its own logits: drafting, the pure per-request verification
 Callers: `stream(...)` (the `Engine.stream` contract: text deltas, then the `Completion`; it ends
 early when `cancel` is set, and the request's blocks go back at the next step), `submit(...)` for a
 handle, `generate(prompts, ...)` to run a list at once. A full queue raises `QueueFullError`.
-Drafts run per row, inside their row's turn; only the target's forward is batched. Each row's loop sees
+An eagle3 draft's forwards are batched the same way (`BatchDrafter`: every row waiting on a draft
+forward suspends, and one `Eagle3Draft.extend_many` runs them all, each row's chain one token per
+round); `lm` and Medusa drafts run per row, inside their row's turn. Each row's loop sees
 as its forward time its share of the batch's forward (draftwheel.serving.engine.adaptive.ForwardClock),
 so the hybrid's per-request choice between the index's proposal, the draft and a plain step weighs a
 drafted token against the batch's throughput at the current batch size: speculation backs off under load.
@@ -37,6 +39,8 @@ import torch
 from draftwheel.serving.engine.adaptive import ForwardClock, SpecGovernor
 from draftwheel.serving.engine.batch_kv import KVPool, PagedRunner, RowCall
 from draftwheel.serving.engine.blocks import BlockManager
+from draftwheel.serving.engine.eagle import DraftCall
+from draftwheel.serving.engine.eagle_decoding import EagleDrafter
 from draftwheel.serving.engine.engine import Completion, Engine, RequestRun
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.engine.records import LOAD
@@ -82,6 +86,19 @@ class PagedRow:
             self.seq.length -= n_tokens
 
 
+class BatchDrafter(EagleDrafter):
+    """A request's eagle3 draft inside the batch: each forward it asks for suspends until the engine has
+    run one forward for every row waiting on the same draft (`Eagle3Draft.extend_many`), and resumes with
+    its result and its share of that forward's time (by slots)."""
+
+    def forward(self, call: DraftCall):
+        call.model = self.model
+        began = time.perf_counter()
+        hidden, logits, share_s = yield call
+        self.suspended_s += max(0.0, time.perf_counter() - began - share_s)
+        return hidden, logits
+
+
 class Handle:
     """One submitted request: its items arrive on `items` (text deltas, then a Completion or an error)."""
 
@@ -95,6 +112,7 @@ class Handle:
         self.row = PagedRow(self.seq)
         self.loop: Iterator[Any] | None = None
         self.call: RowCall | None = None  # the forward call being fed
+        self.draft_call: DraftCall | None = None  # the draft forward it waits on
         self.capped_at: int | None = None  # steps so far when the loop called with drafting capped to 0
         self.parts: list[Any] = []  # results of its chunks so far
         self.sent = 0  # characters of stable text handed out
@@ -166,6 +184,8 @@ class BatchEngine:
         self._closed = False
         self.steps = 0  # batched forwards run
         self.rows_per_step: Counter[int] = Counter()  # how many forwards ran with how many rows
+        self.rows_per_draft_forward: Counter[int] = Counter()  # the same for the eagle3 drafts' forwards
+        self._drafting: list[Handle] = []  # rows waiting on a draft forward
         self.clock = ForwardClock()  # each row's share of a forward: what its loop's pace sees as its verify time
         self.governor = SpecGovernor()  # whether the rows may draft at the current batch size
         self._span = _Span(rows=1, allowed=True)
@@ -262,11 +282,46 @@ class BatchEngine:
             if seq.prompt is not None and self.config.prefix_caching:
                 self._observe("observe_prefix", len(seq.prompt), seq.cached)
             handle.run.req.k_cap = None if self._span.allowed else 0
-            handle.loop = self.engine.decode(handle.run, handle.row)
+            run = handle.run
+            drafter = BatchDrafter(run.draft.model) if run.mode in ("draft", "hybrid") and run.draft is not None \
+                and run.draft.kind == "eagle3" else None
+            handle.loop = self.engine.decode(run, handle.row, drafter)
             self._advance(handle, None)
+        self._run_drafts()
         plan = self.scheduler.plan()
         if plan:
             self._step(plan)
+
+    def _run_drafts(self) -> None:
+        """Run the eagle3 drafts' forwards the rows wait on, one forward per draft model for all of its
+        rows, until every row waits on the target again (a chain of k tokens takes k rounds). Their time
+        counts in the current span: the governor weighs drafting at its whole cost."""
+        if not self._drafting:
+            return
+        began = time.perf_counter()
+        while self._drafting:
+            waiting, self._drafting = self._drafting, []
+            groups: dict[int, list[Handle]] = {}
+            for handle in waiting:
+                if not handle.cancelled:
+                    groups.setdefault(id(handle.draft_call.model), []).append(handle)
+            for group in groups.values():
+                calls = [handle.draft_call for handle in group]
+                start = time.perf_counter()
+                try:
+                    results = calls[0].model.extend_many(calls)
+                except Exception as exc:  # noqa: BLE001 - a failed draft forward fails its rows, not the server
+                    log.exception("batched draft forward over %d rows failed", len(group))
+                    for handle in group:
+                        self._fail(handle, exc)
+                    continue
+                seconds = time.perf_counter() - start
+                slots = sum(call.token_ids.shape[0] for call in calls)
+                self.rows_per_draft_forward[len(group)] += 1
+                for handle, call, (hidden, logits) in zip(group, calls, results):
+                    handle.draft_call = None
+                    self._advance(handle, (hidden, logits, seconds * call.token_ids.shape[0] / slots))
+        self._span.seconds += time.perf_counter() - began
 
     def _drop_cancelled(self) -> None:
         for seq in [*self.scheduler.running, *self.scheduler.waiting]:
@@ -349,6 +404,10 @@ class BatchEngine:
                     seq.keep = item.keep if item.keep > 0 else 1
                     req = handle.run.req
                     handle.capped_at = len(req.steps) if req.k_cap == 0 else None
+                    return
+                if isinstance(item, DraftCall):  # run with the other rows' (_run_drafts)
+                    handle.draft_call = item
+                    self._drafting.append(handle)
                     return
                 steps = handle.run.req.steps  # a step ended: say so when load made it a plain one
                 if handle.capped_at is not None and len(steps) > handle.capped_at and steps[-1].k == 0 \

@@ -196,6 +196,19 @@ class DraftKV:
             self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
 
 
+@dataclass(eq=False)
+class DraftCall:
+    """One request's draft forward, as a decoding loop asks for it: append the slots `token_ids[T]` with
+    `features` to `kv` -- the target's aux features [T, 3*Ht], projected by `fc` first when `project`,
+    or the draft's own earlier hidden states [T, H] -- and read the last slot's hidden state and draft
+    logits. `model` is set by the batch engine's drafter (the draft the call belongs to)."""
+    token_ids: torch.Tensor
+    features: torch.Tensor
+    kv: DraftKV
+    project: bool = False
+    model: Any = None
+
+
 class Eagle3Draft(nn.Module):
     """fc + one decoder layer + norm + draft-vocabulary head; the embedding table is the target's."""
 
@@ -267,6 +280,39 @@ class Eagle3Draft(nn.Module):
         if t > 1:  # slot i may see every cached slot and the new slots up to itself
             mask = torch.ones(t, start + t, dtype=torch.bool).tril(diagonal=start)
         return layer.finish(layer.self_attn.attend(q, k_all, v_all, mask), hidden)[0]
+
+
+    @torch.inference_mode()
+    def extend_many(self, calls: list[DraftCall]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Run several requests' `DraftCall`s in one forward: (hidden[H] of each call's last slot, its
+        draft logits[Vd] in float32), in call order. Every slot of every call goes through the linear
+        layers (fc, q/k/v, o, MLP, head) together; attention runs per call over its own cache, as
+        `extend` does. One call alone is the decoding loop's step one request at a time."""
+        layer = self.layers[0]
+        sizes = [call.token_ids.shape[0] for call in calls]
+        projected = [i for i, call in enumerate(calls) if call.project]
+        features = [call.features for call in calls]
+        if projected:  # one fc over every call's target features
+            fused = self.project(torch.cat([calls[i].features for i in projected])).split(
+                [sizes[i] for i in projected])
+            for i, part in zip(projected, fused):
+                features[i] = part
+        hidden = torch.cat(features).unsqueeze(0)  # [1, N, H]
+        positions = torch.cat([torch.arange(call.kv.length + 1, call.kv.length + t + 1)
+                               for call, t in zip(calls, sizes)])
+        q, k, v = layer.qkv(self.embed(torch.cat([call.token_ids for call in calls])).unsqueeze(0), hidden, positions)
+        heads, offset = [], 0
+        for call, t in zip(calls, sizes):
+            rows = slice(offset, offset + t)
+            start = call.kv.length
+            k_all, v_all = call.kv.append(k[:, :, rows], v[:, :, rows])
+            mask = torch.ones(t, start + t, dtype=torch.bool).tril(diagonal=start) if t > 1 else None
+            heads.append(F.scaled_dot_product_attention(q[:, :, rows], k_all, v_all, attn_mask=mask, enable_gqa=True))
+            offset += t
+        out = layer.finish(layer.self_attn.project_out(torch.cat(heads, 2)), hidden)[0]  # [N, H]
+        last = out[torch.tensor(sizes).cumsum(0) - 1]  # [B, H]
+        logits = self.logits(last).float()  # [B, Vd]
+        return list(zip(last.unbind(0), logits.unbind(0)))
 
 
 @dataclass

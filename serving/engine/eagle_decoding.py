@@ -23,13 +23,13 @@ consumes their target features together.
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
 from draftwheel.serving.engine.adaptive import AdaptiveK, ScoreCalibration, StepPace, suffix_drafts
 from draftwheel.serving.engine.decoding import Request, choose
-from draftwheel.serving.engine.eagle import DraftKV, Eagle3Draft
+from draftwheel.serving.engine.eagle import DraftCall, DraftKV, Eagle3Draft
 from draftwheel.serving.engine.kv import CachedLM
 from draftwheel.serving.engine.records import Step
 from draftwheel.serving.engine.sampling import sample, warp
@@ -39,20 +39,45 @@ from draftwheel.serving.engine.verify import point_mass_q, verify_greedy, verify
 SOURCE = "eagle3"
 
 
-def _run_ahead(draft: Eagle3Draft, hidden: torch.Tensor, k: int, kv: DraftKV, req: Request,
-               min_path_prob: float = 0.0):
-    """Draft up to k tokens from the last slot's hidden[H]; return target ids[n] and, when sampling, q[n, V].
+class EagleDrafter:
+    """The eagle3 draft's forwards as the loops call them, `hidden, logits = yield from drafter.forward(call)`
+    (a `DraftCall`: the last slot's hidden state and draft logits): here one request's call runs at once
+    and never suspends; the batch engine's drafter suspends until one forward has run for every row's
+    call (draftwheel.serving.engine.batching.BatchDrafter). `suspended_s`: seconds spent suspended
+    beyond the request's own share of those forwards, so a loop's drafting time is its own."""
+
+    def __init__(self, model: Eagle3Draft):
+        self.model = model
+        self.suspended_s = 0.0
+
+    def forward(self, call: DraftCall):
+        return self.model.extend_many([call])[0]
+        yield  # unreachable: makes this a generator the loops can delegate to
+
+
+def run_serial(steps: Iterator[Any]) -> Any:
+    """The value of a generator that never suspends (a loop part over `EagleDrafter`), outside any loop."""
+    try:
+        next(steps)
+    except StopIteration as done:
+        return done.value
+    raise RuntimeError("a serial drafter suspended")
+
+
+def _run_ahead(drafter: EagleDrafter, hidden: torch.Tensor, logits: torch.Tensor, k: int, kv: DraftKV,
+               req: Request, min_path_prob: float = 0.0):
+    """Draft up to k tokens from the last slot's hidden[H] and its draft logits[Vd]; return target
+    ids[n] and, when sampling, q[n, V] (`(drafted, q) = yield from _run_ahead(...)`).
 
     Drafting stops early once the draft's own probability of the whole chain so far falls below
     `min_path_prob` (EAGLE-2's observation: draft confidence predicts acceptance): a further token would
     most likely be rejected, yet costs a draft step and a verify row. The cut reads only the draft's side,
     so verification stays exact (any chain length is verified losslessly)."""
+    draft = drafter.model
     to_target = draft.draft_to_target  # [Vd]
     tokens, probs = [], []
     path_prob = 1.0
     for i in range(k):
-        with torch.inference_mode():
-            logits = draft.logits(hidden).float()  # [Vd]
         if req.params.greedy:
             index = logits.argmax()
             if min_path_prob:
@@ -68,16 +93,19 @@ def _run_ahead(draft: Eagle3Draft, hidden: torch.Tensor, k: int, kv: DraftKV, re
         tokens.append(token)
         if i == k - 1 or path_prob < min_path_prob:  # the last token is verified, never fed
             break
-        hidden = draft.extend(token, hidden.view(1, -1), kv)[-1]  # [H]
+        hidden, logits = yield from drafter.forward(DraftCall(token, hidden.view(1, -1), kv))  # [H], [Vd]
     return torch.cat(tokens), (torch.stack(probs) if probs else None)
 
 
-def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: AdaptiveK | None,
+def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, controller: AdaptiveK | None,
            min_path_prob: float = 0.0,
            propose: Callable[[list[int], int], Proposal] | None = None,
            pace: StepPace | None = None) -> Iterator[None]:
     """Decode one request; with `propose` (context, max_k) -> Proposal, as the hybrid (module docstring),
-    timing its steps into `pace` (a fresh `StepPace` when None)."""
+    timing its steps into `pace` (a fresh `StepPace` when None). `draft`: the model (its forwards run
+    here) or a drafter that runs them (the batch engine's)."""
+    drafter = draft if isinstance(draft, EagleDrafter) else EagleDrafter(draft)
+    draft = drafter.model
     params = req.params
     aux_ids = draft.c.aux_layer_ids
     kv = DraftKV()
@@ -109,16 +137,17 @@ def eagle3(target: CachedLM, draft: Eagle3Draft, req: Request, controller: Adapt
             calibration.scaled(proposal.score), proposal.match_len, use_draft, estimate.a, k,
             len(proposal.tokens), estimate.c, pace.clock.cost if pace else None)
         by_model = use_draft and not from_suffix  # neither: a plain step (the hybrid's third choice)
-        start = time.perf_counter()
+        start, suspended = time.perf_counter(), drafter.suspended_s
         if not by_model:  # the index's proposal, a point mass; or nothing, for a plain step
             drafted, q = torch.tensor(proposal.tokens if from_suffix else [], dtype=torch.long), None  # [n]
         else:
             prefills_draft = kv.length == 0  # this extend takes in the whole prompt: not a step's usual cost
             committed = kv.length + slot_tokens.shape[0]
-            hidden = draft.extend(slot_tokens, draft.project(features), kv)[-1]  # [H]
-            drafted, q = _run_ahead(draft, hidden, k, kv, req, min_path_prob)  # [n], [n, V] | None (n <= k)
+            hidden, logits = yield from drafter.forward(DraftCall(slot_tokens, features, kv, project=True))
+            # [n], [n, V] | None (n <= k)
+            drafted, q = yield from _run_ahead(drafter, hidden, logits, k, kv, req, min_path_prob)
         k = drafted.shape[0]
-        draft_s = time.perf_counter() - start
+        draft_s = time.perf_counter() - start - (drafter.suspended_s - suspended)
         logits, new_features = yield from target.step(torch.cat([torch.tensor([last]), drafted]), keep=k + 1,
                                                        aux=aux_ids)
         if params.greedy:

@@ -191,15 +191,15 @@ class Engine:
             raise ValueError("mode: 'medusa' needs Medusa heads")
         return mode
 
-    def _loop(self, run: RequestRun, target: Any):
+    def _loop(self, run: RequestRun, target: Any, drafter: Any = None):
         mode, draft, req, params = run.mode, run.draft, run.req, run.req.params
         if mode in ("suffix", "hybrid"):
             return suffix_loop(target, draft if mode == "hybrid" else None, self.suffix_index, req,
-                               self.min_path_prob, run.pace)
+                               self.min_path_prob, run.pace, drafter)
         if mode == "draft":
             controller = AdaptiveK(params.k) if params.adaptive_k else None
             if draft.kind == "eagle3":
-                return eagle3(target, draft.model, req, controller, self.min_path_prob)
+                return eagle3(target, drafter or draft.model, req, controller, self.min_path_prob)
             return speculative(target, CachedLM(draft.model), req, controller)
         if mode == "medusa":
             return medusa(target, self.medusa, req)
@@ -228,11 +228,12 @@ class Engine:
         return RequestRun(prompt=prompt, req=req, mode=mode, draft=draft, slice=slice, text_in=text_in, seed=seed,
                           pick=pick, pace_key=pace_key, pace=pace, ts=time.time(), start=time.perf_counter())
 
-    def decode(self, run: RequestRun, target: Any = None) -> Iterator[Any]:
+    def decode(self, run: RequestRun, target: Any = None, drafter: Any = None) -> Iterator[Any]:
         """The request's decoding loop (draftwheel.serving.engine.decoding and friends) over `target`, by default
         a `CachedLM` of its own; it yields after every step, and the batch engine's paged rows also yield
-        their forward calls (draftwheel.serving.engine.batching)."""
-        return self._loop(run, target if target is not None else CachedLM(self.target.model))
+        their forward calls (draftwheel.serving.engine.batching), as its eagle3 `drafter` yields the draft's
+        (None: the draft's forwards run in the loop, `EagleDrafter`)."""
+        return self._loop(run, target if target is not None else CachedLM(self.target.model), drafter)
 
     def finish(self, run: RequestRun) -> Completion:
         """The finished request's record (published to the sink, metrics and suffix index) and `Completion`."""

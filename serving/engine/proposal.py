@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from draftwheel.serving.engine.decoding import Request, _draft_tokens
-from draftwheel.serving.engine.eagle import DraftKV
-from draftwheel.serving.engine.eagle_decoding import _run_ahead
+from draftwheel.serving.engine.eagle import DraftCall, DraftKV
+from draftwheel.serving.engine.eagle_decoding import EagleDrafter, _run_ahead, run_serial
 from draftwheel.serving.engine.kv import CachedLM
 from draftwheel.serving.engine.models import LoadedModel
 from draftwheel.serving.engine.params import SamplingParams
@@ -71,7 +71,7 @@ def propose(context_ids: list[int], k: int, draft: LoadedModel | None = None, ta
     if draft.kind == "eagle3":
         model = draft.model
         _, features = CachedLM(target.model).forward(ids[:-1], keep=1, aux=model.c.aux_layer_ids)  # [P-1, 3H]
-        kv = DraftKV()
-        hidden = model.extend(ids[1:], model.project(features), kv)[-1]  # [H]
-        return _run_ahead(model, hidden, k, kv, req)[0].tolist()
+        kv, drafter = DraftKV(), EagleDrafter(model)
+        (hidden, logits), = model.extend_many([DraftCall(ids[1:], features, kv, project=True)])  # [H], [Vd]
+        return run_serial(_run_ahead(drafter, hidden, logits, k, kv, req))[0].tolist()
     return _draft_tokens(CachedLM(draft.model), ids, k, req)[0].tolist()

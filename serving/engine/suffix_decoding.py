@@ -33,7 +33,7 @@ import torch
 
 from draftwheel.serving.engine.adaptive import AdaptiveK, ScoreCalibration, StepPace, suffix_drafts
 from draftwheel.serving.engine.decoding import Request, _draft_tokens
-from draftwheel.serving.engine.eagle_decoding import eagle3
+from draftwheel.serving.engine.eagle_decoding import EagleDrafter, eagle3
 from draftwheel.serving.engine.kv import CachedLM
 from draftwheel.serving.engine.models import LoadedModel
 from draftwheel.serving.engine.records import Step
@@ -43,11 +43,13 @@ from draftwheel.serving.engine.verify import point_mass_q, verify_greedy, verify
 
 
 def suffix_loop(target: CachedLM, draft: LoadedModel | None, index: SuffixIndex | None,
-                req: Request, min_path_prob: float = 0.0, pace: StepPace | None = None) -> Iterator[None]:
+                req: Request, min_path_prob: float = 0.0, pace: StepPace | None = None,
+                drafter: EagleDrafter | None = None) -> Iterator[None]:
     """The loop for mode `suffix` (draft None) or `hybrid` (an `lm` or `eagle3` draft); without a
     shared index only the request's own part proposes. An eagle3 hybrid runs in the eagle3 loop, which
     asks the index first each step (draftwheel.serving.engine.eagle_decoding). The hybrid times its steps into `pace`
-    (the engine's `PaceMemory` carries it across requests; a fresh one when None)."""
+    (the engine's `PaceMemory` carries it across requests; a fresh one when None). An eagle3 draft's
+    forwards run through `drafter` when given (the batch engine's), else in the loop."""
     if draft is not None and draft.kind == "eagle3":
         local = RequestIndex(req.prompt_ids.tolist(), index.config if index is not None else SuffixConfig())
         seen = [req.prompt_ids.shape[0]]  # how much of the context `local` holds
@@ -58,7 +60,7 @@ def suffix_loop(target: CachedLM, draft: LoadedModel | None, index: SuffixIndex 
             return best_proposal(context, max_k, local, index)
 
         controller = AdaptiveK(req.params.k) if req.params.adaptive_k else None
-        return eagle3(target, draft.model, req, controller, min_path_prob, propose, pace)
+        return eagle3(target, drafter or draft.model, req, controller, min_path_prob, propose, pace)
     return _decode(target, CachedLM(draft.model) if draft is not None else None, index, req, pace)
 
 

@@ -217,6 +217,42 @@ def test_eagle3_chains_in_the_batch_are_lossless(eagle_engine, mode):
         assert [c.token_ids for c in got] == [c.token_ids for c in expected]
         if mode == "draft":  # (the hybrid drafts where its pace says drafting pays: timings decide)
             assert any(s.source == "eagle3" and s.accepted for c in got for s in c.record.steps)
+            # one draft forward serves every row waiting on it: at batch 10, forwards of several rows
+            assert max(batch.rows_per_draft_forward) == 1 if max_batch == 1 else max(batch.rows_per_draft_forward) > 1
+
+
+def test_one_draft_forward_for_several_requests_equals_each_alone(eagle_engine):
+    """`Eagle3Draft.extend_many`: requests at different depths, a catch-up of several slots (target features
+    to project) beside one-slot steps (the draft's own hidden states): each request's hidden state, logits
+    and cache are its forward alone's, to float rounding."""
+    from draftwheel.serving.engine.eagle import DraftCall, DraftKV
+
+    model = eagle_engine.draft.model
+    gen = torch.Generator().manual_seed(0)
+    h, h3 = model.c.hidden_size, 3 * model.c.target_hidden_size
+
+    def calls():
+        torch.manual_seed(1)
+        kvs = [DraftKV() for _ in range(3)]
+        first = [DraftCall(torch.randint(0, 100, (n,), generator=gen), torch.randn(n, h3), kv, project=True)
+                 for n, kv in zip((5, 2, 7), kvs)]
+        return kvs, first
+
+    gen.manual_seed(0)
+    kvs_alone, first = calls()
+    alone = [model.extend_many([call])[0] for call in first]
+    gen.manual_seed(0)
+    kvs_together, first = calls()
+    together = model.extend_many(first)
+    step = [(torch.tensor([i + 3]), torch.randn(1, h)) for i in range(3)]
+    alone += [model.extend_many([DraftCall(t, f, kv)])[0] for (t, f), kv in zip(step, kvs_alone)]
+    together += model.extend_many([DraftCall(t, f, kv) for (t, f), kv in zip(step, kvs_together)])
+    for (ha, la), (ht, lt) in zip(alone, together):
+        torch.testing.assert_close(ht, ha, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(lt, la, rtol=1e-4, atol=1e-4)
+    for a, t in zip(kvs_alone, kvs_together):
+        assert a.length == t.length
+        torch.testing.assert_close(t.k, a.k, rtol=1e-4, atol=1e-5)
 
 
 def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(engine, monkeypatch):
