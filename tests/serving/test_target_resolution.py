@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from draftwheel import home, registry
+from draftwheel import registry
 from draftwheel.registry_names import TARGET_DIR_TAG, TARGET_HUB_TAG, TARGET_SHA_TAG, version_uri
 from draftwheel.serving.engine.models import weights_sha256
 from draftwheel.serving.engine.reference import HUB_ID, default_target_dir
