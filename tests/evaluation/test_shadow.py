@@ -224,7 +224,8 @@ def test_shadow_replay_with_the_suffix_tier(toy_models):
     config = ShadowConfig(bootstrap_resamples=500, include_canary=False, min_requests=4, suffix_tier=True)
     result = run_shadow(models["bad"], models["good"], models["target"], holdout, config)
     assert result["lossless"] == {"checked": 6, "mismatches": []}
-    assert result["overall"]["champion"]["mean"] > 1.0
+    # accepted length, not the gated speed: the speed comes from timed costs, and a loaded machine moves it
+    assert result["overall"]["champion"]["mean_accepted_length"] > 1.0
     assert result["overall"]["difference"]["mean"] < 1.0
     assert result["config"]["suffix_tier"] is True
 
