@@ -48,6 +48,27 @@ def suffix_drafts(score: float, match_len: int, draft_pays: bool, a: float, k: i
     return match_len > 1 and index_beats_draft(score, a, k, n_index, c, row_cost)
 
 
+class _DiscountedLine:
+    """y = a + b * x by least squares over observations discounted by `decay` each (the clocks below)."""
+
+    def __init__(self, decay: float):
+        self.decay = decay
+        self._sums = [0.0] * 5  # discounted n, sum x, sum y, sum xx, sum xy
+
+    def observe(self, x: float, y: float) -> None:
+        self._sums = [self.decay * old + new for old, new in zip(self._sums, (1.0, x, y, x * x, x * y))]
+
+    def relative_slope(self, prior: float) -> float:
+        """b / a clamped to [0, 1]; `prior` until the observations span two x values (or a <= 0)."""
+        n, sx, sy, sxx, sxy = self._sums
+        spread = n * sxx - sx * sx
+        if n < 2 or spread <= 1e-9 * max(n * sxx, 1e-12):
+            return prior
+        b = (n * sxy - sx * sy) / spread
+        a = (sy - b * sx) / n
+        return min(max(b / a, 0.0), 1.0) if a > 0 else prior
+
+
 class VerifyClock:
     """What a verify forward over n rows costs relative to a 1-row step on this machine, fitted online:
     seconds = t0 + t1 * (rows - 1) by discounted least squares over the verify forwards seen, so
@@ -56,22 +77,15 @@ class VerifyClock:
     EPYC in float32 ~0.12). Pure Python."""
 
     def __init__(self, prior_slope: float = 0.05, decay: float = 0.98):
-        self.prior_slope, self.decay = prior_slope, decay
-        self._sums = [0.0] * 5  # discounted n, sum x, sum y, sum xx, sum xy (x = rows - 1, y = seconds)
+        self.prior_slope = prior_slope
+        self._fit = _DiscountedLine(decay)  # x = rows - 1, y = seconds
 
     def observe(self, rows: int, seconds: float) -> None:
-        x = rows - 1
-        self._sums = [self.decay * old + new for old, new in zip(self._sums, (1.0, x, seconds, x * x, x * seconds))]
+        self._fit.observe(rows - 1, seconds)
 
     @property
     def slope(self) -> float:
-        n, sx, sy, sxx, sxy = self._sums
-        spread = n * sxx - sx * sx
-        if n < 2 or spread <= 1e-9 * max(n * sxx, 1e-12):
-            return self.prior_slope
-        t1 = (n * sxy - sx * sy) / spread
-        t0 = (sy - t1 * sx) / n
-        return min(max(t1 / t0, 0.0), 1.0) if t0 > 0 else self.prior_slope
+        return self._fit.relative_slope(self.prior_slope)
 
     def cost(self, rows: int) -> float:
         return 1.0 + self.slope * (rows - 1)
@@ -90,23 +104,16 @@ class ForwardClock:
     paying. Pure Python."""
 
     def __init__(self, prior_ratio: float = 0.05, decay: float = 0.98):
-        self.prior_ratio, self.decay = prior_ratio, decay
-        self._sums = [0.0] * 5  # discounted n, sum x, sum y, sum xx, sum xy (x = tokens, y = seconds)
+        self.prior_ratio = prior_ratio
+        self._fit = _DiscountedLine(decay)  # x = tokens, y = seconds
 
     def observe(self, tokens: int, seconds: float) -> None:
-        x = float(tokens)
-        self._sums = [self.decay * old + new for old, new in zip(self._sums, (1.0, x, seconds, x * x, x * seconds))]
+        self._fit.observe(float(tokens), seconds)
 
     @property
     def ratio(self) -> float:
         """b / a: what one more token in a forward costs, relative to the forward's fixed part."""
-        n, sx, sy, sxx, sxy = self._sums
-        spread = n * sxx - sx * sx
-        if n < 2 or spread <= 1e-9 * max(n * sxx, 1e-12):
-            return self.prior_ratio
-        b = (n * sxy - sx * sy) / spread
-        a = (sy - b * sx) / n
-        return min(max(b / a, 0.0), 1.0) if a > 0 else self.prior_ratio
+        return self._fit.relative_slope(self.prior_ratio)
 
     def share(self, tokens: int, rows: int, total_tokens: int, seconds: float) -> float:
         """A row's seconds of a forward over `rows` rows and `total_tokens` tokens that took `seconds`."""
