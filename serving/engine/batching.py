@@ -92,7 +92,6 @@ class BatchDrafter(EagleDrafter):
     its result and its share of that forward's time (by slots)."""
 
     def forward(self, call: DraftCall):
-        call.model = self.model
         began = time.perf_counter()
         hidden, logits, share_s = yield call
         self.suspended_s += max(0.0, time.perf_counter() - began - share_s)
@@ -304,12 +303,12 @@ class BatchEngine:
             groups: dict[int, list[Handle]] = {}
             for handle in waiting:
                 if not handle.cancelled:
-                    groups.setdefault(id(handle.draft_call.model), []).append(handle)
+                    groups.setdefault(id(handle.run.draft.model), []).append(handle)
             for group in groups.values():
                 calls = [handle.draft_call for handle in group]
                 start = time.perf_counter()
                 try:
-                    results = calls[0].model.extend_many(calls)
+                    results = group[0].run.draft.model.extend_many(calls)
                 except Exception as exc:  # noqa: BLE001 - a failed draft forward fails its rows, not the server
                     log.exception("batched draft forward over %d rows failed", len(group))
                     for handle in group:

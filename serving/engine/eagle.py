@@ -130,10 +130,6 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         return rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta), v
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """q[B, nh, T, d] over k/v[B, nkv, S, d] with mask[T, S] (True = may attend) -> [B, T, H]."""
-        return self.project_out(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True))
-
     def project_out(self, heads: torch.Tensor) -> torch.Tensor:
         """Per-head attention outputs[B, nh, T, d] -> o_proj over the concatenated heads, [B, T, H]."""
         b, _, t, _ = heads.shape
@@ -201,12 +197,11 @@ class DraftCall:
     """One request's draft forward, as a decoding loop asks for it: append the slots `token_ids[T]` with
     `features` to `kv` -- the target's aux features [T, 3*Ht], projected by `fc` first when `project`,
     or the draft's own earlier hidden states [T, H] -- and read the last slot's hidden state and draft
-    logits. `model` is set by the batch engine's drafter (the draft the call belongs to)."""
+    logits."""
     token_ids: torch.Tensor
     features: torch.Tensor
     kv: DraftKV
     project: bool = False
-    model: Any = None
 
 
 class Eagle3Draft(nn.Module):
@@ -261,7 +256,6 @@ class Eagle3Draft(nn.Module):
         """hidden[..., H] -> draft-vocabulary logits[..., Vd]."""
         return self.lm_head(self.norm(hidden))
 
-    @torch.inference_mode()
     def extend(self, token_ids: torch.Tensor, features: torch.Tensor, kv: DraftKV) -> torch.Tensor:
         """Append T slots to the request's cache and return their hidden states [T, H].
 
@@ -269,25 +263,23 @@ class Eagle3Draft(nn.Module):
         draft's own earlier outputs. Slot j sits at rotary position j+1 (the token's position), as in
         speculators' training layout.
         """
-        layer = self.layers[0]
-        start = kv.length
-        t = token_ids.shape[0]
-        positions = torch.arange(start + 1, start + t + 1)
-        hidden = features.unsqueeze(0)  # [1, T, H]
-        q, k, v = layer.qkv(self.embed(token_ids).unsqueeze(0), hidden, positions)
-        k_all, v_all = kv.append(k, v)  # [1, nkv, S, d]
-        mask = None
-        if t > 1:  # slot i may see every cached slot and the new slots up to itself
-            mask = torch.ones(t, start + t, dtype=torch.bool).tril(diagonal=start)
-        return layer.finish(layer.self_attn.attend(q, k_all, v_all, mask), hidden)[0]
+        return self._slots([DraftCall(token_ids, features, kv)])[0]
 
-
-    @torch.inference_mode()
     def extend_many(self, calls: list[DraftCall]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Run several requests' `DraftCall`s in one forward: (hidden[H] of each call's last slot, its
-        draft logits[Vd] in float32), in call order. Every slot of every call goes through the linear
-        layers (fc, q/k/v, o, MLP, head) together; attention runs per call over its own cache, as
-        `extend` does. One call alone is the decoding loop's step one request at a time."""
+        draft logits[Vd] in float32), in call order. One call alone is the decoding loop's step one
+        request at a time."""
+        out, sizes = self._slots(calls)
+        last = out[torch.tensor(sizes).cumsum(0) - 1]  # [B, H]
+        with torch.inference_mode():
+            logits = self.logits(last).float()  # [B, Vd]
+        return list(zip(last.unbind(0), logits.unbind(0)))
+
+    @torch.inference_mode()
+    def _slots(self, calls: list[DraftCall]) -> tuple[torch.Tensor, list[int]]:
+        """The hidden states [N, H] of every slot of every call (as `extend` describes a call's), and
+        each call's slot count. Every slot goes through the linear layers (fc, q/k/v, o, MLP) together;
+        attention runs per call over its own cache."""
         layer = self.layers[0]
         sizes = [call.token_ids.shape[0] for call in calls]
         projected = [i for i, call in enumerate(calls) if call.project]
@@ -306,13 +298,11 @@ class Eagle3Draft(nn.Module):
             rows = slice(offset, offset + t)
             start = call.kv.length
             k_all, v_all = call.kv.append(k[:, :, rows], v[:, :, rows])
+            # slot i may see every cached slot and the new slots up to itself
             mask = torch.ones(t, start + t, dtype=torch.bool).tril(diagonal=start) if t > 1 else None
             heads.append(F.scaled_dot_product_attention(q[:, :, rows], k_all, v_all, attn_mask=mask, enable_gqa=True))
             offset += t
-        out = layer.finish(layer.self_attn.project_out(torch.cat(heads, 2)), hidden)[0]  # [N, H]
-        last = out[torch.tensor(sizes).cumsum(0) - 1]  # [B, H]
-        logits = self.logits(last).float()  # [B, Vd]
-        return list(zip(last.unbind(0), logits.unbind(0)))
+        return layer.finish(layer.self_attn.project_out(torch.cat(heads, 2)), hidden)[0], sizes
 
 
 @dataclass
