@@ -31,6 +31,7 @@ The JSON goes to --out (default $DRAFTWHEEL_HOME/benchmarks/bench_load.json) and
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -295,9 +296,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         args.target = str(ensure_reference_target(models_dir()))
     # each level's key in the result: "C" for a closed loop of C clients, "rate=R" for Poisson arrivals
-    levels = {str(c): (run_level, c, mixed_prompts(args.requests, seed=c)) for c in args.concurrency}
-    levels |= {f"rate={r:g}": (run_poisson, r, mixed_prompts(args.requests, seed=1000 + i))
-               for i, r in enumerate(args.rates)}
+    levels = {str(c): (functools.partial(run_level, concurrency=c), mixed_prompts(args.requests, seed=c))
+              for c in args.concurrency}
+    levels |= {f"rate={r:g}": (functools.partial(run_poisson, rate=r, seed=int(r * 1000)),
+                               mixed_prompts(args.requests, seed=1000 + i)) for i, r in enumerate(args.rates)}
     result: dict[str, Any] = {"cpu": cpu_name(), "cores": os.cpu_count(), "target": args.target, "draft": args.draft,
                               "requests": args.requests, "max_tokens": args.max_tokens, "settings": {}}
     logs: dict[str, dict[str, dict]] = {}
@@ -309,9 +311,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             try:
                 run_level(url, mixed_prompts(2, seed=-1), 1, 8)  # warm-up, also outside the index's reach
                 figures = {}
-                for key, (run, level, prompts) in levels.items():
-                    seed = [int(level * 1000)] if run is run_poisson else []
-                    figures[key] = run(url, prompts, level, args.max_tokens, *seed)
+                for key, (run, prompts) in levels.items():
+                    figures[key] = run(url, prompts, max_tokens=args.max_tokens)
                     figures[key].pop("texts")
                     print(f"{setting:15s} {key:9s} {figures[key]['output_tokens_per_s']:7.1f} tok/s  "
                           f"TTFT p50/p99 {figures[key]['ttft_p50_s']:.2f}/{figures[key]['ttft_p99_s']:.2f} s  "

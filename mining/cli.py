@@ -9,6 +9,7 @@ run failed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -94,14 +95,13 @@ def _traffic_command(args: argparse.Namespace) -> int:
                                    dtype=resolve_dtype(args.dtype, device), min_path_prob=args.min_path_prob)
     except (ValueError, OSError, RuntimeError) as exc:
         return fail("traffic", exc)
+    serving = contextlib.nullcontext(engine)
     if args.max_batch > 1:
         from draftwheel.serving.engine.batching import BatchConfig, BatchEngine
 
-        with BatchEngine(engine, BatchConfig(max_batch=args.max_batch)) as batch:
-            summary = run_traffic(batch, workload, args.log_dir or logs_dir(), params, chat=True,
-                                  progress=not args.no_progress)
-    else:
-        summary = run_traffic(engine, workload, args.log_dir or logs_dir(), params, chat=True,
+        serving = BatchEngine(engine, BatchConfig(max_batch=args.max_batch))
+    with serving as served:
+        summary = run_traffic(served, workload, args.log_dir or logs_dir(), params, chat=True,
                               progress=not args.no_progress)
     print(json.dumps(summary, indent=2))
     return 0 if summary["requests"] else FAILURE
