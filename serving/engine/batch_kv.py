@@ -32,7 +32,7 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
-from draftwheel.serving.engine.row_invariant import MAX_ROWS, row_invariant_attention
+from draftwheel.serving.engine.row_invariant import MAX_ROWS, row_invariant_attention, sdpa_call
 
 NAME = "draftwheel_paged"
 
@@ -87,21 +87,18 @@ class PagedBatch:
 def _row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                    past: int, alone: bool, **kwargs) -> torch.Tensor:
     """query[1, H, n, D] over key/value[1, KVH, past + n, D] -> out[1, n, H, D]: the calls one request makes."""
-    n = query.shape[2]
-    if n == 1:  # a decoding step: sdpa_attention_forward's own call for one query and no mask, minus its checks
-        out = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, scale=kwargs.get("scaling"), enable_gqa=key.shape[1] != query.shape[1])
-        return out.transpose(1, 2)
+    n, scaling = query.shape[2], kwargs.get("scaling")
     if past == 0:  # a first prefill chunk: causal, no mask
         return sdpa_attention_forward(module, query, key, value, None, **kwargs)[0]
+    if n == 1:  # a decoding step: the call a request alone makes (row_invariant)
+        return sdpa_call(query, key, value, None, scaling)
     if n <= MAX_ROWS and alone:  # a verify: one call per query row over exactly its keys (row_invariant)
-        return torch.cat([sdpa_attention_forward(module, query[:, :, i:i + 1], key[:, :, :past + i + 1],
-                                                 value[:, :, :past + i + 1], None, **kwargs)[0]
-                          for i in range(n)], dim=1)
+        return torch.cat([sdpa_call(query[:, :, i:i + 1], key[:, :, :past + i + 1], value[:, :, :past + i + 1],
+                                    None, scaling) for i in range(n)], dim=1)
     # a later prefill chunk, or a verify in a batch (whose rows are not bitwise a request alone's anyway:
     # the linear layers see every row's tokens): causal over its own positions, everything before visible
     mask = torch.ones(n, past + n, dtype=torch.bool, device=query.device).tril(past).view(1, 1, n, past + n)
-    return sdpa_attention_forward(module, query, key, value, mask, **kwargs)[0]
+    return sdpa_call(query, key, value, mask, scaling)
 
 
 def paged_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

