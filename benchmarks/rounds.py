@@ -60,18 +60,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def held_out(n: int, seed: int, seen: set[str]) -> dict[str, list[dict[str, str]]]:
+    """n held-out prompts per slice ("eval/<slice>"), none in `seen` (which gains them): chat from the
+    prompts file no draft was trained on, the others fresh from the workloads."""
+    from draftwheel.flows.demo import fresh_prompts
+
+    rows = {}
+    for name in SLICES:
+        if name == "chat" and CHAT_HELD_OUT.is_file():
+            rows["eval/chat"] = [{"prompt": json.loads(line)["prompt"], "slice": "chat"}
+                                 for line in CHAT_HELD_OUT.read_text().splitlines()[:n]]
+        else:
+            rows[f"eval/{name}"] = fresh_prompts(name, n, seed + 1000, seen)
+        seen |= {row["prompt"] for row in rows[f"eval/{name}"]}
+    return rows
+
+
 def prompts(args: argparse.Namespace, exclude: set[str]) -> dict[str, Any]:
     """Held-out prompts per slice, then each round's traffic: all distinct, none in `exclude`."""
     from draftwheel.flows.demo import fresh_prompts
 
-    seen, rows = set(exclude), {}
-    for name in SLICES:
-        if name == "chat" and CHAT_HELD_OUT.is_file():  # chat prompts no draft was trained on
-            rows["eval/chat"] = [{"prompt": json.loads(line)["prompt"], "slice": "chat"}
-                                 for line in CHAT_HELD_OUT.read_text().splitlines()[:args.eval]]
-        else:
-            rows[f"eval/{name}"] = fresh_prompts(name, args.eval, args.seed + 1000, seen)
-        seen |= {row["prompt"] for row in rows[f"eval/{name}"]}
+    seen = set(exclude)
+    rows = held_out(args.eval, args.seed, seen)
     for r in range(1, args.rounds + 1):
         active = [s for s in SLICES if s != NEW_SLICE or r >= args.new_slice_at]
         rows[f"round/{r}"] = []
