@@ -12,9 +12,10 @@ Thinking Machines' "Defeating Nondeterminism in LLM Inference").
 `row_invariant_attention` computes a short multi-row call on a cache (a verify: 2..MAX_ROWS queries
 after at least one cached position, batch 1, no padding) as one `sdpa` call per query row over exactly
 the keys that row may see, which is the very call a 1-token decoding step makes at that position, so
-the result is bitwise the same by construction. One-row calls (decoding), prefills (no cache: the same
-call in every mode) and calls over MAX_ROWS go to `sdpa` unchanged. The price is a few small calls per
-layer per verify (~5% of a verify forward here).
+the result is bitwise the same by construction. Those calls (`sdpa_call`) skip transformers' copies of
+the keys and values per query head. Prefills (no cache: the same call in every mode) and calls over
+MAX_ROWS go to transformers' `sdpa` unchanged. The price is a few small calls per layer per verify (~5%
+of a verify forward here).
 """
 
 from __future__ import annotations
