@@ -233,17 +233,17 @@ def logged_outputs(log_dir: Path) -> dict[str, dict[str, Any]]:
 def greedy_identity(reference: dict[str, dict], outputs: dict[str, dict], target: Any = None) -> dict[str, Any]:
     """Outputs equal to the reference's, token for token; each divergence's first position, and with the
     `target` (a LoadedModel as served) the reference token's logit margin over the other there."""
+    from draftwheel.evaluation.greedy_check import first_difference, logit_margin
+
     same, divergences = 0, []
     for prompt, record in outputs.items():
         want, got = reference[prompt]["output_token_ids"], record["output_token_ids"]
         if got == want:
             same += 1
             continue
-        position = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+        position = first_difference(want, got)
         divergence = {"position": position, "tokens": len(want)}
         if target is not None and position < min(len(want), len(got)):
-            from draftwheel.evaluation.greedy_check import logit_margin
-
             divergence["logit_margin"] = logit_margin(target.model, record["prompt_token_ids"], want, position,
                                                       got[position])
         divergences.append(divergence)

@@ -50,15 +50,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def common_prefix(proposal: list[int], output: list[int]) -> int:
-    n = 0
-    for a, b in zip(proposal, output):
-        if a != b:
-            break
-        n += 1
-    return n
-
-
 class _Greedy:
     """What the draft's run-ahead reads of a request: greedy parameters, no generator."""
 
@@ -66,47 +57,58 @@ class _Greedy:
         self.params, self.generator = params, None
 
 
-def positions(target: Any, draft: Any, index: Any, prompt_ids: list[int], output_ids: list[int], k: int,
-              cut: float) -> list[tuple[int | None, int]]:
-    """At every output position after the first (the first comes from the prefill): (the index's accepted
-    length, None without a proposal; the draft's accepted length). Proposals are as long as a request
-    with that much output left may draft (no drafting at the last token)."""
+def index_column(index: Any, prompt_ids: list[int], output_ids: list[int]) -> list[int | None]:
+    """At every output position after the first (the first comes from the prefill): the index's accepted
+    length there, None without a proposal. A proposal is as long as a request with that much output left
+    may draft (none at the last token)."""
+    from draftwheel.evaluation.greedy_check import first_difference
+    from draftwheel.serving.engine.suffix import RequestIndex, SuffixConfig, best_proposal
+
+    sequence = list(prompt_ids) + list(output_ids)
+    local = RequestIndex(list(prompt_ids), index.config if index is not None else SuffixConfig())
+    seen, column = len(prompt_ids), []
+    for p in range(len(prompt_ids) + 1, len(sequence)):
+        local.extend(sequence[seen:p])
+        seen = p
+        proposal = best_proposal(sequence[:p], len(sequence) - p - 1, local, index)
+        column.append(first_difference(proposal.tokens, sequence[p:]) if proposal.tokens else None)
+    return column
+
+
+def draft_column(target: Any, draft: Any, prompt_ids: list[int], output_ids: list[int], k: int,
+                 cut: float) -> list[int]:
+    """At the same positions: the eagle3 draft's chain's accepted length (k tokens at most, cut by `cut`,
+    on the target's own features)."""
     import torch
 
+    from draftwheel.evaluation.greedy_check import first_difference
     from draftwheel.serving.engine.eagle import DraftCall, DraftKV
     from draftwheel.serving.engine.eagle_decoding import EagleDrafter, _run_ahead, run_serial
     from draftwheel.serving.engine.kv import CachedLM
     from draftwheel.serving.engine.params import SamplingParams
-    from draftwheel.serving.engine.suffix import RequestIndex, SuffixConfig, best_proposal
 
     sequence = list(prompt_ids) + list(output_ids)
-    start, end = len(prompt_ids) + 1, len(sequence)
+    end = len(sequence)
     _, features = CachedLM(target).forward(torch.tensor(sequence), keep=1, aux=draft.c.aux_layer_ids)  # [L, 3H]
     drafter, kv, request = EagleDrafter(draft), DraftKV(), _Greedy(SamplingParams(temperature=0.0, k=k))
-    local = RequestIndex(list(prompt_ids), index.config if index is not None else SuffixConfig())
-    seen, slots = len(prompt_ids), 0  # the draft cache holds slots 0..slots-1: feature of p with token p+1
-    table = []
-    for p in range(start, end):
+    slots, column = 0, []  # the draft cache holds slots 0..slots-1: feature of p with token p+1
+    for p in range(len(prompt_ids) + 1, end):
         room = end - p - 1
         if room == 0:
-            table.append((None, 0))
+            column.append(0)
             continue
-        local.extend(sequence[seen:p])
-        seen = p
-        proposal = best_proposal(sequence[:p], room, local, index)
-        by_index = common_prefix(proposal.tokens, sequence[p:]) if proposal.tokens else None
         hidden, logits = run_serial(drafter.forward(DraftCall(torch.tensor(sequence[slots + 1:p]),
                                                               features[slots:p - 1], kv, project=True)))
         slots, committed = p - 1, kv.length
         drafted, _ = run_serial(_run_ahead(drafter, hidden, logits, min(k, room), kv, request, cut))
         kv.crop(committed)
-        table.append((by_index, common_prefix(drafted.tolist(), sequence[p:])))
-    return table
+        column.append(first_difference(drafted.tolist(), sequence[p:]))
+    return column
 
 
 def walk(table: list[tuple[int | None, int]], policy: str) -> list[int]:
-    """The accepted length of every step of a request decoded under `policy` (POLICIES), from the table
-    of `positions`: each step accepts a tokens and emits a + 1, so the next step starts a + 1 further."""
+    """The accepted length of every step of a request decoded under `policy` (POLICIES), from its table
+    (index_column and draft_column side by side, a position a row): each step accepts a tokens and emits a + 1, so the next step starts a + 1 further."""
     accepted, p = [], 0
     while p < len(table):
         by_index, by_draft = table[p]
@@ -137,9 +139,10 @@ def measure(target: Any, drafts: dict[str, Any], index: Any, rows: dict[str, lis
         steps: dict[str, dict[str, list[list[int]]]] = {d: {p: [] for p in POLICIES} for d in drafts}
         for row in tqdm(slice_rows, desc=f"headroom {name}", unit="prompt", leave=False):
             done = plain.generate([row["prompt"]], params, slice=name, chat=True, mode="autoregressive")[0]
+            by_index = index_column(index, done.prompt_token_ids, done.token_ids)  # the same for every draft
             for label, draft in drafts.items():
-                table = positions(target.model, draft.model, index, done.prompt_token_ids, done.token_ids,
-                                  params.k, cut)
+                table = list(zip(by_index, draft_column(target.model, draft.model, done.prompt_token_ids,
+                                                        done.token_ids, params.k, cut)))
                 for policy in POLICIES:
                     steps[label][policy].append(walk(table, policy))
         result[name] = {}

@@ -42,7 +42,7 @@ from draftwheel.config import SHIPPED_CONFIGS, to_dict
 from draftwheel.tracking import NullTracker
 from draftwheel.serving.engine.engine import Completion, Engine
 from draftwheel.evaluation.gate import ShadowConfig, gate, plot_slices, slice_table, summarize
-from draftwheel.evaluation.greedy_check import greedy_divergence
+from draftwheel.evaluation.greedy_check import first_difference, greedy_divergence
 from draftwheel.serving.engine.models import LoadedModel
 from draftwheel.serving.loading import load_model
 from draftwheel.serving.engine.params import SamplingParams
@@ -111,10 +111,6 @@ def _figures(completion: Completion, row_costs: list[float]) -> dict[str, Any]:
             "step_tokens": cost.tokens, "verify_cost": cost.verify_cost, "model_drafted": cost.model_drafted}
 
 
-def _first_difference(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
 def _run(engine: Engine, request: ShadowRequest, params: SamplingParams, mode: str | None = None) -> Completion:
     """One replay; mode None = the arm's serving mode (hybrid with the suffix tier, else draft)."""
     return engine.generate([request.prompt], params, slice=request.slice, chat=request.chat,
@@ -151,7 +147,7 @@ def _replay_one(engines: dict[str, Engine], request: ShadowRequest, index: int, 
                                       "autoregressive")
         if greedy.token_ids != reference.token_ids:
             mismatches.append({"id": request.id, "model": arm, "mode": greedy.record.mode,
-                               "first_difference": _first_difference(greedy.token_ids, reference.token_ids)})
+                               "first_difference": first_difference(greedy.token_ids, reference.token_ids)})
     return row, mismatches
 
 
