@@ -12,7 +12,7 @@ import copy
 import random
 import threading
 from collections import OrderedDict
-from typing import Callable, Hashable
+from typing import Callable, Hashable, Sequence
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -46,6 +46,34 @@ def suffix_drafts(score: float, match_len: int, draft_pays: bool, a: float, k: i
     if not draft_pays:
         return (1.0 + score) / (row_cost or (lambda n: 1.0))(n_index + 1) > 1.0
     return match_len > 1 and index_beats_draft(score, a, k, n_index, c, row_cost)
+
+
+def tree_beats_index(score: float, first_prob: float, a: float, k: int, n_index: int, c: float = 0.0,
+                     row_cost: Callable[[int], float] | None = None) -> bool:
+    """Where the hybrid would verify the index's proposal alone: draft too, and verify both as one token
+    tree? The tree emits on average 1 + `score` + (1 - `first_prob`) (E(a, k) - 1) tokens: the index's
+    accepted length, plus the draft's where the index's first token fails (where the two part later, the
+    longer wins, which this leaves out, so it errs towards the index alone); it costs verify rows for
+    both and k draft tokens at `c` (units as in `index_beats_draft`). `score` and `first_prob` are
+    calibrated (`ScoreCalibration`)."""
+    rows = row_cost or (lambda n: 1.0)
+    both = 1.0 + score + (1.0 - first_prob) * (expected_tokens(a, k) - 1.0)
+    return both / (rows(n_index + k + 1) + k * c) > (1.0 + score) / rows(n_index + 1)
+
+
+def branch_length(probs: Sequence[float], ratio: float, row_slope: float, rate: float) -> int:
+    """How many of an index proposal's tokens to verify beside the draft's chain, as a second branch of
+    one token tree (draftwheel.serving.engine.tree). Each token adds one verify row, `row_slope` of a
+    1-row step (`VerifyClock.slope`), and is worth its calibrated chance of being accepted, `ratio` (the
+    request's `ScoreCalibration.ratio`) times its path probability. A token is kept while that beats
+    what its row would earn at the draft step's own rate (`rate` tokens per unit), so the branch never
+    lowers what a draft step yields per unit; path probabilities only fall, so no later token would."""
+    n = 0
+    for prob in probs:
+        if ratio * prob < row_slope * rate:
+            break
+        n += 1
+    return n
 
 
 class _DiscountedLine:

@@ -17,7 +17,9 @@ draft's expected accepted length, or whenever drafting does not pay in this slic
 (`draftwheel.serving.engine.adaptive.StepPace`: its tokens per unit of verify cost, weighed with their uncertainty); with
 no proposal worth its verify rows then, the step is a plain target step. Such steps leave
 the draft cache alone; the positions they confirm join the pending slots, so the draft's next step
-consumes their target features together.
+consumes their target features together. A greedy step that drafts also verifies the index's proposal
+(as much of it as pays for its rows, `adaptive.branch_length`) beside the chain, as one token tree
+(draftwheel.serving.engine.tree): whichever of the two the target agrees with further is accepted.
 """
 
 from __future__ import annotations
@@ -27,13 +29,15 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from draftwheel.serving.engine.adaptive import AdaptiveK, ScoreCalibration, StepPace, suffix_drafts
+from draftwheel.serving.engine.adaptive import (AdaptiveK, ScoreCalibration, StepPace, branch_length, suffix_drafts,
+                                                tree_beats_index)
 from draftwheel.serving.engine.decoding import Request, choose
 from draftwheel.serving.engine.eagle import DraftCall, DraftKV, Eagle3Draft
 from draftwheel.serving.engine.kv import CachedLM
 from draftwheel.serving.engine.records import Step
 from draftwheel.serving.engine.sampling import sample, warp
 from draftwheel.serving.engine.suffix import Proposal
+from draftwheel.serving.engine.tree import accepted_prefix, chain_with_branch, verify_tree_greedy
 from draftwheel.serving.engine.verify import point_mass_q, verify_greedy, verify_sampled
 
 SOURCE = "eagle3"
@@ -100,9 +104,10 @@ def _run_ahead(drafter: EagleDrafter, hidden: torch.Tensor, logits: torch.Tensor
 def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, controller: AdaptiveK | None,
            min_path_prob: float = 0.0,
            propose: Callable[[list[int], int], Proposal] | None = None,
-           pace: StepPace | None = None) -> Iterator[None]:
+           pace: StepPace | None = None, branches: bool = True) -> Iterator[None]:
     """Decode one request; with `propose` (context, max_k) -> Proposal, as the hybrid (module docstring),
-    timing its steps into `pace` (a fresh `StepPace` when None). `draft`: the model (its forwards run
+    timing its steps into `pace` (a fresh `StepPace` when None); with `branches`, a greedy draft step
+    verifies the index's proposal beside the chain as one tree. `draft`: the model (its forwards run
     here) or a drafter that runs them (the batch engine's)."""
     drafter = draft if isinstance(draft, EagleDrafter) else EagleDrafter(draft)
     draft = drafter.model
@@ -113,6 +118,8 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
     calibration = ScoreCalibration()  # how far the index's scores come true in this request
     if propose and pace is None:
         pace = StepPace()  # the hybrid's "is drafting worth a step here?"
+    # greedy hybrid steps may verify the index's proposal beside the draft's chain (draftwheel.serving.engine.tree)
+    trees = bool(propose and branches and params.greedy and getattr(target, "supports_trees", False))
     logits, features = yield from target.step(req.prompt_ids, keep=1, aux=aux_ids)  # [1, V], [P, 3H]
     last = choose(logits[-1], params, req.generator)
     req.emit([last])
@@ -136,8 +143,13 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
         from_suffix = bool(proposal and proposal.tokens) and suffix_drafts(
             calibration.scaled(proposal.score), proposal.match_len, use_draft, estimate.a, k,
             len(proposal.tokens), estimate.c, pace.clock.cost if pace else None)
+        if from_suffix and use_draft and trees and tree_beats_index(
+                calibration.scaled(proposal.score), min(1.0, calibration.scaled((proposal.probs or (1.0,))[0])), estimate.a, k,
+                len(proposal.tokens), estimate.c, pace.clock.cost):
+            from_suffix = False  # an uncertain proposal: draft too, and verify it as the tree's second branch
         by_model = use_draft and not from_suffix  # neither: a plain step (the hybrid's third choice)
         start, suspended = time.perf_counter(), drafter.suspended_s
+        branch: list[int] = []  # index tokens verified beside the draft's chain, as one tree
         if not by_model:  # the index's proposal, a point mass; or nothing, for a plain step
             drafted, q = torch.tensor(proposal.tokens if from_suffix else [], dtype=torch.long), None  # [n]
         else:
@@ -146,20 +158,37 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
             hidden, logits = yield from drafter.forward(DraftCall(slot_tokens, features, kv, project=True))
             # [n], [n, V] | None (n <= k)
             drafted, q = yield from _run_ahead(drafter, hidden, logits, k, kv, req, min_path_prob)
+            if trees and proposal and proposal.tokens:
+                branch = proposal.tokens[:branch_length(proposal.probs, calibration.ratio, pace.clock.slope,
+                                                        pace.ratio or 1.0)]
         k = drafted.shape[0]
         draft_s = time.perf_counter() - start - (drafter.suspended_s - suspended)
-        logits, new_features = yield from target.step(torch.cat([torch.tensor([last]), drafted]), keep=k + 1,
-                                                       aux=aux_ids)
-        if params.greedy:
-            emitted, accepted = verify_greedy(drafted, logits)
+        tree = chain_with_branch(last, drafted.tolist(), branch) if branch else None
+        if tree is not None and len(tree) == k + 1:  # the chain starts with the whole branch: nothing to add
+            tree, branch = None, []
+        if tree is None:
+            rows = k + 1
+            logits, new_features = yield from target.step(torch.cat([torch.tensor([last]), drafted]), keep=rows,
+                                                           aux=aux_ids)
+            if params.greedy:
+                emitted, accepted = verify_greedy(drafted, logits)
+            else:
+                if q is None:
+                    q = point_mass_q(drafted, logits.shape[-1])  # [n, V]
+                emitted, accepted = verify_sampled(drafted, q, warp(logits, params), req.generator)
+            target.rollback(k - accepted)
         else:
-            if q is None:
-                q = point_mass_q(drafted, logits.shape[-1])  # [n, V]
-            emitted, accepted = verify_sampled(drafted, q, warp(logits, params), req.generator)
-        target.rollback(k - accepted)
+            rows = len(tree)
+            logits, new_features = yield from target.step(torch.tensor(tree.tokens), keep=rows, aux=aux_ids,
+                                                           tree=None if tree.is_chain else tree)
+            emitted, path = verify_tree_greedy(tree, logits)
+            accepted = len(path) - 1
+            target.keep_path(rows, path)
+            new_features = new_features[path]
         if pace:
-            pace.clock.observe(k + 1, target.last_forward_s)
+            pace.clock.observe(rows, target.last_forward_s)
         # new_features[:a+1]: positions of `last` and the accepted drafts; `emitted` follows them.
+        chain_accepted = accepted_prefix(drafted.tolist(), emitted.tolist()) if branch else accepted
         if not by_model:  # the draft consumed nothing this step: these slots queue behind the pending ones
             if from_suffix:
                 calibration.update(proposal.score, accepted)
@@ -169,14 +198,19 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
             kv.crop(committed)  # drop the slots that ran on the draft's own features
             features, slot_tokens = new_features[: accepted + 1], emitted  # [a+1, 3H], [a+1]
             # a step whose draft took in the whole prompt says nothing about the draft's per-token cost c
-            estimate.update(k, accepted, draft_s, 0.0 if prefills_draft else target.last_forward_s)
+            estimate.update(k, chain_accepted, draft_s, 0.0 if prefills_draft else target.last_forward_s)
             if pace:  # the draft's prompt intake counts here: drafting at all in a request pays for it
-                pace.drafted(accepted + 1, k + 1, draft_s, target.last_forward_s)
+                pace.drafted(accepted + 1, rows, draft_s, target.last_forward_s)
+            if branch:
+                calibration.update(sum(proposal.probs[:len(branch)]), accepted_prefix(branch, emitted.tolist()))
         last = int(emitted[-1])
         req.timed_step(draft_s, target.last_forward_s)
-        source = SOURCE if by_model else "suffix" if from_suffix else None
-        req.steps.append(Step(k=k, accepted=accepted, draft_token_ids=drafted.tolist(), target_token_id=last,
-                              source=source))
+        if branch and accepted > chain_accepted:  # the index's branch won: the step is recorded as its
+            step = Step(k=len(branch), accepted=accepted, draft_token_ids=branch, target_token_id=last, source="suffix")
+        else:
+            source = SOURCE if by_model else "suffix" if from_suffix else None
+            step = Step(k=k, accepted=accepted, draft_token_ids=drafted.tolist(), target_token_id=last, source=source)
+        req.steps.append(step)
         context.extend(emitted.tolist())
         req.emit(emitted.tolist())
         yield

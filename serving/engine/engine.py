@@ -111,16 +111,19 @@ class Engine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, medusa: Any = None,
                  sink: Any = None, metrics: Any = None, medusa_id: ModelId | None = None, prepack: bool = True,
                  suffix_index: SuffixIndex | None = None, router: Any = None, dtype: torch.dtype | None = None,
-                 min_path_prob: float = 0.0):
+                 min_path_prob: float = 0.0, index_branch: bool = True):
         """With `prepack` (the default), CPU models get oneDNN-packed linear layers, in place
         (draftwheel.serving.engine.prepack): the engine owns the models it is given. With `dtype` the target is cast to it
         in place (draftwheel.serving.engine.precision); by default it keeps the dtype it was loaded in. Drafts and heads
         always follow the target's dtype. With `router` (a `draftwheel.serving.engine.routing.RequestRouter`), requests
         that name no mode get the mode and k it picks. `min_path_prob` cuts an eagle3 draft chain once the
-        draft's own probability of it falls below this (draftwheel.serving.engine.eagle_decoding; 0 = always k tokens)."""
+        draft's own probability of it falls below this (draftwheel.serving.engine.eagle_decoding; 0 = always k tokens).
+        With `index_branch`, a greedy hybrid step that drafts also verifies the suffix index's proposal beside
+        the chain, as one token tree (draftwheel.serving.engine.tree)."""
         if not 0.0 <= min_path_prob < 1.0:
             raise ValueError(f"min_path_prob: must be in [0, 1), got {min_path_prob!r}")
         self.min_path_prob = min_path_prob
+        self.index_branch = index_branch
         if dtype is not None:
             target.model.to(dtype)
         self.dtype = next(target.model.parameters()).dtype
@@ -195,7 +198,7 @@ class Engine:
         mode, draft, req, params = run.mode, run.draft, run.req, run.req.params
         if mode in ("suffix", "hybrid"):
             return suffix_loop(target, draft if mode == "hybrid" else None, self.suffix_index, req,
-                               self.min_path_prob, run.pace, drafter)
+                               self.min_path_prob, run.pace, drafter, self.index_branch)
         if mode == "draft":
             controller = AdaptiveK(params.k) if params.adaptive_k else None
             if draft.kind == "eagle3":

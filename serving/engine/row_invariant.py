@@ -21,6 +21,9 @@ of a verify forward here).
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -32,6 +35,36 @@ log = logging.getLogger(__name__)
 
 NAME = "draftwheel_row_invariant"
 MAX_ROWS = 64  # verify forwards: k+1 <= 33 rows, a suffix proposal 1 + max_spec_tokens (< 64); longer is a prefill
+
+# A tree verify's layout: the branches (the rows each sees, as index tensors), and per row None where it
+# sees every row before it (the chain), else (its branch, how many of the branch's rows it sees).
+_TREE: ContextVar[tuple[list[torch.Tensor], list[tuple[int, int] | None]] | None] = ContextVar(
+    "draftwheel_tree_layout", default=None)
+
+
+@contextmanager
+def tree_layout(visible: list[list[int]]) -> Iterator[None]:
+    """Within this block a verify's row i attends to the cache and the rows `visible[i]` (ascending, ending
+    with i) instead of every row up to i. Rows whose lists are prefixes of one branch's share that
+    branch's gathered keys, so each layer gathers once per branch, not once per row."""
+    if len(visible) > MAX_ROWS:
+        raise ValueError(f"a tree verify has {len(visible)} rows; at most {MAX_ROWS} stay row-invariant")
+    branches: list[list[int]] = []
+    rows: list[tuple[int, int] | None] = [None] * len(visible)
+    for i in reversed(range(len(visible))):  # deeper rows first: a branch is found before its prefixes
+        seen = visible[i]
+        if seen == list(range(i + 1)):
+            continue
+        branch = next((b for b, rows_seen in enumerate(branches) if rows_seen[:len(seen)] == seen), None)
+        if branch is None:
+            branches.append(seen)
+            branch = len(branches) - 1
+        rows[i] = (branch, len(seen))
+    token = _TREE.set(([torch.tensor(b) for b in branches], rows))
+    try:
+        yield
+    finally:
+        _TREE.reset(token)
 
 
 def sdpa_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None = None,
@@ -53,13 +86,27 @@ def row_invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.T
     past = key.shape[2] - rows
     # A prefill (no cache yet) is the same call in every mode, so it needs no invariance; per-row calls
     # would make it several times slower and its numerics unlike HF's (greedy 8/16 vs HF in bfloat16).
+    tree = _TREE.get()
+    if tree is not None and (len(tree[1]) != rows or batch != 1 or past == 0):
+        raise ValueError(f"a tree verify of {len(tree[1])} nodes needs batch 1, a cache and one row per node "
+                         f"(got batch {batch}, {past} cached, {rows} rows)")
     if rows > MAX_ROWS or batch != 1 or past == 0:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     # Batch 1 has no padding, so row i sees exactly the first past+i+1 keys: no mask needed; a decoding
     # step (one row) makes the very call.
     scaling = kwargs.get("scaling")
-    outs = [sdpa_call(query[:, :, i:i + 1], key[:, :, :past + i + 1], value[:, :, :past + i + 1], None, scaling)
-            for i in range(rows)]
+    branches, layout = tree if tree is not None else ([], [None] * rows)
+    # a tree's branches: the cache, then the rows of the branch, gathered once per layer
+    gathered = [(torch.cat([key[:, :, :past], key[:, :, past + b]], 2),
+                 torch.cat([value[:, :, :past], value[:, :, past + b]], 2)) for b in branches]
+    outs = []
+    for i, place in enumerate(layout):
+        if place is None:
+            k, v = key[:, :, :past + i + 1], value[:, :, :past + i + 1]
+        else:
+            branch, seen = place
+            k, v = gathered[branch][0][:, :, :past + seen], gathered[branch][1][:, :, :past + seen]
+        outs.append(sdpa_call(query[:, :, i:i + 1], k, v, None, scaling))
     return torch.cat(outs, dim=1), None
 
 

@@ -107,6 +107,9 @@ class Proposal:
     """Sum of the drafted tokens' estimated acceptance probabilities."""
     match_len: int = 0
     """Length of the context suffix the proposal continues."""
+    probs: tuple[float, ...] = ()
+    """Each drafted token's estimated acceptance probability (that of the whole path up to it); they sum
+    to `score`."""
 
 
 EMPTY = Proposal()
@@ -120,11 +123,12 @@ def _ngram_keys(tokens: np.ndarray, n: int) -> np.ndarray:
     return keys
 
 
-def _walk(rows: np.ndarray, limit: int, min_prob: float) -> tuple[list[int], float]:
+def _walk(rows: np.ndarray, limit: int, min_prob: float) -> tuple[list[int], list[float]]:
     """Follow the most frequent continuation of rows[C, K] (one row per occurrence, -1 = sequence
-    ended) for at most `limit` tokens; return (tokens, sum of their estimated probabilities)."""
+    ended) for at most `limit` tokens; return (tokens, their estimated path probabilities)."""
     tokens: list[int] = []
-    prob, score = 1.0, 0.0
+    probs: list[float] = []
+    prob = 1.0
     for j in range(limit):
         column = rows[:, j]  # [C]
         counts = Counter(column[::-1].tolist())  # insertion order: most recent first, so ties go to it
@@ -136,9 +140,9 @@ def _walk(rows: np.ndarray, limit: int, min_prob: float) -> tuple[list[int], flo
         if prob < min_prob:
             break
         tokens.append(token)
-        score += prob
+        probs.append(prob)
         rows = rows[column == token]
-    return tokens, score
+    return tokens, probs
 
 
 def _thresholds(match: np.ndarray, most: int) -> list[int]:
@@ -249,9 +253,9 @@ class TokenStore:
             limit = min(max_k, int(m * config.spec_factor + config.spec_offset + 1e-6))
             if best.score >= limit:  # a score never exceeds its limit, and limits only fall from here
                 break
-            tokens, score = _walk(following[match >= m], limit, config.min_token_prob)
-            if score > best.score:
-                best = Proposal(tokens=tokens, score=score, match_len=m)
+            tokens, probs = _walk(following[match >= m], limit, config.min_token_prob)
+            if sum(probs) > best.score:
+                best = Proposal(tokens=tokens, score=sum(probs), match_len=m, probs=tuple(probs))
         return best
 
     def closed_sequences(self) -> list[list[int]]:

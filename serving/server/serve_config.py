@@ -47,6 +47,9 @@ class ServeConfig:
     """eagle3 drafts: stop a chain once the draft's own probability of it falls below this (0 = always k
     tokens). Lossless either way; on the reference target k=4 with 0.25 gave 1.49x plain vs 1.42x for a
     fixed k=3."""
+    index_branch: bool = True
+    """Mode hybrid, greedy: a step that drafts with the eagle3 draft also verifies the suffix index's
+    proposal, as a second branch of one token tree, so whichever is right is accepted."""
     adaptive_k: bool = False
     default_max_tokens: int = 256
     """max_tokens when the request gives none (clamped to the context left after the prompt)."""

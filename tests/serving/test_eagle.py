@@ -17,7 +17,9 @@ import torch
 from safetensors.torch import load_file
 
 from draftwheel.serving.engine.eagle import Eagle3Config, Eagle3Draft, Eagle3FormatError, load_eagle3, save_eagle3, vocab_from_counts
+from draftwheel.serving.engine.adaptive import StepPace
 from draftwheel.serving.engine.engine import Engine
+from draftwheel.serving.engine.kv import CachedLM
 from draftwheel.serving.engine.models import IncompatibleModelsError, from_objects
 from draftwheel.serving.loading import load_model
 from draftwheel.serving.engine.params import SamplingParams
@@ -145,6 +147,38 @@ def test_hybrid_with_suffix_index_greedy_identical(pair, min_path_prob):
                for a, b in zip(c.record.steps, c.record.steps[1:]))
 
 
+def test_hybrid_verifies_the_index_beside_the_chain_losslessly(pair, monkeypatch):
+    """Greedy draft steps verify the index's proposal as a second branch of one tree: output stays the
+    target's, some steps are won by the branch (kept in the cache off the chain), and such a step is
+    recorded as the index's."""
+    tokenizer, target, _ = pair
+    known = [ids + corrupted(hf_greedy(target, ids, 60), every=3) for ids in (tokenizer(p)["input_ids"] for p in PROMPTS)]
+    kept_off_chain = []
+    keep_path = CachedLM.keep_path
+
+    def spy(self, nodes, path):
+        if path != list(range(len(path))):
+            kept_off_chain.append(path)
+        return keep_path(self, nodes, path)
+
+    monkeypatch.setattr(CachedLM, "keep_path", spy)
+    # every step drafts, and the index only ever proposes a branch
+    monkeypatch.setattr(StepPace, "draft_pays", lambda self: True)
+    monkeypatch.setattr("draftwheel.serving.engine.eagle_decoding.suffix_drafts", lambda *a, **k: False)
+    engine = hybrid_engine(pair, known)
+    completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=40, k=3), mode="hybrid")
+    for completion in completions:
+        assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 40), completion.prompt
+    assert kept_off_chain, "no step was won by the index's branch: the tree path is untested"
+    steps = [s for c in completions for s in c.record.steps]
+    assert any(s.source == "suffix" and s.accepted > 0 for s in steps)  # the branch's wins, as recorded
+    off = hybrid_engine(pair, known, index_branch=False)
+    assert [c.token_ids for c in off.generate(PROMPTS, SamplingParams(max_new_tokens=40, k=3), mode="hybrid")] \
+        == [c.token_ids for c in completions]
+    assert not any(s.source == "suffix" for c in off.generate(PROMPTS[:2], SamplingParams(max_new_tokens=40, k=3),
+                                                             mode="hybrid") for s in c.record.steps)
+
+
 class EveryThirdStepDrafts:
     """A stand-in for draftwheel.serving.engine.adaptive.StepPace with a fixed pattern: draft, skip, skip, draft, ..."""
 
@@ -153,6 +187,7 @@ class EveryThirdStepDrafts:
 
         self.calls = 0
         self.clock = VerifyClock()
+        self.ratio = 1.0
 
     def draft_pays(self) -> bool:
         self.calls += 1

@@ -87,7 +87,7 @@ def test_request_index_matches_single_tokens_but_the_shared_index_does_not():
     prompt = [5, 40, 41, 42, 6, 7]
     local = RequestIndex(prompt)
     context = prompt + [9, 40]
-    assert local.propose(context, 8) == Proposal(tokens=[41], score=1.0, match_len=1)
+    assert local.propose(context, 8) == Proposal(tokens=[41], score=1.0, match_len=1, probs=(1.0,))
     shared = index_of(prompt)
     assert shared.propose(context, 8) == EMPTY
     assert RequestIndex(prompt, SuffixConfig(request_min_match=2)).propose(context, 8) == EMPTY
