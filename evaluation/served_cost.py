@@ -26,6 +26,7 @@ from typing import Any, Iterable
 import torch
 
 from draftwheel.serving.engine.kv import CachedLM
+from draftwheel.serving.engine.records import verify_rows
 
 MODEL_SOURCES = ("eagle3", "draft", "lm", "medusa")
 """Step sources drafted by a model (its per-token cost c applies); `suffix` and plain steps cost nothing extra.
@@ -68,7 +69,8 @@ class StepCost:
     tokens: int
     """Tokens the verification steps emitted (accepted + the target's own token, per step)."""
     verify_cost: float
-    """Sum over steps of the cost of a verify over k + 1 rows, `row_costs[k]` (plain steps: 1)."""
+    """Sum over steps of the cost of a verify over k + 1 rows, `row_costs[k]` (plain steps: 1; a token
+    tree's rows count both proposals, `records.verify_rows`)."""
     model_drafted: int
     """Tokens a draft model drafted (priced at c each)."""
 
@@ -77,9 +79,12 @@ class StepCost:
         tokens, verify, model = 0, 0.0, 0
         for step in steps:
             tokens += step.accepted + 1
-            verify += row_costs[min(step.k, len(row_costs) - 1)]  # k drafted tokens: k + 1 rows
+            verify += row_costs[min(verify_rows(step), len(row_costs)) - 1]  # k drafted tokens: k + 1 rows
             if step.k and (step.source in MODEL_SOURCES or (step.source is None and mode != "hybrid")):
                 model += step.k
+            beside = getattr(step, "beside", None)  # a token tree's other proposal: its model tokens cost c too
+            if beside is not None and beside.source in MODEL_SOURCES:
+                model += beside.k
         return cls(tokens=tokens, verify_cost=verify, model_drafted=model)
 
 

@@ -61,16 +61,18 @@ def tree_beats_index(score: float, first_prob: float, a: float, k: int, n_index:
     return both / (rows(n_index + k + 1) + k * c) > (1.0 + score) / rows(n_index + 1)
 
 
-def branch_length(probs: Sequence[float], ratio: float, row_slope: float, rate: float) -> int:
+def branch_length(probs: Sequence[float], ratio: float, row_slope: float, rate: float, a: float = 0.0) -> int:
     """How many of an index proposal's tokens to verify beside the draft's chain, as a second branch of
     one token tree (draftwheel.serving.engine.tree). Each token adds one verify row, `row_slope` of a
-    1-row step (`VerifyClock.slope`), and is worth its calibrated chance of being accepted, `ratio` (the
-    request's `ScoreCalibration.ratio`) times its path probability. A token is kept while that beats
-    what its row would earn at the draft step's own rate (`rate` tokens per unit), so the branch never
-    lowers what a draft step yields per unit; path probabilities only fall, so no later token would."""
+    1-row step (`VerifyClock.slope`), and adds a token only where the branch is accepted that far and
+    the chain is not: its calibrated chance, `ratio` (the request's `ScoreCalibration.ratio`) times its
+    path probability, times the chance 1 - `a` that the draft's token there is wrong (`a`: the draft's
+    per-token acceptance). A token is kept while that beats what its row would earn at the draft step's
+    own rate (`rate` tokens per unit), so the branch never lowers what a draft step yields per unit;
+    path probabilities only fall, so no later token would."""
     n = 0
     for prob in probs:
-        if ratio * prob < row_slope * rate:
+        if ratio * prob * (1.0 - a) < row_slope * rate:
             break
         n += 1
     return n

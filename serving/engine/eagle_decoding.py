@@ -34,7 +34,7 @@ from draftwheel.serving.engine.adaptive import (AdaptiveK, ScoreCalibration, Ste
 from draftwheel.serving.engine.decoding import Request, choose
 from draftwheel.serving.engine.eagle import DraftCall, DraftKV, Eagle3Draft
 from draftwheel.serving.engine.kv import CachedLM
-from draftwheel.serving.engine.records import Step
+from draftwheel.serving.engine.records import Beside, Step
 from draftwheel.serving.engine.sampling import sample, warp
 from draftwheel.serving.engine.suffix import Proposal
 from draftwheel.serving.engine.tree import accepted_prefix, chain_with_branch, verify_tree_greedy
@@ -160,7 +160,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
             drafted, q = yield from _run_ahead(drafter, hidden, logits, k, kv, req, min_path_prob)
             if trees and proposal and proposal.tokens:
                 branch = proposal.tokens[:branch_length(proposal.probs, calibration.ratio, pace.clock.slope,
-                                                        pace.ratio or 1.0)]
+                                                        pace.ratio or 1.0, estimate.a)]
         k = drafted.shape[0]
         draft_s = time.perf_counter() - start - (drafter.suspended_s - suspended)
         tree = chain_with_branch(last, drafted.tolist(), branch) if branch else None
@@ -205,11 +205,17 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
                 calibration.update(sum(proposal.probs[:len(branch)]), accepted_prefix(branch, emitted.tolist()))
         last = int(emitted[-1])
         req.timed_step(draft_s, target.last_forward_s)
-        if branch and accepted > chain_accepted:  # the index's branch won: the step is recorded as its
-            step = Step(k=len(branch), accepted=accepted, draft_token_ids=branch, target_token_id=last, source="suffix")
-        else:
-            source = SOURCE if by_model else "suffix" if from_suffix else None
-            step = Step(k=k, accepted=accepted, draft_token_ids=drafted.tolist(), target_token_id=last, source=source)
+        source = SOURCE if by_model else "suffix" if from_suffix else None
+        step = Step(k=k, accepted=accepted, draft_token_ids=drafted.tolist(), target_token_id=last, source=source)
+        if branch:  # a token tree: the step is the proposal accepted further, the other is beside it
+            index_step = Beside(k=len(branch), accepted=accepted_prefix(branch, emitted.tolist()),
+                                draft_token_ids=branch, source="suffix")
+            chain = Beside(k=k, accepted=chain_accepted, draft_token_ids=step.draft_token_ids, source=SOURCE)
+            if index_step.accepted > chain_accepted:
+                step = Step(k=index_step.k, accepted=accepted, draft_token_ids=branch, target_token_id=last,
+                            source="suffix", beside=chain)
+            else:
+                step.beside = index_step
         req.steps.append(step)
         context.extend(emitted.tolist())
         req.emit(emitted.tolist())

@@ -56,6 +56,17 @@ class Sampling:
 
 
 @dataclass
+class Beside:
+    """The other proposal a token-tree step verified in the same target forward
+    (draftwheel.serving.engine.tree): `k` tokens, `accepted` of them the target's, and what drafted them.
+    The step itself records the proposal that was accepted further."""
+    k: int
+    accepted: int
+    draft_token_ids: list[int]
+    source: str | None = None
+
+
+@dataclass
 class Step:
     """One verification step: `k` drafted, `accepted` of them taken, then the target's own token
     (`target_token_id`: the correction at the first rejection, or the bonus token if all accepted)."""
@@ -66,6 +77,20 @@ class Step:
     source: str | None = None
     """What drafted this step (`draft`, `suffix`, ...); None in older records and for k=0 steps.
     Written only when set (see docs/log-schema.md)."""
+    beside: Beside | None = None
+    """A token-tree step's other proposal; written only when set."""
+
+
+def verify_rows(step: Any) -> int:
+    """Rows of a step's (or a read step line's) verification forward: the last token, the k proposed, and
+    the proposal beside them where it differs (a token tree shares the two proposals' common prefix)."""
+    if step.beside is None:
+        return step.k + 1
+    other = step.beside.draft_token_ids
+    shared = 0
+    while shared < min(step.k, len(other)) and step.draft_token_ids[shared] == other[shared]:
+        shared += 1
+    return step.k + 1 + len(other) - shared
 
 
 @dataclass
@@ -109,8 +134,11 @@ class AcceptanceRecord:
         if data["source"] is None:
             del data["source"]
         for step in data["steps"]:
-            if step["source"] is None:
-                del step["source"]
+            for name in ("source", "beside"):
+                if step[name] is None:
+                    del step[name]
+            if "beside" in step and step["beside"]["source"] is None:
+                del step["beside"]["source"]
         return data
 
     def to_json(self) -> str:
@@ -130,7 +158,9 @@ def draft_steps(record: Any) -> list[Any]:
     steps = [step for step in record.steps if step.source != LOAD]
     if record.mode != "hybrid":
         return steps
-    return [step for step in steps if step.source != "suffix" and (step.source or step.k)]
+    # a token-tree step the index's branch won: the draft's chain beside it is the draft's step
+    return [step.beside if step.source == "suffix" and step.beside is not None else step for step in steps
+            if (step.source != "suffix" or step.beside is not None) and (step.source or step.k)]
 
 
 def draft_counts(record: Any) -> tuple[int, int, int]:
@@ -163,7 +193,7 @@ def _line_types() -> dict[type, type]:
     logged record carries all of them; the dataclass defaults are for writers) except those added within
     v1 (`OPTIONAL_FIELDS`), which older lines lack."""
     structs: dict[type, type] = {}
-    for cls in (ModelId, Sampling, Step, AcceptanceRecord):  # a class after the classes it contains
+    for cls in (ModelId, Sampling, Beside, Step, AcceptanceRecord):  # a class after the classes it contains
         hints = typing.get_type_hints(cls)
         fields: list[tuple] = []
         for f in dataclasses.fields(cls):
@@ -256,6 +286,12 @@ def check_record(record: Any, vocab_size: int | None = None) -> None:
             problem = (f"accepted={step.accepted} outside 0..k={step.k}" if not 0 <= step.accepted <= step.k
                        else f"{len(step.draft_token_ids)} draft_token_ids for k={step.k}")
             raise RecordError(f"steps[{index}]: {problem}", "bad_step")
+        beside = step.beside
+        if beside is not None and not 0 <= beside.accepted <= min(beside.k, step.accepted) \
+                or beside is not None and beside.k != len(beside.draft_token_ids):
+            raise RecordError(f"steps[{index}].beside: accepted={beside.accepted} outside 0..min(k={beside.k}, "
+                              f"the step's {step.accepted}), or {len(beside.draft_token_ids)} draft_token_ids",
+                              "bad_step")
     totals = {"drafted_tokens": sum(s.k for s in steps), "accepted_tokens": sum(s.accepted for s in steps),
               "verify_steps": len(steps)}
     if record.source is not None and not steps:  # another engine's reported totals: nothing to sum them from
@@ -269,9 +305,13 @@ def check_record(record: Any, vocab_size: int | None = None) -> None:
     limit = vocab_size or TOKEN_ID_LIMIT
     _check_ids("prompt_token_ids", record.prompt_token_ids, limit)
     _check_ids("output_token_ids", record.output_token_ids, limit)
-    if not _in_range([t for s in steps for t in s.draft_token_ids] + [s.target_token_id for s in steps], limit):
+    besides = [t for s in steps if s.beside is not None for t in s.beside.draft_token_ids]
+    if not _in_range([t for s in steps for t in s.draft_token_ids] + [s.target_token_id for s in steps] + besides,
+                     limit):
         for index, step in enumerate(steps):  # find the culprit
             _check_ids(f"steps[{index}].draft_token_ids", step.draft_token_ids, limit)
+            if step.beside is not None:
+                _check_ids(f"steps[{index}].beside.draft_token_ids", step.beside.draft_token_ids, limit)
             _check_ids(f"steps[{index}].target_token_id", [step.target_token_id], limit)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from draftwheel.serving import testing as toy
-from draftwheel.serving.engine.records import Step
+from draftwheel.serving.engine.records import Beside, Step, verify_rows
 from draftwheel.evaluation.served_cost import StepCost, draft_cost_ratio, measure_row_costs, served_speedup
 
 ROWS = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5]
@@ -39,6 +39,19 @@ def test_a_copied_span_costs_its_rows_only_and_a_model_chain_adds_c_per_token():
 def test_a_draft_that_is_always_rejected_is_slower_than_plain():
     cost = StepCost.of([step(4, 0, "eagle3")] * 8, ROWS, "draft")
     assert served_speedup(cost, c=0.05) < 1.0
+
+
+def test_a_token_tree_costs_both_proposals_rows_and_the_chains_drafting():
+    chain = Beside(k=3, accepted=0, draft_token_ids=[7, 8, 9], source="eagle3")
+    # the index's branch won (2 of [5, 6] then the target's token); the chain beside it shared nothing
+    won = Step(k=2, accepted=2, draft_token_ids=[5, 6], target_token_id=0, source="suffix", beside=chain)
+    assert verify_rows(won) == 6
+    cost = StepCost.of([won], ROWS, "hybrid")
+    assert (cost.tokens, cost.verify_cost, cost.model_drafted) == (3, ROWS[5], 3)
+    shared = Step(k=3, accepted=1, draft_token_ids=[5, 8, 9], target_token_id=0, source="eagle3",
+                  beside=Beside(k=2, accepted=1, draft_token_ids=[5, 6], source="suffix"))
+    assert verify_rows(shared) == 5  # the shared 5 is one row
+    assert StepCost.of([shared], ROWS, "hybrid").model_drafted == 3
 
 
 def test_longer_steps_than_measured_take_the_longest_measured_cost():

@@ -171,7 +171,9 @@ def test_hybrid_verifies_the_index_beside_the_chain_losslessly(pair, monkeypatch
         assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 40), completion.prompt
     assert kept_off_chain, "no step was won by the index's branch: the tree path is untested"
     steps = [s for c in completions for s in c.record.steps]
-    assert any(s.source == "suffix" and s.accepted > 0 for s in steps)  # the branch's wins, as recorded
+    won = [s for s in steps if s.source == "suffix"]  # the branch's wins, as recorded: the chain beside them
+    assert any(s.accepted > 0 for s in won)
+    assert all(s.beside.source == "eagle3" and s.beside.accepted < s.accepted for s in won)
     off = hybrid_engine(pair, known, index_branch=False)
     assert [c.token_ids for c in off.generate(PROMPTS, SamplingParams(max_new_tokens=40, k=3), mode="hybrid")] \
         == [c.token_ids for c in completions]

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from draftwheel.serving.engine.records import (AcceptanceRecord, ModelId, RecordError, Sampling, Step, draft_counts, draft_steps,
+from draftwheel.serving.engine.records import (AcceptanceRecord, Beside, ModelId, RecordError, Sampling, Step, draft_counts,
+                                               draft_steps,
                              parse_record)
 
 
@@ -148,3 +149,21 @@ def test_draft_counts_leave_out_the_suffix_index_and_plain_steps_of_a_hybrid_rec
     assert draft_counts(parse_record(hybrid.to_json())) == (5, 1, 2)  # and the same for a record read back
     draft = make_record()
     assert draft_counts(draft) == (4, 1, 1) and draft_steps(draft) == draft.steps
+
+
+def test_a_token_tree_step_keeps_the_proposal_beside_it_and_the_draft_counts_its_own_chain():
+    record = hybrid_record()
+    chain = Beside(k=3, accepted=1, draft_token_ids=[3, 5, 5], source="eagle3")
+    record.steps[0] = Step(k=6, accepted=5, draft_token_ids=[3] * 6, target_token_id=4, source="suffix", beside=chain)
+    read = parse_record(record.to_json())
+    assert read == record and read.steps[0].beside == chain
+    assert "beside" not in json.loads(record.to_json())["steps"][1]  # only where there is one
+    # the index's branch won the first step: the draft's chain beside it is the draft's
+    assert draft_counts(record) == (8, 2, 3) and draft_counts(read) == (8, 2, 3)
+    data = json.loads(record.to_json())
+    data["steps"][0]["beside"]["accepted"] = 6  # more than the step's own 5 and its k 3
+    with pytest.raises(RecordError, match=r"steps\[0\].beside"):
+        parse_record(json.dumps(data))
+    data["steps"][0]["beside"].update(accepted=0, draft_token_ids=[3, 5, -1])
+    with pytest.raises(RecordError, match="beside.draft_token_ids"):
+        parse_record(json.dumps(data))

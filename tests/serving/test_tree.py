@@ -54,6 +54,8 @@ def test_branch_length_keeps_tokens_worth_their_rows():
     assert branch_length([0.9, 0.5, 0.2, 0.08], ratio=1.0, row_slope=0.05, rate=2.0) == 3  # 0.08 < 0.05 * 2
     assert branch_length([0.9, 0.5], ratio=0.1, row_slope=0.05, rate=1.5) == 1  # a request whose index over-promises
     assert branch_length([], ratio=1.0, row_slope=0.05, rate=1.0) == 0
+    # beside a draft that is right 80 % of the time, a branch token adds a token a fifth as often
+    assert branch_length([0.9, 0.5, 0.2, 0.08], ratio=1.0, row_slope=0.05, rate=2.0, a=0.8) == 1
 
 
 def decode_along(model, prompt: torch.Tensor, tokens: list[int]) -> torch.Tensor:
