@@ -1,0 +1,54 @@
+"""benchmarks/served_ab.py: its settings' parsing (bad keys and values named) and one comparison of two
+hybrid settings against plain decoding on toy models, lossless in both arms."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftwheel.serving.engine.models import from_objects
+from draftwheel.serving.engine.params import SamplingParams
+from draftwheel.serving.engine.suffix import ReadOnlyIndex, SuffixIndex, target_key
+from tests.serving.test_engine import PROMPTS, hf_greedy
+from tests.serving.test_suffix_engine import corrupted
+
+
+@pytest.fixture()
+def served_ab(load_benchmark):
+    return load_benchmark("served_ab")
+
+
+def test_help(served_ab, help_text):
+    assert "--repeats" in help_text(served_ab)
+
+
+def test_settings_are_parsed_and_bad_ones_named(served_ab):
+    assert served_ab.parse_setting(["index_branch=false"]) == {"index_branch": False, "min_path_prob": 0.25}
+    assert served_ab.parse_setting(["min_path_prob=0.1"]) == {"min_path_prob": 0.1}
+    with pytest.raises(SystemExit, match="setting 'k_max'"):
+        served_ab.parse_setting(["k_max=3"])
+    with pytest.raises(SystemExit, match="index_branch: bad value 'maybe'"):
+        served_ab.parse_setting(["index_branch=maybe"])
+
+
+def test_compare_measures_both_settings_against_plain(served_ab):
+    from tests.serving.test_eagle import fit_draft
+    from draftwheel.serving.testing import build_tokenizer, tiny_llama
+
+    tokenizer = build_tokenizer()
+    model = tiny_llama(tokenizer, n_layers=2, seed=0, tie_embeddings=False)
+    target, draft = from_objects(model, tokenizer, "target"), from_objects(fit_draft(model, tokenizer, steps=100),
+                                                                           tokenizer, "eagle")
+    index = SuffixIndex(target_key(target.model_id))
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt)["input_ids"]
+        index.add(ids + corrupted(hf_greedy(model, ids, 30), every=3))
+    rows = {"chat": [{"prompt": p, "slice": "chat"} for p in PROMPTS[:3]]}
+    params = SamplingParams(max_new_tokens=16, temperature=0.0, k=3)
+    result = served_ab.compare(target, draft, ReadOnlyIndex(index), rows, params,
+                               {"index_branch": False}, {"index_branch": True})
+    row = result["chat"]
+    assert row["a"]["identical"] == row["b"]["identical"] == "3/3"
+    assert row["a"]["mal"] >= 1.0 and row["b_over_a"] == pytest.approx(row["b"]["speedup"] / row["a"]["speedup"])
+    means = served_ab.summary([result, result])
+    assert means["chat"]["b_over_a"] == pytest.approx(row["b_over_a"])
+    assert "| chat |" in served_ab.table_text(means)
