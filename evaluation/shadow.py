@@ -296,9 +296,10 @@ def add_served_speedup(rows: list[dict[str, Any]], one_row_s: float) -> dict[str
 
 def served_row_costs(target: LoadedModel, config: ShadowConfig) -> tuple[list[float], float]:
     """The target's verify cost per row count (draftwheel.evaluation.served_cost), in the replay's precision, up to the
-    longest step a replay can verify: k drafted tokens, or the suffix index's longest proposal."""
+    longest step a replay can verify: k drafted tokens, the suffix index's longest proposal, or both as
+    one token tree (the hybrid's greedy steps, draftwheel.serving.engine.tree)."""
     reference = Engine(target, dtype=resolve_dtype(config.dtype))  # the replay's precision and packing
-    longest = max(config.k, SuffixConfig().max_spec_tokens if config.suffix_tier else 0)
+    longest = config.k + SuffixConfig().max_spec_tokens if config.suffix_tier else config.k
     return measure_row_costs(reference.target.model, longest + 1)
 
 

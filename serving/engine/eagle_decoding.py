@@ -101,6 +101,18 @@ def _run_ahead(drafter: EagleDrafter, hidden: torch.Tensor, logits: torch.Tensor
     return torch.cat(tokens), (torch.stack(probs) if probs else None)
 
 
+def _tree_step(chain: Step, chain_accepted: int, branch: list[int], emitted: list[int]) -> Step:
+    """A token-tree step's record: the proposal the target accepted further is the step, the other is
+    `beside` it. `chain`: the step as the draft's chain (its `accepted` the whole step's)."""
+    index = Beside(k=len(branch), accepted=accepted_prefix(branch, emitted), draft_token_ids=branch, source="suffix")
+    if index.accepted <= chain_accepted:
+        chain.beside = index
+        return chain
+    own = Beside(k=chain.k, accepted=chain_accepted, draft_token_ids=chain.draft_token_ids, source=chain.source)
+    return Step(k=index.k, accepted=chain.accepted, draft_token_ids=branch, target_token_id=chain.target_token_id,
+                source="suffix", beside=own)
+
+
 def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, controller: AdaptiveK | None,
            min_path_prob: float = 0.0,
            propose: Callable[[list[int], int], Proposal] | None = None,
@@ -144,8 +156,8 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
             calibration.scaled(proposal.score), proposal.match_len, use_draft, estimate.a, k,
             len(proposal.tokens), estimate.c, pace.clock.cost if pace else None)
         if from_suffix and use_draft and trees and tree_beats_index(
-                calibration.scaled(proposal.score), min(1.0, calibration.scaled((proposal.probs or (1.0,))[0])), estimate.a, k,
-                len(proposal.tokens), estimate.c, pace.clock.cost):
+                calibration.scaled(proposal.score), min(1.0, calibration.scaled((proposal.probs or (1.0,))[0])),
+                estimate.a, k, len(proposal.tokens), estimate.c, pace.clock.cost):
             from_suffix = False  # an uncertain proposal: draft too, and verify it as the tree's second branch
         by_model = use_draft and not from_suffix  # neither: a plain step (the hybrid's third choice)
         start, suspended = time.perf_counter(), drafter.suspended_s
@@ -207,16 +219,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
         req.timed_step(draft_s, target.last_forward_s)
         source = SOURCE if by_model else "suffix" if from_suffix else None
         step = Step(k=k, accepted=accepted, draft_token_ids=drafted.tolist(), target_token_id=last, source=source)
-        if branch:  # a token tree: the step is the proposal accepted further, the other is beside it
-            index_step = Beside(k=len(branch), accepted=accepted_prefix(branch, emitted.tolist()),
-                                draft_token_ids=branch, source="suffix")
-            chain = Beside(k=k, accepted=chain_accepted, draft_token_ids=step.draft_token_ids, source=SOURCE)
-            if index_step.accepted > chain_accepted:
-                step = Step(k=index_step.k, accepted=accepted, draft_token_ids=branch, target_token_id=last,
-                            source="suffix", beside=chain)
-            else:
-                step.beside = index_step
-        req.steps.append(step)
+        req.steps.append(_tree_step(step, chain_accepted, branch, emitted.tolist()) if branch else step)
         context.extend(emitted.tolist())
         req.emit(emitted.tolist())
         yield
