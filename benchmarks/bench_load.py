@@ -233,7 +233,8 @@ def logged_outputs(log_dir: Path) -> dict[str, dict[str, Any]]:
 def greedy_identity(reference: dict[str, dict], outputs: dict[str, dict], target: Any = None) -> dict[str, Any]:
     """Outputs equal to the reference's, token for token; each divergence's first position, and with the
     `target` (a LoadedModel as served) the reference token's logit margin over the other there."""
-    from draftwheel.evaluation.greedy_check import first_difference, logit_margin
+    from draftwheel.evaluation.greedy_check import logit_margin
+    from draftwheel.serving.engine.acceptance import common_prefix
 
     same, divergences = 0, []
     for prompt, record in outputs.items():
@@ -241,7 +242,7 @@ def greedy_identity(reference: dict[str, dict], outputs: dict[str, dict], target
         if got == want:
             same += 1
             continue
-        position = first_difference(want, got)
+        position = common_prefix(want, got)
         divergence = {"position": position, "tokens": len(want)}
         if target is not None and position < min(len(want), len(got)):
             divergence["logit_margin"] = logit_margin(target.model, record["prompt_token_ids"], want, position,

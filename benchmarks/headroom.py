@@ -61,7 +61,7 @@ def index_column(index: Any, prompt_ids: list[int], output_ids: list[int]) -> li
     """At every output position after the first (the first comes from the prefill): the index's accepted
     length there, None without a proposal. A proposal is as long as a request with that much output left
     may draft (none at the last token)."""
-    from draftwheel.evaluation.greedy_check import first_difference
+    from draftwheel.serving.engine.acceptance import common_prefix
     from draftwheel.serving.engine.suffix import RequestIndex, SuffixConfig, best_proposal
 
     sequence = list(prompt_ids) + list(output_ids)
@@ -71,7 +71,7 @@ def index_column(index: Any, prompt_ids: list[int], output_ids: list[int]) -> li
         local.extend(sequence[seen:p])
         seen = p
         proposal = best_proposal(sequence[:p], len(sequence) - p - 1, local, index)
-        column.append(first_difference(proposal.tokens, sequence[p:]) if proposal.tokens else None)
+        column.append(common_prefix(proposal.tokens, sequence[p:]) if proposal.tokens else None)
     return column
 
 
@@ -81,7 +81,7 @@ def draft_column(target: Any, draft: Any, prompt_ids: list[int], output_ids: lis
     on the target's own features)."""
     import torch
 
-    from draftwheel.evaluation.greedy_check import first_difference
+    from draftwheel.serving.engine.acceptance import common_prefix
     from draftwheel.serving.engine.eagle import DraftCall, DraftKV
     from draftwheel.serving.engine.eagle_decoding import EagleDrafter, _run_ahead, run_serial
     from draftwheel.serving.engine.kv import CachedLM
@@ -102,7 +102,7 @@ def draft_column(target: Any, draft: Any, prompt_ids: list[int], output_ids: lis
         slots, committed = p - 1, kv.length
         drafted, _ = run_serial(_run_ahead(drafter, hidden, logits, min(k, room), kv, request, cut))
         kv.crop(committed)
-        column.append(first_difference(drafted.tolist(), sequence[p:]))
+        column.append(common_prefix(drafted.tolist(), sequence[p:]))
     return column
 
 

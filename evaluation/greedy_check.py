@@ -24,13 +24,6 @@ from draftwheel.serving.engine.kv import CachedLM
 CHUNK = 16  # rows per forward: within the verify sizes the engine runs (k + 1 <= 33 rows)
 
 
-def first_difference(a: list[int], b: list[int]) -> int:
-    """The first position where two token sequences differ (the shorter one's length when one is a prefix
-    of the other). Against a greedy output it is also how many tokens of a proposal greedy verification
-    would accept there."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
 def teacher_forced_logits(model: Any, prompt_ids: list[int], token_ids: list[int], chunk: int = CHUNK) -> list:
     """The target's logits[V] at every output position of `token_ids` after `prompt_ids`, each bitwise the
     row plain decoding computes there (the module docstring)."""

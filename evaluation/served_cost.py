@@ -82,9 +82,8 @@ class StepCost:
             verify += row_costs[min(verify_rows(step), len(row_costs)) - 1]  # k drafted tokens: k + 1 rows
             if step.k and (step.source in MODEL_SOURCES or (step.source is None and mode != "hybrid")):
                 model += step.k
-            beside = getattr(step, "beside", None)  # a token tree's other proposal: its model tokens cost c too
-            if beside is not None and beside.source in MODEL_SOURCES:
-                model += beside.k
+            if step.beside is not None and step.beside.source in MODEL_SOURCES:  # a token tree's other proposal
+                model += step.beside.k
         return cls(tokens=tokens, verify_cost=verify, model_drafted=model)
 
 

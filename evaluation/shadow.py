@@ -42,7 +42,8 @@ from draftwheel.config import SHIPPED_CONFIGS, to_dict
 from draftwheel.tracking import NullTracker
 from draftwheel.serving.engine.engine import Completion, Engine
 from draftwheel.evaluation.gate import ShadowConfig, gate, plot_slices, slice_table, summarize
-from draftwheel.evaluation.greedy_check import first_difference, greedy_divergence
+from draftwheel.evaluation.greedy_check import greedy_divergence
+from draftwheel.serving.engine.acceptance import common_prefix
 from draftwheel.serving.engine.models import LoadedModel
 from draftwheel.serving.loading import load_model
 from draftwheel.serving.engine.params import SamplingParams
@@ -147,7 +148,7 @@ def _replay_one(engines: dict[str, Engine], request: ShadowRequest, index: int, 
                                       "autoregressive")
         if greedy.token_ids != reference.token_ids:
             mismatches.append({"id": request.id, "model": arm, "mode": greedy.record.mode,
-                               "first_difference": first_difference(greedy.token_ids, reference.token_ids)})
+                               "first_difference": common_prefix(greedy.token_ids, reference.token_ids)})
     return row, mismatches
 
 

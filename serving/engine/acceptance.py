@@ -5,6 +5,8 @@
 included (vLLM's definition), `(accepted + steps) / steps`.
 `draft_cost_ratio(draft_s, drafted, verify_s, steps)`: the measured c, seconds per drafted token over
 seconds per verification forward.
+`common_prefix(a, b)`: where two token sequences first differ; against a greedy output, how many tokens
+of a proposal greedy verification accepts.
 
 Convention (docs/log-schema.md, *Derived figures*): when nothing was drafted (or no step verified)
 the figure is `0.0`, never `None` or NaN, so every figure is a finite float that JSON, Prometheus,
@@ -30,3 +32,10 @@ def mean_accepted_length(accepted: int | float, steps: int | float) -> float:
 def draft_cost_ratio(draft_s: float, drafted: int | float, verify_s: float, steps: int | float) -> float:
     """c = (draft_s / drafted) / (verify_s / steps); 0.0 when nothing was drafted or timed."""
     return (draft_s / drafted) / (verify_s / steps) if drafted and verify_s and steps else 0.0
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """The first position where two token sequences differ (the shorter one's length when one is a prefix
+    of the other). Against a greedy output it is how many tokens of a proposal greedy verification
+    accepts there."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

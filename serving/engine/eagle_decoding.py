@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from draftwheel.serving.engine.acceptance import common_prefix
 from draftwheel.serving.engine.adaptive import (AdaptiveK, ScoreCalibration, StepPace, branch_length, suffix_drafts,
                                                 tree_beats_index)
 from draftwheel.serving.engine.decoding import Request, choose
@@ -37,7 +38,7 @@ from draftwheel.serving.engine.kv import CachedLM
 from draftwheel.serving.engine.records import Beside, Step
 from draftwheel.serving.engine.sampling import sample, warp
 from draftwheel.serving.engine.suffix import Proposal
-from draftwheel.serving.engine.tree import accepted_prefix, chain_with_branch, verify_tree_greedy
+from draftwheel.serving.engine.tree import chain_with_branch, verify_tree_greedy
 from draftwheel.serving.engine.verify import point_mass_q, verify_greedy, verify_sampled
 
 SOURCE = "eagle3"
@@ -104,7 +105,7 @@ def _run_ahead(drafter: EagleDrafter, hidden: torch.Tensor, logits: torch.Tensor
 def _tree_step(chain: Step, chain_accepted: int, branch: list[int], emitted: list[int]) -> Step:
     """A token-tree step's record: the proposal the target accepted further is the step, the other is
     `beside` it. `chain`: the step as the draft's chain (its `accepted` the whole step's)."""
-    index = Beside(k=len(branch), accepted=accepted_prefix(branch, emitted), draft_token_ids=branch, source="suffix")
+    index = Beside(k=len(branch), accepted=common_prefix(branch, emitted), draft_token_ids=branch, source="suffix")
     if index.accepted <= chain_accepted:
         chain.beside = index
         return chain
@@ -200,7 +201,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
         if pace:
             pace.clock.observe(rows, target.last_forward_s)
         # new_features[:a+1]: positions of `last` and the accepted drafts; `emitted` follows them.
-        chain_accepted = accepted_prefix(drafted.tolist(), emitted.tolist()) if branch else accepted
+        chain_accepted = common_prefix(drafted.tolist(), emitted.tolist()) if branch else accepted
         if not by_model:  # the draft consumed nothing this step: these slots queue behind the pending ones
             if from_suffix:
                 calibration.update(proposal.score, accepted)
@@ -214,7 +215,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
             if pace:  # the draft's prompt intake counts here: drafting at all in a request pays for it
                 pace.drafted(accepted + 1, rows, draft_s, target.last_forward_s)
             if branch:
-                calibration.update(sum(proposal.probs[:len(branch)]), accepted_prefix(branch, emitted.tolist()))
+                calibration.update(sum(proposal.probs[:len(branch)]), common_prefix(branch, emitted.tolist()))
         last = int(emitted[-1])
         req.timed_step(draft_s, target.last_forward_s)
         source = SOURCE if by_model else "suffix" if from_suffix else None

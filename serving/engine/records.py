@@ -87,10 +87,7 @@ def verify_rows(step: Any) -> int:
     if step.beside is None:
         return step.k + 1
     other = step.beside.draft_token_ids
-    shared = 0
-    while shared < min(step.k, len(other)) and step.draft_token_ids[shared] == other[shared]:
-        shared += 1
-    return step.k + 1 + len(other) - shared
+    return step.k + 1 + len(other) - acceptance.common_prefix(step.draft_token_ids, other)
 
 
 @dataclass
@@ -287,8 +284,8 @@ def check_record(record: Any, vocab_size: int | None = None) -> None:
                        else f"{len(step.draft_token_ids)} draft_token_ids for k={step.k}")
             raise RecordError(f"steps[{index}]: {problem}", "bad_step")
         beside = step.beside
-        if beside is not None and not 0 <= beside.accepted <= min(beside.k, step.accepted) \
-                or beside is not None and beside.k != len(beside.draft_token_ids):
+        if beside is not None and (not 0 <= beside.accepted <= min(beside.k, step.accepted)
+                                   or beside.k != len(beside.draft_token_ids)):
             raise RecordError(f"steps[{index}].beside: accepted={beside.accepted} outside 0..min(k={beside.k}, "
                               f"the step's {step.accepted}), or {len(beside.draft_token_ids)} draft_token_ids",
                               "bad_step")

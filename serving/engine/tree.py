@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from draftwheel.serving.engine.acceptance import common_prefix
+
 
 @dataclass(frozen=True)
 class Tree:
@@ -55,9 +57,7 @@ def chain_with_branch(root: int, chain: list[int], branch: list[int]) -> Tree:
     """The tree of `chain` (nodes 1..len(chain)) and `branch` from the same root, sharing their common
     prefix: the branch's other tokens follow the chain's nodes, leaving it at the last shared node (a
     branch the chain starts with adds nothing; one that starts with the chain makes a longer chain)."""
-    shared = 0
-    while shared < min(len(chain), len(branch)) and chain[shared] == branch[shared]:
-        shared += 1
+    shared = common_prefix(chain, branch)
     rest = branch[shared:]
     parents = list(range(-1, len(chain)))  # the chain: node i's parent is i - 1
     for offset in range(len(rest)):
@@ -78,12 +78,3 @@ def verify_tree_greedy(tree: Tree, logits: torch.Tensor) -> tuple[torch.Tensor, 
         path.append(child)
     emitted = [tree.tokens[node] for node in path[1:]] + [choice[path[-1]]]
     return torch.tensor(emitted, dtype=torch.long), path
-
-
-def accepted_prefix(proposal: list[int], emitted: list[int]) -> int:
-    """How many leading tokens of `proposal` the target emitted: what verifying it alone would have
-    accepted (greedy), whichever branch of a tree won."""
-    n = 0
-    while n < min(len(proposal), len(emitted)) and proposal[n] == emitted[n]:
-        n += 1
-    return n

@@ -14,7 +14,8 @@ from draftwheel.serving.engine.adaptive import branch_length
 from draftwheel.serving.engine.kv import CachedLM
 from draftwheel.serving.engine.prepack import prepack_linears
 from draftwheel.serving.engine.row_invariant import tree_layout, use_row_invariant_attention
-from draftwheel.serving.engine.tree import Tree, accepted_prefix, chain_with_branch, verify_tree_greedy
+from draftwheel.serving.engine.acceptance import common_prefix
+from draftwheel.serving.engine.tree import Tree, chain_with_branch, verify_tree_greedy
 from draftwheel.serving.testing import build_tokenizer, tiny_llama
 from tests.serving.test_precision import gqa_llama
 
@@ -47,7 +48,7 @@ def test_greedy_walk_follows_the_targets_choice_into_either_branch():
     # nothing matches at the root: only the target's own token
     emitted, path = verify_tree_greedy(tree, logits_choosing([4, 0, 0, 0, 0, 0]))
     assert emitted.tolist() == [4] and path == [0]
-    assert accepted_prefix([1, 2, 3], [1, 5, 6, 8]) == 1 and accepted_prefix([1, 5, 6], [1, 5, 6, 8]) == 3
+    assert common_prefix([1, 2, 3], [1, 5, 6, 8]) == 1 and common_prefix([1, 5, 6], [1, 5, 6, 8]) == 3
 
 
 def test_branch_length_keeps_tokens_worth_their_rows():
