@@ -9,7 +9,11 @@ repetition: speed against plain decoding and mean accepted length of each settin
 and B ÷ A; then the repetitions' mean.
 
 Settings are engine settings of configs/serve.yaml's names: `index_branch` (verify the index's proposal
-beside the draft's chain as one token tree) and `min_path_prob` (the chain cut).
+beside the draft's chain as one token tree) and `min_path_prob` (the chain cut); and the suffix index's
+(`draftwheel.serving.engine.suffix.SuffixConfig`, prefixed `suffix_`): `suffix_spec_factor`,
+`suffix_spec_offset` (how long a proposal a match of a given length may make), `suffix_stretch_factor`
+(how far past that it offers tokens the loop verifies where they pay), `suffix_min_token_prob`.
+An arm whose index settings differ gets its own index over the same logs.
 
     .venv/bin/python benchmarks/served_ab.py --home DIR --a index_branch=false --b index_branch=true --repeats 2
 
@@ -26,7 +30,17 @@ from typing import Any
 
 from bench_io import add_output_arguments, save  # benchmarks/ is on sys.path when run as a script
 
-SETTINGS = {"index_branch": lambda text: {"true": True, "false": False}[text.lower()], "min_path_prob": float}
+SETTINGS = {"index_branch": lambda text: {"true": True, "false": False}[text.lower()], "min_path_prob": float,
+            "suffix_spec_factor": float, "suffix_spec_offset": float, "suffix_stretch_factor": float,
+            "suffix_min_token_prob": float}
+INDEX_PREFIX = "suffix_"  # settings of the index (SuffixConfig's field after the prefix), not of the engine
+
+
+def split_setting(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A parsed setting -> (engine keyword arguments, SuffixConfig overrides)."""
+    engine = {k: v for k, v in settings.items() if not k.startswith(INDEX_PREFIX)}
+    index = {k[len(INDEX_PREFIX):]: v for k, v in settings.items() if k.startswith(INDEX_PREFIX)}
+    return engine, index
 
 
 def parse_setting(items: list[str]) -> dict[str, Any]:
@@ -63,16 +77,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def compare(target: Any, draft: Any, index: Any, rows: dict[str, list[dict[str, str]]], params: Any,
+def compare(target: Any, draft: Any, indexes: dict[str, Any], rows: dict[str, list[dict[str, str]]], params: Any,
             a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """One repetition: per slice, plain decoding and the two settings as served, prompt by prompt in turn."""
+    """One repetition: per slice, plain decoding and the two settings as served (engine settings `a` and
+    `b`, each beside its read-only index, `indexes["a"]` and `indexes["b"]`), prompt by prompt in turn."""
     from draftwheel.flows import report
     from draftwheel.flows.demo import identical, measure
     from draftwheel.serving.engine.engine import Engine
 
     engines = {"plain": (Engine(target), "autoregressive"),
-               "a": (Engine(target, draft, suffix_index=index, **a), "hybrid"),
-               "b": (Engine(target, draft, suffix_index=index, **b), "hybrid")}
+               "a": (Engine(target, draft, suffix_index=indexes["a"], **a), "hybrid"),
+               "b": (Engine(target, draft, suffix_index=indexes["b"], **b), "hybrid")}
     result = {}
     for name, prompts in rows.items():
         runs = measure(engines, prompts, params)
@@ -118,9 +133,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from draftwheel.serving.engine.params import SamplingParams
     from draftwheel.serving.engine.precision import resolve_dtype
     from draftwheel.serving.engine.reference import ensure_reference_target
-    from draftwheel.serving.engine.suffix import ReadOnlyIndex, SuffixIndex, target_key
+    from draftwheel.serving.engine.suffix import ReadOnlyIndex, SuffixConfig, SuffixIndex, target_key
     from draftwheel.serving.loading import load_model
 
+    (engine_a, index_a), (engine_b, index_b) = split_setting(a), split_setting(b)
+    try:
+        configs = {"a": SuffixConfig(**index_a), "b": SuffixConfig(**index_b)}
+    except ValueError as error:
+        raise SystemExit(f"setting suffix_{error}") from None
     slices = args.slices or list(SLICES)
     unknown = sorted(set(slices) - set(SLICES))
     if unknown:
@@ -131,15 +151,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     draft = load_model(args.draft, "cpu", dtype)
     logs = Path(args.logs) if args.logs else next(
         (d for d in (state_dir() / "rounds" / "logs", logs_dir()) if d.is_dir()), logs_dir())
-    shared = SuffixIndex.from_logs(logs, target_key(target.model_id))
+    built = {"a": SuffixIndex.from_logs(logs, target_key(target.model_id), configs["a"])}
+    built["b"] = built["a"] if configs["b"] == configs["a"] else SuffixIndex.from_logs(
+        logs, target_key(target.model_id), configs["b"])
     held = held_out(args.eval, args.seed, set(bootstrap_prompts()))
     rows = {name: held[f"eval/{name}"] for name in slices}
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0, k=args.k)
-    repeats = [compare(target, draft, ReadOnlyIndex(shared), rows, params, a, b) for _ in range(args.repeats)]
+    indexes = {arm: ReadOnlyIndex(index) for arm, index in built.items()}
+    repeats = [compare(target, draft, indexes, rows, params, engine_a, engine_b) for _ in range(args.repeats)]
     means = summary(repeats)
     print(table_text(means))
     out = save("served_ab", {"a": a, "b": b, "draft": args.draft, "index_logs": str(logs),
-                             "index_requests": shared.requests, "repeats": repeats, "mean": means}, args)
+                             "index_requests": built["a"].requests, "repeats": repeats, "mean": means}, args)
     print(f"wrote {out}")
     return means
 

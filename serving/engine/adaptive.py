@@ -78,6 +78,30 @@ def branch_length(probs: Sequence[float], ratio: float, row_slope: float, rate: 
     return n
 
 
+def stretch_length(probs: Sequence[float], ratio: float, row_slope: float, tokens: float, rows: int) -> int:
+    """How many of an index proposal's stretch tokens (draftwheel.serving.engine.suffix.Proposal.stretch:
+    past the cap its match length sets) to verify after its tokens. The step without them emits `tokens`
+    on average (1 + its calibrated score) over a verify of `rows` rows. A stretch token adds one row,
+    `row_slope` of a 1-row step (`VerifyClock.slope`), and on average `ratio` (how far stretch tokens
+    came true in this request, a `ScoreCalibration`) times its path probability; it is kept while that
+    beats what the step earns per unit so far, so each kept token raises the step's tokens per unit.
+    Path probabilities only fall, so no later token would pay."""
+    n = 0
+    for prob in probs:
+        gain = ratio * prob
+        if gain < row_slope * tokens / (1.0 + row_slope * (rows - 1)):
+            break
+        tokens, rows, n = tokens + gain, rows + 1, n + 1
+    return n
+
+
+def stretch_calibration() -> "ScoreCalibration":
+    """A request's evidence on stretch tokens: a prior of half the path probability's worth (the cap
+    exists because a short match's probabilities run high), discounted more slowly than the score's
+    calibration because stretch tokens are fewer."""
+    return ScoreCalibration(prior_ratio=0.5, prior_weight=4.0, decay=0.95)
+
+
 class _DiscountedLine:
     """y = a + b * x by least squares over observations discounted by `decay` each (the clocks below)."""
 

@@ -30,8 +30,8 @@ from typing import Any, Callable, Iterator
 import torch
 
 from draftwheel.serving.engine.acceptance import common_prefix
-from draftwheel.serving.engine.adaptive import (AdaptiveK, ScoreCalibration, StepPace, branch_length, suffix_drafts,
-                                                tree_beats_index)
+from draftwheel.serving.engine.adaptive import (AdaptiveK, ScoreCalibration, StepPace, branch_length,
+                                                stretch_calibration, stretch_length, suffix_drafts, tree_beats_index)
 from draftwheel.serving.engine.decoding import Request, choose
 from draftwheel.serving.engine.eagle import DraftCall, DraftKV, Eagle3Draft
 from draftwheel.serving.engine.kv import CachedLM
@@ -129,6 +129,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
     kv = DraftKV()
     estimate = controller or AdaptiveK(params.k)  # the draft's acceptance estimate, for the hybrid choice
     calibration = ScoreCalibration()  # how far the index's scores come true in this request
+    stretch = stretch_calibration()  # ...and the tokens it offers past its cap (Proposal.stretch)
     if propose and pace is None:
         pace = StepPace()  # the hybrid's "is drafting worth a step here?"
     # greedy hybrid steps may verify the index's proposal beside the draft's chain (draftwheel.serving.engine.tree)
@@ -163,8 +164,13 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
         by_model = use_draft and not from_suffix  # neither: a plain step (the hybrid's third choice)
         start, suspended = time.perf_counter(), drafter.suspended_s
         branch: list[int] = []  # index tokens verified beside the draft's chain, as one tree
+        stretched = 0  # the proposal's stretch tokens verified after its own
         if not by_model:  # the index's proposal, a point mass; or nothing, for a plain step
-            drafted, q = torch.tensor(proposal.tokens if from_suffix else [], dtype=torch.long), None  # [n]
+            if from_suffix:
+                stretched = stretch_length(proposal.stretch_probs, stretch.ratio, pace.clock.slope,
+                                           1.0 + calibration.scaled(proposal.score), len(proposal.tokens) + 1)
+            tokens = proposal.stretched(stretched).tokens if from_suffix else []
+            drafted, q = torch.tensor(tokens, dtype=torch.long), None  # [n]
         else:
             prefills_draft = kv.length == 0  # this extend takes in the whole prompt: not a step's usual cost
             committed = kv.length + slot_tokens.shape[0]
@@ -204,7 +210,10 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
         chain_accepted = common_prefix(drafted.tolist(), emitted.tolist()) if branch else accepted
         if not by_model:  # the draft consumed nothing this step: these slots queue behind the pending ones
             if from_suffix:
-                calibration.update(proposal.score, accepted)
+                own = len(proposal.tokens)
+                calibration.update(proposal.score, min(accepted, own))
+                if stretched:
+                    stretch.update(sum(proposal.stretch_probs[:stretched]), max(accepted - own, 0))
             features = torch.cat([features, new_features[: accepted + 1]])
             slot_tokens = torch.cat([slot_tokens, emitted])
         else:

@@ -8,7 +8,9 @@ there counts in the denominator and never as a branch); the proposal's `score` i
 expected accepted length if the estimates were exact); drafting stops below `min_token_prob`. Match
 lengths are tried longest first and the best score wins (ties: the longer match); a match of length m
 may propose at most `m * spec_factor + spec_offset` tokens, so speculation length grows with match
-length. Two bounds on the work, not in the tree version: once the best score reaches the next length's
+length. The walk goes on to `m * stretch_factor + spec_offset` tokens: those past the first cap are the
+proposal's `stretch`, outside its score, which a decoding loop verifies only as far as they pay for
+their verify rows on this machine (draftwheel.serving.engine.adaptive.stretch_length). Two bounds on the work, not in the tree version: once the best score reaches the next length's
 token limit the search stops (exact: no shorter match can beat it), and at most `max_thresholds`
 lengths are tried.
 
@@ -75,6 +77,12 @@ class SuffixConfig:
     """A match of length m drafts at most m * spec_factor + spec_offset tokens."""
     spec_offset: float = 0.0
     """See spec_factor."""
+    stretch_factor: float = 2.0
+    """A match of length m also offers the tokens up to m * stretch_factor + spec_offset, past the
+    spec_factor cap, as the proposal's `stretch` (<= spec_factor: none). The cap guards against a short
+    match's overconfident path probabilities; where a verify row costs little (bfloat16 on AMX: ~3 % of
+    a step) the tokens past it still pay, where it costs much (float32 on AVX2: 15-27 %) they rarely do,
+    so the decoding loop weighs them by their measured acceptance and the measured row cost."""
     min_token_prob: float = 0.1
     """Stop drafting when a token's estimated acceptance probability falls below this."""
 
@@ -96,6 +104,8 @@ class SuffixConfig:
                              f"({max(self.min_match, self.request_min_match)}), got {self.max_depth!r}")
         if self.spec_factor < 0 or self.spec_offset < 0:
             raise ValueError("spec_factor, spec_offset: must be >= 0")
+        if self.stretch_factor < 0:
+            raise ValueError(f"stretch_factor: must be >= 0, got {self.stretch_factor!r}")
         if not 0.0 <= self.min_token_prob <= 1.0:
             raise ValueError(f"min_token_prob: must be in [0, 1], got {self.min_token_prob!r}")
 
@@ -110,6 +120,20 @@ class Proposal:
     probs: tuple[float, ...] = ()
     """Each drafted token's estimated acceptance probability (that of the whole path up to it); they sum
     to `score`."""
+    stretch: tuple[int, ...] = ()
+    """The walk's tokens past the match length's cap (SuffixConfig.stretch_factor), after `tokens`: not
+    in `score`; a loop verifies a prefix of them (`stretched`)."""
+    stretch_probs: tuple[float, ...] = ()
+    """Their path probabilities, as `probs`."""
+
+    def stretched(self, n: int) -> Proposal:
+        """This proposal with the first n stretch tokens joined to its tokens (and their probabilities to
+        its score); n = 0: the proposal as it is, stretch dropped."""
+        if not self.stretch and not n:
+            return self
+        probs = self.probs + self.stretch_probs[:n]
+        return Proposal(tokens=self.tokens + list(self.stretch[:n]), score=sum(probs), match_len=self.match_len,
+                        probs=probs)
 
 
 EMPTY = Proposal()
@@ -253,9 +277,12 @@ class TokenStore:
             limit = min(max_k, int(m * config.spec_factor + config.spec_offset + 1e-6))
             if best.score >= limit:  # a score never exceeds its limit, and limits only fall from here
                 break
-            tokens, probs = _walk(following[match >= m], limit, config.min_token_prob)
-            if sum(probs) > best.score:
-                best = Proposal(tokens=tokens, score=sum(probs), match_len=m, probs=tuple(probs))
+            reach = max(limit, min(max_k, int(m * config.stretch_factor + config.spec_offset + 1e-6)))
+            tokens, probs = _walk(following[match >= m], reach, config.min_token_prob)
+            if sum(probs[:limit]) > best.score:
+                best = Proposal(tokens=tokens[:limit], score=sum(probs[:limit]), match_len=m,
+                                probs=tuple(probs[:limit]), stretch=tuple(tokens[limit:]),
+                                stretch_probs=tuple(probs[limit:]))
         return best
 
     def closed_sequences(self) -> list[list[int]]:

@@ -31,7 +31,8 @@ from typing import Iterator
 
 import torch
 
-from draftwheel.serving.engine.adaptive import AdaptiveK, ScoreCalibration, StepPace, suffix_drafts
+from draftwheel.serving.engine.adaptive import (AdaptiveK, ScoreCalibration, StepPace, VerifyClock, stretch_calibration,
+                                                stretch_length, suffix_drafts)
 from draftwheel.serving.engine.decoding import Request, _draft_tokens
 from draftwheel.serving.engine.eagle_decoding import EagleDrafter, eagle3
 from draftwheel.serving.engine.kv import CachedLM
@@ -76,8 +77,10 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
     local = RequestIndex(context, index.config if index is not None else SuffixConfig())
     model_a = AdaptiveK(params.k)  # the draft model's acceptance estimate (and its k when adaptive)
     calibration = ScoreCalibration()  # how far the index's scores come true in this request
+    stretch = stretch_calibration()  # ...and the tokens it offers past its cap (Proposal.stretch)
     if draft is not None and pace is None:
         pace = StepPace()  # whether drafting with the model pays (hybrid only)
+    clock = pace.clock if pace else VerifyClock()  # verify cost by rows: what a stretch token must pay for
     while not req.out.finished:
         # Drafts past max_new_tokens would be thrown away. The first forward is the prompt alone, as in
         # plain decoding: a prefill that also verifies drafts runs other kernel shapes, and in bfloat16
@@ -91,14 +94,16 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
             len(proposal.tokens), model_a.c, pace.clock.cost))
         pending = _pending(target, context)
         before = len(context)
-        draft_s = 0.0
+        draft_s, stretched = 0.0, 0
         if use_model:
             prefills_draft = draft.length == 0  # this forward takes in the whole prompt: not a step's usual cost
             start = time.perf_counter()
             drafted, q = _draft_tokens(draft, _pending(draft, context), k_model, req)  # [k], [k, V] | None
             draft_s, source = time.perf_counter() - start, "draft"
         else:
-            drafted, q = torch.tensor(proposal.tokens, dtype=torch.long), None  # [k]
+            stretched = stretch_length(proposal.stretch_probs, stretch.ratio, clock.slope,
+                                       1.0 + calibration.scaled(proposal.score), len(proposal.tokens) + 1)
+            drafted, q = torch.tensor(proposal.stretched(stretched).tokens, dtype=torch.long), None  # [k]
             source = "suffix" if proposal.tokens else None
         k = len(drafted)
         logits = yield from target.step(torch.cat([pending, drafted]), keep=k + 1)  # [k+1, V]
@@ -109,8 +114,8 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
                 q = point_mass_q(drafted, logits.shape[-1])  # [k, V]
             emitted, accepted = verify_sampled(drafted, q, warp(logits, params), req.generator)
         target.rollback(k - accepted)
-        if pace and pending.shape[0] == 1:  # a verify over k + 1 rows (not the prefill)
-            pace.clock.observe(k + 1, target.last_forward_s)
+        if pending.shape[0] == 1:  # a verify over k + 1 rows (not the prefill)
+            clock.observe(k + 1, target.last_forward_s)
         if use_model:
             draft.rollback(draft.length - (before + min(accepted, k - 1)))
             # a step whose draft took in the whole prompt says nothing about the draft's per-token cost c
@@ -118,7 +123,10 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
             # the draft's prompt intake counts here: drafting at all in a request pays for it
             pace.drafted(accepted + 1, k + 1, draft_s, target.last_forward_s)
         elif proposal.tokens:
-            calibration.update(proposal.score, accepted)
+            own = len(proposal.tokens)
+            calibration.update(proposal.score, min(accepted, own))
+            if stretched:
+                stretch.update(sum(proposal.stretch_probs[:stretched]), max(accepted - own, 0))
         emitted_list = emitted.tolist()
         context.extend(emitted_list)
         local.extend(emitted_list)

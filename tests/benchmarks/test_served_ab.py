@@ -30,6 +30,15 @@ def test_settings_are_parsed_and_bad_ones_named(served_ab):
         served_ab.parse_setting(["index_branch=maybe"])
 
 
+def test_index_settings_go_to_the_index_not_the_engine(served_ab):
+    setting = served_ab.parse_setting(["suffix_spec_factor=2", "index_branch=false"])
+    engine, index = served_ab.split_setting(setting)
+    assert engine == {"index_branch": False, "min_path_prob": 0.25}
+    assert index == {"spec_factor": 2.0}
+    with pytest.raises(SystemExit, match="suffix_spec_offset: bad value 'long'"):
+        served_ab.parse_setting(["suffix_spec_offset=long"])
+
+
 def test_compare_measures_both_settings_against_plain(served_ab):
     from tests.serving.test_eagle import fit_draft
     from draftwheel.serving.testing import build_tokenizer, tiny_llama
@@ -44,7 +53,8 @@ def test_compare_measures_both_settings_against_plain(served_ab):
         index.add(ids + corrupted(hf_greedy(model, ids, 30), every=3))
     rows = {"chat": [{"prompt": p, "slice": "chat"} for p in PROMPTS[:3]]}
     params = SamplingParams(max_new_tokens=16, temperature=0.0, k=3)
-    result = served_ab.compare(target, draft, ReadOnlyIndex(index), rows, params,
+    view = ReadOnlyIndex(index)
+    result = served_ab.compare(target, draft, {"a": view, "b": view}, rows, params,
                                {"index_branch": False}, {"index_branch": True})
     row = result["chat"]
     assert row["a"]["identical"] == row["b"]["identical"] == "3/3"

@@ -87,10 +87,27 @@ def test_request_index_matches_single_tokens_but_the_shared_index_does_not():
     prompt = [5, 40, 41, 42, 6, 7]
     local = RequestIndex(prompt)
     context = prompt + [9, 40]
-    assert local.propose(context, 8) == Proposal(tokens=[41], score=1.0, match_len=1, probs=(1.0,))
+    assert local.propose(context, 8) == Proposal(tokens=[41], score=1.0, match_len=1, probs=(1.0,),
+                                                 stretch=(42,), stretch_probs=(1.0,))
     shared = index_of(prompt)
     assert shared.propose(context, 8) == EMPTY
     assert RequestIndex(prompt, SuffixConfig(request_min_match=2)).propose(context, 8) == EMPTY
+
+
+def test_the_walk_past_the_cap_is_the_stretch_outside_the_score():
+    """A match of length m proposes m tokens (spec_factor 1) and offers the next ones up to
+    m * stretch_factor as the stretch; choosing between match lengths still reads the score alone."""
+    index = index_of([1, 2, 3, 4, 5, 6, 7, 8, 9])
+    proposal = index.propose([0, 2, 3], 8)  # matches (2, 3): m = 2
+    assert proposal.tokens == [4, 5] and proposal.score == 2.0 and proposal.match_len == 2
+    assert proposal.stretch == (6, 7) and proposal.stretch_probs == (1.0, 1.0)
+    assert proposal.stretched(1) == Proposal(tokens=[4, 5, 6], score=3.0, match_len=2, probs=(1.0, 1.0, 1.0))
+    assert proposal.stretched(0) == Proposal(tokens=[4, 5], score=2.0, match_len=2, probs=(1.0, 1.0))
+    assert index.propose([0, 2, 3], 3).stretch == (6,)  # max_k bounds the stretch too
+    off = index_of([1, 2, 3, 4, 5, 6, 7, 8, 9], stretch_factor=1.0)
+    assert off.propose([0, 2, 3], 8).stretch == ()
+    with pytest.raises(ValueError, match="stretch_factor"):
+        SuffixConfig(stretch_factor=-1.0)
 
 
 def test_eviction_keeps_the_newest_requests_within_both_bounds():

@@ -178,3 +178,58 @@ def test_hybrid_requests_carry_the_pace_per_slice_and_draft(pair):
     assert len(engine.paces) == 2
     engine.swap_draft(from_objects(draft, tokenizer, "draft-v2"))
     assert engine.paces.resume(("chat", "draft-v2", "", "")).draft_steps == 0
+
+
+def test_stretch_length_keeps_tokens_worth_their_rows():
+    from draftwheel.serving.engine.adaptive import stretch_length
+
+    # cheap rows (bfloat16 on AMX): every likely token pays; dear rows (float32 on AVX2): fewer do
+    assert stretch_length([0.9, 0.8, 0.5], ratio=0.5, row_slope=0.03, tokens=3.0, rows=3) == 3
+    assert stretch_length([0.9, 0.8, 0.5], ratio=0.5, row_slope=0.2, tokens=3.0, rows=3) == 1
+    assert stretch_length([0.9, 0.8], ratio=0.01, row_slope=0.03, tokens=3.0, rows=3) == 0  # keeps failing here
+    assert stretch_length([], ratio=1.0, row_slope=0.0, tokens=1.0, rows=1) == 0
+
+
+class _FixedClock:
+    """A verify clock whose row cost does not follow this machine's timings (a deterministic test)."""
+
+    slope = 0.05
+
+    def observe(self, rows, seconds):
+        pass
+
+
+def test_suffix_steps_verify_the_stretch_while_it_comes_true(pair, monkeypatch):
+    """A proposal of one token with three stretch tokens after it: verified whole while the stretch is
+    right; a stretch that keeps being rejected stops being verified. Lossless either way."""
+    from draftwheel.serving.engine import suffix_decoding
+    from draftwheel.serving.engine.suffix import EMPTY, Proposal
+
+    tokenizer, target, _ = pair
+    engine = Engine(from_objects(target, tokenizer, "target"))
+    prompt = "The quick brown"
+    ids = tokenizer(prompt)["input_ids"]
+    truth = hf_greedy(target, ids, 40)
+
+    def oracle(right):
+        def propose(context, max_k, *parts):
+            ahead = truth[len(context) - len(ids):][:4]
+            if len(ahead) < 4 or max_k < 4:
+                return EMPTY
+            stretch = ahead[1:] if right else [(t + 1) % target.config.vocab_size for t in ahead[1:]]
+            return Proposal(tokens=ahead[:1], score=1.0, match_len=1, probs=(1.0,), stretch=tuple(stretch),
+                            stretch_probs=(1.0, 1.0, 1.0))
+        return propose
+
+    monkeypatch.setattr(suffix_decoding, "VerifyClock", _FixedClock)
+    monkeypatch.setattr(suffix_decoding, "best_proposal", oracle(True))
+    good, = engine.generate([prompt], SamplingParams(max_new_tokens=40), mode="suffix")
+    assert good.token_ids == truth
+    drafted = [s for s in good.record.steps if s.source == "suffix"]
+    assert drafted and all(s.k == 4 and s.accepted == 4 for s in drafted)
+
+    monkeypatch.setattr(suffix_decoding, "best_proposal", oracle(False))
+    bad, = engine.generate([prompt], SamplingParams(max_new_tokens=40), mode="suffix")
+    assert bad.token_ids == truth
+    ks = [s.k for s in bad.record.steps if s.source == "suffix"]
+    assert ks[0] == 4 and ks[-1] == 1 and all(s.accepted == 1 for s in bad.record.steps if s.source == "suffix")
