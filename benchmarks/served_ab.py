@@ -17,6 +17,12 @@ An arm whose index settings differ gets its own index over the same logs.
 
     .venv/bin/python benchmarks/served_ab.py --home DIR --a index_branch=false --b index_branch=true --repeats 2
 
+With `--modelled-time` the hybrid's choices read step times from a cost model measured once at the
+start (the target's verify cost by rows on this machine, the draft's cost per drafted token from one
+draft-alone warm-up request: `draftwheel.serving.engine.adaptive.ModelledTime`) instead of the clock, so
+each arm decodes every prompt along the same steps in every repetition; each arm's speed is then also
+given by the same cost model (`modelled`, as the shadow gate computes it), beside the wall clock's.
+
 The result is printed, saved as JSON under the state dir and logged to MLflow (bench_io).
 """
 
@@ -73,21 +79,53 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=40)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0, help="the rounds benchmark's seed (the same held-out prompts)")
+    parser.add_argument("--modelled-time", action="store_true",
+                        help="choices and a second speed figure by a cost model measured once (module docstring)")
     add_output_arguments(parser, "served_ab")
     return parser.parse_args(argv)
 
 
+def cost_model(target: Any, draft: Any, prompt: str, params: Any) -> dict[str, Any]:
+    """The cost model `--modelled-time` decides and measures by: the target's verify cost by rows (up to
+    the longest token tree a step may verify) and the draft's c from one draft-alone request, measured
+    on the engine's own (packed) kernels."""
+    from draftwheel.evaluation.served_cost import StepCost, draft_cost_ratio, measure_row_costs
+    from draftwheel.serving.engine.adaptive import ModelledTime
+    from draftwheel.serving.engine.engine import Engine
+    from draftwheel.serving.engine.suffix import SuffixConfig
+
+    engine = Engine(target, draft)
+    row_costs, one_row_s = measure_row_costs(target.model, params.k + SuffixConfig().max_spec_tokens + 1)
+    warm = engine.generate([prompt], params, chat=True, mode="draft")[0]
+    drafted = StepCost.of(warm.record.steps, row_costs, "draft").model_drafted
+    c = draft_cost_ratio(warm.stats.draft_s, drafted, one_row_s)
+    # the least-squares slope of cost(rows) = 1 + slope (rows - 1)
+    slope = sum(i * (cost - 1.0) for i, cost in enumerate(row_costs)) / max(sum(i * i for i in range(len(row_costs))), 1)
+    return {"time": ModelledTime(row_slope=slope, draft_c=c), "row_costs": row_costs, "c": c}
+
+
+def modelled_speedup(completions: list[Any], row_costs: list[float], c: float) -> float:
+    """The completions' tokens per unit of plain-step cost, all together (the gate's served_speedup)."""
+    from draftwheel.evaluation.served_cost import StepCost
+
+    costs = [StepCost.of(done.record.steps, row_costs, done.record.mode) for done in completions]
+    total = sum(cost.verify_cost + c * cost.model_drafted for cost in costs)
+    return sum(cost.tokens for cost in costs) / total if total > 0 else 1.0
+
+
 def compare(target: Any, draft: Any, indexes: dict[str, Any], rows: dict[str, list[dict[str, str]]], params: Any,
-            a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, Any]]:
+            a: dict[str, Any], b: dict[str, Any], model: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """One repetition: per slice, plain decoding and the two settings as served (engine settings `a` and
-    `b`, each beside its read-only index, `indexes["a"]` and `indexes["b"]`), prompt by prompt in turn."""
+    `b`, each beside its read-only index, `indexes["a"]` and `indexes["b"]`), prompt by prompt in turn.
+    With `model` (`cost_model`), the arms decide by its modelled time and get its speed too."""
     from draftwheel.flows import report
     from draftwheel.flows.demo import identical, measure
     from draftwheel.serving.engine.engine import Engine
 
+    timing = {"modelled_time": model["time"]} if model else {}
     engines = {"plain": (Engine(target), "autoregressive"),
-               "a": (Engine(target, draft, suffix_index=indexes["a"], **a), "hybrid"),
-               "b": (Engine(target, draft, suffix_index=indexes["b"], **b), "hybrid")}
+               "a": (Engine(target, draft, suffix_index=indexes["a"], **a, **timing), "hybrid"),
+               "b": (Engine(target, draft, suffix_index=indexes["b"], **b, **timing), "hybrid")}
     result = {}
     for name, prompts in rows.items():
         runs = measure(engines, prompts, params)
@@ -97,7 +135,11 @@ def compare(target: Any, draft: Any, indexes: dict[str, Any], rows: dict[str, li
             figures = report.figures([c.stats for c in runs[arm]], plain)
             row[arm] = {"speedup": figures["speedup_vs_plain"], "mal": figures["mean_accepted_length"],
                         "identical": identical(runs[arm], runs["plain"])}
+            if model:
+                row[arm]["modelled"] = modelled_speedup(runs[arm], model["row_costs"], model["c"])
         row["b_over_a"] = row["b"]["speedup"] / row["a"]["speedup"]
+        if model:
+            row["b_over_a_modelled"] = row["b"]["modelled"] / row["a"]["modelled"]
         result[name] = row
     return result
 
@@ -107,17 +149,24 @@ def summary(repeats: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, flo
     out = {}
     for name in repeats[0]:
         rows = [rep[name] for rep in repeats]
-        out[name] = {f"{arm}_{key}": statistics.fmean(row[arm][key] for row in rows)
-                     for arm in ("a", "b") for key in ("speedup", "mal")}
-        out[name]["b_over_a"] = statistics.fmean(row["b_over_a"] for row in rows)
+        keys = ("speedup", "mal") + (("modelled",) if "modelled" in rows[0]["a"] else ())
+        out[name] = {f"{arm}_{key}": statistics.fmean(row[arm][key] for row in rows) for arm in ("a", "b") for key in keys}
+        for ratio in ("b_over_a", "b_over_a_modelled"):
+            if ratio in rows[0]:
+                out[name][ratio] = statistics.fmean(row[ratio] for row in rows)
     return out
 
 
 def table_text(means: dict[str, dict[str, float]]) -> str:
-    lines = ["| slice | A as served (MAL) | B as served (MAL) | B ÷ A |", "|---|---|---|---|"]
+    modelled = all("b_over_a_modelled" in m for m in means.values())
+    lines = ["| slice | A as served (MAL) | B as served (MAL) | B ÷ A |" + (" A, B modelled | B ÷ A modelled |" if modelled else ""),
+             "|---|---|---|---|" + ("---|---|" if modelled else "")]
     for name, m in means.items():
-        lines.append(f"| {name} | {m['a_speedup']:.2f}x ({m['a_mal']:.2f}) | {m['b_speedup']:.2f}x "
-                     f"({m['b_mal']:.2f}) | {m['b_over_a']:.3f} |")
+        line = (f"| {name} | {m['a_speedup']:.2f}x ({m['a_mal']:.2f}) | {m['b_speedup']:.2f}x "
+                f"({m['b_mal']:.2f}) | {m['b_over_a']:.3f} |")
+        if modelled:
+            line += f" {m['a_modelled']:.2f}x, {m['b_modelled']:.2f}x | {m['b_over_a_modelled']:.3f} |"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -158,11 +207,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = {name: held[f"eval/{name}"] for name in slices}
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0, k=args.k)
     indexes = {arm: ReadOnlyIndex(index) for arm, index in built.items()}
-    repeats = [compare(target, draft, indexes, rows, params, engine_a, engine_b) for _ in range(args.repeats)]
+    model = cost_model(target, draft, next(iter(rows.values()))[0]["prompt"], params) if args.modelled_time else None
+    if model:
+        print(f"modelled time: verify row slope {model['time'].row_slope:.4f} of a step, draft c {model['c']:.4f}")
+    repeats = [compare(target, draft, indexes, rows, params, engine_a, engine_b, model)
+               for _ in range(args.repeats)]
     means = summary(repeats)
     print(table_text(means))
     out = save("served_ab", {"a": a, "b": b, "draft": args.draft, "index_logs": str(logs),
-                             "index_requests": built["a"].requests, "repeats": repeats, "mean": means}, args)
+                             "index_requests": built["a"].requests,
+                             "cost_model": {"row_costs": model["row_costs"], "c": model["c"]} if model else None, "repeats": repeats, "mean": means}, args)
     print(f"wrote {out}")
     return means
 

@@ -102,6 +102,25 @@ def stretch_calibration() -> "ScoreCalibration":
     return ScoreCalibration(prior_ratio=0.5, prior_weight=4.0, decay=0.95)
 
 
+class ModelledTime:
+    """Step times from a fixed cost model instead of the clock, for measurements that compare settings:
+    the hybrid's choices (`StepPace`, `VerifyClock`, the draft's c in `AdaptiveK`) read measured step
+    times, so on a shared machine the same request decodes along other steps from one run to the next
+    (as-served MAL moves by ±10 % over 12 prompts). With this, a verify over n rows takes
+    1 + `row_slope` (n - 1) and drafting `draft_c` per model-drafted token, in units of a 1-row step
+    (the draft's prompt intake is not priced): the choices become a function of the prompts alone. The
+    wall clock still times what a user would see. Pure Python."""
+
+    def __init__(self, row_slope: float, draft_c: float):
+        if row_slope < 0 or draft_c < 0:
+            raise ValueError(f"row_slope and draft_c: must be >= 0, got {row_slope!r} and {draft_c!r}")
+        self.row_slope, self.draft_c = row_slope, draft_c
+
+    def times(self, rows: int, model_drafted: int) -> tuple[float, float]:
+        """(drafting, verify) of a step over `rows` verify rows with `model_drafted` model-drafted tokens."""
+        return self.draft_c * model_drafted, 1.0 + self.row_slope * (rows - 1)
+
+
 class _DiscountedLine:
     """y = a + b * x by least squares over observations discounted by `decay` each (the clocks below)."""
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 
@@ -40,6 +40,7 @@ class Request:
     draft_s: float = 0.0  # seconds spent drafting, summed over steps (the measured draft cost)
     verify_s: float = 0.0  # seconds spent in the target's verification forwards
     k_cap: int | None = None  # at most this many drafted tokens per step (the batch engine's; 0: plain steps)
+    modelled_time: Any = None  # an adaptive.ModelledTime: the hybrid's choices read it instead of the clock
 
     @property
     def draft_room(self) -> int:
@@ -50,6 +51,13 @@ class Request:
     def timed_step(self, draft_s: float, verify_s: float) -> None:
         self.draft_s += draft_s
         self.verify_s += verify_s
+
+    def decision_times(self, draft_s: float, verify_s: float, rows: int, model_drafted: int) -> tuple[float, float]:
+        """The (drafting, verify) times a step's choices learn from: as measured, or as `modelled_time`
+        prices a verify over `rows` rows and `model_drafted` drafted tokens."""
+        if self.modelled_time is None:
+            return draft_s, verify_s
+        return self.modelled_time.times(rows, model_drafted)
 
     def emit(self, tokens: list[int]) -> None:
         if self.first_token_s is None:

@@ -204,8 +204,10 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
             accepted = len(path) - 1
             target.keep_path(rows, path)
             new_features = new_features[path]
+        # what this step's choices learn from: its measured times, or the request's modelled ones
+        decide_draft_s, decide_verify_s = req.decision_times(draft_s, target.last_forward_s, rows, k if by_model else 0)
         if pace:
-            pace.clock.observe(rows, target.last_forward_s)
+            pace.clock.observe(rows, decide_verify_s)
         # new_features[:a+1]: positions of `last` and the accepted drafts; `emitted` follows them.
         chain_accepted = common_prefix(drafted.tolist(), emitted.tolist()) if branch else accepted
         if not by_model:  # the draft consumed nothing this step: these slots queue behind the pending ones
@@ -220,9 +222,9 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
             kv.crop(committed)  # drop the slots that ran on the draft's own features
             features, slot_tokens = new_features[: accepted + 1], emitted  # [a+1, 3H], [a+1]
             # a step whose draft took in the whole prompt says nothing about the draft's per-token cost c
-            estimate.update(k, chain_accepted, draft_s, 0.0 if prefills_draft else target.last_forward_s)
+            estimate.update(k, chain_accepted, decide_draft_s, 0.0 if prefills_draft else decide_verify_s)
             if pace:  # the draft's prompt intake counts here: drafting at all in a request pays for it
-                pace.drafted(accepted + 1, rows, draft_s, target.last_forward_s)
+                pace.drafted(accepted + 1, rows, decide_draft_s, decide_verify_s)
             if branch:
                 calibration.update(sum(proposal.probs[:len(branch)]), common_prefix(branch, emitted.tolist()))
         last = int(emitted[-1])

@@ -111,7 +111,7 @@ class Engine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, medusa: Any = None,
                  sink: Any = None, metrics: Any = None, medusa_id: ModelId | None = None, prepack: bool = True,
                  suffix_index: SuffixIndex | None = None, router: Any = None, dtype: torch.dtype | None = None,
-                 min_path_prob: float = 0.0, index_branch: bool = True):
+                 min_path_prob: float = 0.0, index_branch: bool = True, modelled_time: Any = None):
         """With `prepack` (the default), CPU models get oneDNN-packed linear layers, in place
         (draftwheel.serving.engine.prepack): the engine owns the models it is given. With `dtype` the target is cast to it
         in place (draftwheel.serving.engine.precision); by default it keeps the dtype it was loaded in. Drafts and heads
@@ -119,11 +119,14 @@ class Engine:
         that name no mode get the mode and k it picks. `min_path_prob` cuts an eagle3 draft chain once the
         draft's own probability of it falls below this (draftwheel.serving.engine.eagle_decoding; 0 = always k tokens).
         With `index_branch`, a greedy hybrid step that drafts also verifies the suffix index's proposal beside
-        the chain, as one token tree (draftwheel.serving.engine.tree)."""
+        the chain, as one token tree (draftwheel.serving.engine.tree). With `modelled_time` (an
+        `adaptive.ModelledTime`), the hybrid's choices read modelled step times instead of the clock: for
+        benchmarks that compare settings (serving leaves it None)."""
         if not 0.0 <= min_path_prob < 1.0:
             raise ValueError(f"min_path_prob: must be in [0, 1), got {min_path_prob!r}")
         self.min_path_prob = min_path_prob
         self.index_branch = index_branch
+        self.modelled_time = modelled_time
         if dtype is not None:
             target.model.to(dtype)
         self.dtype = next(target.model.parameters()).dtype
@@ -223,7 +226,8 @@ class Engine:
                          [self.target.model] + ([draft.model] if mode in ("draft", "hybrid") else []))
         seed = params.seed if params.seed is not None or params.greedy else int(torch.randint(0, 2**62, (1,)))
         req = Request(prompt_ids=torch.tensor(ids), params=params, generator=make_generator(seed),
-                      out=OutputState(self.target.tokenizer, self.eos_ids, params.stop, params.max_new_tokens))
+                      out=OutputState(self.target.tokenizer, self.eos_ids, params.stop, params.max_new_tokens),
+                      modelled_time=self.modelled_time)
         # The hybrid's "does drafting pay?" carries over from the slice's last request with this draft.
         pace_key = (slice, draft.model_id.name, draft.model_id.version, draft.model_id.sha256) \
             if mode == "hybrid" else None

@@ -114,14 +114,16 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
                 q = point_mass_q(drafted, logits.shape[-1])  # [k, V]
             emitted, accepted = verify_sampled(drafted, q, warp(logits, params), req.generator)
         target.rollback(k - accepted)
+        # what this step's choices learn from: its measured times, or the request's modelled ones
+        decide_draft_s, decide_verify_s = req.decision_times(draft_s, target.last_forward_s, k + 1, k if use_model else 0)
         if pending.shape[0] == 1:  # a verify over k + 1 rows (not the prefill)
-            clock.observe(k + 1, target.last_forward_s)
+            clock.observe(k + 1, decide_verify_s)
         if use_model:
             draft.rollback(draft.length - (before + min(accepted, k - 1)))
             # a step whose draft took in the whole prompt says nothing about the draft's per-token cost c
-            model_a.update(k, accepted, draft_s, 0.0 if prefills_draft else target.last_forward_s)
+            model_a.update(k, accepted, decide_draft_s, 0.0 if prefills_draft else decide_verify_s)
             # the draft's prompt intake counts here: drafting at all in a request pays for it
-            pace.drafted(accepted + 1, k + 1, draft_s, target.last_forward_s)
+            pace.drafted(accepted + 1, k + 1, decide_draft_s, decide_verify_s)
         elif proposal.tokens:
             own = len(proposal.tokens)
             calibration.update(proposal.score, min(accepted, own))

@@ -62,3 +62,28 @@ def test_compare_measures_both_settings_against_plain(served_ab):
     means = served_ab.summary([result, result])
     assert means["chat"]["b_over_a"] == pytest.approx(row["b_over_a"])
     assert "| chat |" in served_ab.table_text(means)
+
+
+def test_modelled_time_repeats_the_same_steps_and_prices_them(served_ab):
+    """With the cost model measured once, each arm decodes along the same steps in every repetition, so
+    its MAL and modelled speed repeat exactly; the wall clock still times both."""
+    from tests.serving.test_eagle import fit_draft
+    from draftwheel.serving.testing import build_tokenizer, tiny_llama
+
+    tokenizer = build_tokenizer()
+    model = tiny_llama(tokenizer, n_layers=2, seed=0, tie_embeddings=False)
+    target, draft = from_objects(model, tokenizer, "target"), from_objects(fit_draft(model, tokenizer, steps=100),
+                                                                           tokenizer, "eagle")
+    params = SamplingParams(max_new_tokens=16, temperature=0.0, k=3)
+    costs = served_ab.cost_model(target, draft, PROMPTS[0], params)
+    assert len(costs["row_costs"]) == 3 + 16 + 1 and costs["row_costs"][0] == 1.0
+    assert costs["time"].row_slope >= 0.0 and costs["c"] > 0.0
+    view = ReadOnlyIndex(SuffixIndex(target_key(target.model_id)))
+    rows = {"chat": [{"prompt": p, "slice": "chat"} for p in PROMPTS[:3]]}
+    first, second = (served_ab.compare(target, draft, {"a": view, "b": view}, rows, params, {"index_branch": False},
+                                       {"index_branch": True}, costs) for _ in range(2))
+    for arm in ("a", "b"):
+        assert first["chat"][arm]["mal"] == second["chat"][arm]["mal"]
+        assert first["chat"][arm]["modelled"] == pytest.approx(second["chat"][arm]["modelled"])
+        assert first["chat"][arm]["identical"] == "3/3"
+    assert "B ÷ A modelled" in served_ab.table_text(served_ab.summary([first, second]))
