@@ -3,7 +3,8 @@
 For each held-out prompt per slice (the rounds benchmark's: chat never trained on, fresh code, sql and
 tools), the target's greedy output is decoded once. Then at every position p of it, with the context
 up to p known, two proposals are read: the suffix index's (over the serving logs, as `draftwheel serve`
-would have it, plus the request's own prompt and output so far) and each eagle3 draft's chain (k tokens,
+would have it, plus the request's own prompt and output so far; without its stretch, which a loop
+verifies as far as the measured row cost says) and each eagle3 draft's chain (k tokens,
 cut by min_path_prob, on the target's own features). Each proposal's accepted length at p is its common
 prefix with the output (greedy verification accepts exactly that). No timing: the figures are counts.
 

@@ -89,19 +89,14 @@ def cost_model(target: Any, draft: Any, prompt: str, params: Any) -> dict[str, A
     """The cost model `--modelled-time` decides and measures by: the target's verify cost by rows (up to
     the longest token tree a step may verify) and the draft's c from one draft-alone request, measured
     on the engine's own (packed) kernels."""
-    from draftwheel.evaluation.served_cost import StepCost, draft_cost_ratio, measure_row_costs
-    from draftwheel.serving.engine.adaptive import ModelledTime
+    from draftwheel.evaluation.served_cost import measure_row_costs, modelled_time
     from draftwheel.serving.engine.engine import Engine
     from draftwheel.serving.engine.suffix import SuffixConfig
 
     engine = Engine(target, draft)
     row_costs, one_row_s = measure_row_costs(target.model, params.k + SuffixConfig().max_spec_tokens + 1)
-    warm = engine.generate([prompt], params, chat=True, mode="draft")[0]
-    drafted = StepCost.of(warm.record.steps, row_costs, "draft").model_drafted
-    c = draft_cost_ratio(warm.stats.draft_s, drafted, one_row_s)
-    # the least-squares slope of cost(rows) = 1 + slope (rows - 1)
-    slope = sum(i * (cost - 1.0) for i, cost in enumerate(row_costs)) / max(sum(i * i for i in range(len(row_costs))), 1)
-    return {"time": ModelledTime(row_slope=slope, draft_c=c), "row_costs": row_costs, "c": c}
+    time = modelled_time(row_costs, one_row_s, engine.generate([prompt], params, chat=True, mode="draft")[0])
+    return {"time": time, "row_costs": row_costs, "c": time.draft_c}
 
 
 def modelled_speedup(completions: list[Any], row_costs: list[float], c: float) -> float:

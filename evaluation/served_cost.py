@@ -13,7 +13,8 @@ steps and two measured constants, so two drafts replayed on the same prompts are
 timing noise of each request's wall clock (which `draftwheel.evaluation.shadow` reports beside it).
 
 `measure_row_costs` times the target; `StepCost` summarizes a record's steps; `served_speedup` applies
-the model. It does not decode or decide anything.
+the model; `modelled_time` turns it into the step times a replay may decide by. It does not decode or
+decide anything.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, Iterable
 
 import torch
 
+from draftwheel.serving.engine.adaptive import ModelledTime
 from draftwheel.serving.engine.kv import CachedLM
 from draftwheel.serving.engine.records import verify_rows
 
@@ -91,6 +93,15 @@ def served_speedup(cost: StepCost, c: float) -> float:
     """Tokens per unit of plain-step cost (plain decoding = 1.0); 1.0 for a request with no steps."""
     total = cost.verify_cost + c * cost.model_drafted
     return cost.tokens / total if total > 0 else 1.0
+
+
+def modelled_time(row_costs: list[float], one_row_s: float, warm: Any) -> ModelledTime:
+    """The step times a replay's choices read instead of the clock (draftwheel.serving.engine.adaptive.ModelledTime):
+    the least-squares slope of `row_costs` (cost(rows) = 1 + slope (rows - 1)), and the draft's c from
+    `warm`, a completion of that draft alone (mode draft) on the same engine kernels."""
+    slope = sum(i * (cost - 1.0) for i, cost in enumerate(row_costs)) / max(sum(i * i for i in range(len(row_costs))), 1)
+    drafted = StepCost.of(warm.record.steps, row_costs, "draft").model_drafted
+    return ModelledTime(row_slope=max(slope, 0.0), draft_c=draft_cost_ratio(warm.stats.draft_s, drafted, one_row_s))
 
 
 def draft_cost_ratio(draft_seconds: float, model_drafted: int, plain_step_s: float) -> float:

@@ -48,7 +48,9 @@ from draftwheel.serving.engine.models import LoadedModel
 from draftwheel.serving.loading import load_model
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.engine.precision import resolve_dtype
-from draftwheel.evaluation.served_cost import StepCost, draft_cost_ratio, measure_row_costs, served_speedup
+from draftwheel.evaluation.served_cost import (StepCost, draft_cost_ratio, measure_row_costs, modelled_time,
+                                               served_speedup)
+from draftwheel.serving.engine.adaptive import ModelledTime
 from draftwheel.serving.engine.sink import log_files, valid_records
 from draftwheel.serving.engine.suffix import ReadOnlyIndex, SuffixConfig, SuffixIndex, target_key
 
@@ -159,17 +161,31 @@ def _is_target_greedy(target: Engine, completion: Completion, max_new_tokens: in
                              completion.token_ids, max_new_tokens) is None
 
 
-def _engines(models: dict[str, LoadedModel], config: ShadowConfig,
-             requests: list[ShadowRequest]) -> dict[str, Engine]:
+def _engines(models: dict[str, LoadedModel], config: ShadowConfig, requests: list[ShadowRequest],
+             timing: dict[str, ModelledTime] | None = None) -> dict[str, Engine]:
     """Engines sharing one target object (no second copy in memory): target-only, champion, challenger.
     With the suffix tier both drafts read the same index (`served_index`) through a read-only view, so
-    neither learns from its own or the other's replays and the target-only reference run feeds neither."""
+    neither learns from its own or the other's replays and the target-only reference run feeds neither.
+    With `timing`, each draft's engine decides by its `ModelledTime` (`modelled_times`)."""
     target = models["target"]
     reference = Engine(target, dtype=resolve_dtype(config.dtype))  # casts the shared target once
     index = served_index(reference, requests, config) if config.suffix_tier else None
     return {"target": reference, **{arm: Engine(target, models[arm], min_path_prob=config.min_path_prob,
-                                                suffix_index=ReadOnlyIndex(index) if index is not None else None)
+                                                suffix_index=ReadOnlyIndex(index) if index is not None else None,
+                                                modelled_time=(timing or {}).get(arm))
                                          for arm in ARMS}}
+
+
+def modelled_times(models: dict[str, LoadedModel], config: ShadowConfig, request: ShadowRequest,
+                   row_costs: list[float], one_row_s: float) -> dict[str, ModelledTime]:
+    """Per draft, the modelled time its replay decides by (`ShadowConfig.modelled_time`): the row costs'
+    slope, and its c from one draft-alone request (the first replayed prompt; draftwheel.evaluation.served_cost)."""
+    reference = Engine(models["target"], dtype=resolve_dtype(config.dtype))
+    params = _params(request, 0, config, greedy=True)
+    return {arm: modelled_time(row_costs, one_row_s, _run(Engine(reference.target, models[arm],
+                                                                 min_path_prob=config.min_path_prob),
+                                                          request, params, "draft"))
+            for arm in ARMS}
 
 
 def served_index(engine: Engine, requests: list[ShadowRequest], config: ShadowConfig) -> SuffixIndex:
@@ -228,18 +244,19 @@ def replay_figures(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _replays(requests: list[ShadowRequest], models: dict[str, LoadedModel], config: ShadowConfig,
-             workers: int, row_costs: list[float]) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
+             workers: int, row_costs: list[float],
+             timing: dict[str, ModelledTime] | None = None) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
     """(row, mismatches) per request, in request order: in this process (workers 1) or in `workers` processes."""
     jobs = list(enumerate(requests))
     if workers == 1:
-        engines = _engines(models, config, requests)
+        engines = _engines(models, config, requests, timing)
         yield from (_replay_one(engines, request, index, config, row_costs) for index, request in jobs)
         return
     # Each worker loads the models from their directories: a spawned process gets paths, not 500 MB pickles.
     threads = max(1, len(os.sched_getaffinity(0)) // workers)
     paths = {name: str(model.path) for name, model in models.items()}
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
-                               initargs=(paths, config, threads, os.getpid(), requests, row_costs))
+                               initargs=(paths, config, threads, os.getpid(), requests, row_costs, timing))
     try:
         yield from pool.map(_replay_job, jobs)
     finally:  # after a failed replay, do not wait for the prompts not yet started
@@ -261,10 +278,12 @@ _WORKER: dict[str, Any] = {}  # a replay process's engines and config (set by _s
 
 
 def _start_worker(paths: dict[str, str], config: ShadowConfig, threads: int, parent: int,
-                  requests: list[ShadowRequest], row_costs: list[float]) -> None:
+                  requests: list[ShadowRequest], row_costs: list[float],
+                  timing: dict[str, ModelledTime] | None = None) -> None:
     exit_with_parent(parent)
     torch.set_num_threads(threads)
-    _WORKER["engines"] = _engines({name: load_model(path) for name, path in paths.items()}, config, requests)
+    _WORKER["engines"] = _engines({name: load_model(path) for name, path in paths.items()}, config, requests,
+                                  timing)
     _WORKER["config"], _WORKER["row_costs"] = config, row_costs
 
 
@@ -317,8 +336,10 @@ def run_shadow(champion: str | Path | LoadedModel, challenger: str | Path | Load
     workers = replay_workers(config, len(requests))
     started = time.time()
     row_costs, one_row_s = served_row_costs(models["target"], config)
+    timing = modelled_times(models, config, requests[0], row_costs, one_row_s) \
+        if config.modelled_time and requests else None
     rows, mismatches = [], []
-    replays = _replays(requests, models, config, workers, row_costs)
+    replays = _replays(requests, models, config, workers, row_costs, timing)
     for index, (request, (row, bad)) in enumerate(zip(requests, replays)):
         rows.append(row)
         mismatches += bad
@@ -331,7 +352,8 @@ def run_shadow(champion: str | Path | LoadedModel, challenger: str | Path | Load
                  (("target", target), ("champion", champion), ("challenger", challenger))},
               "requests": rows, "lossless": {"checked": len(rows), "mismatches": mismatches},
               "workers": workers, "cost_model": {"row_costs": row_costs, "one_row_s": one_row_s,
-                                                 "draft_c": add_served_speedup(rows, one_row_s)}}
+                                                 "draft_c": add_served_speedup(rows, one_row_s),
+                                                 "modelled_time": {arm: vars(t) for arm, t in (timing or {}).items()}}}
     report.update(summarize(rows, config))
     decision = gate(report, config)
     report["decision"] = decision.as_dict()

@@ -54,7 +54,7 @@ def load_model(spec: str | Path, device: str = "cpu", dtype: torch.dtype = torch
 def engine_from_specs(target: str | Path, draft: str | Path | None = None, medusa: str | Path | None = None,
                       device: str = "cpu", dtype: torch.dtype = torch.float32, sink: Any = None,
                       metrics: Any = None, prepack: bool = True, min_path_prob: float = 0.0,
-                      index_branch: bool = True) -> Engine:
+                      index_branch: bool = False) -> Engine:
     """Load the models and build the engine that serves them in `dtype`
     (`draftwheel.serving.engine.precision.resolve_dtype` turns a setting into one)."""
     target_model = load_model(target, device, dtype)

@@ -111,7 +111,7 @@ class Engine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, medusa: Any = None,
                  sink: Any = None, metrics: Any = None, medusa_id: ModelId | None = None, prepack: bool = True,
                  suffix_index: SuffixIndex | None = None, router: Any = None, dtype: torch.dtype | None = None,
-                 min_path_prob: float = 0.0, index_branch: bool = True, modelled_time: Any = None):
+                 min_path_prob: float = 0.0, index_branch: bool = False, modelled_time: Any = None):
         """With `prepack` (the default), CPU models get oneDNN-packed linear layers, in place
         (draftwheel.serving.engine.prepack): the engine owns the models it is given. With `dtype` the target is cast to it
         in place (draftwheel.serving.engine.precision); by default it keeps the dtype it was loaded in. Drafts and heads

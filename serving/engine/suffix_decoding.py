@@ -45,7 +45,7 @@ from draftwheel.serving.engine.verify import point_mass_q, verify_greedy, verify
 
 def suffix_loop(target: CachedLM, draft: LoadedModel | None, index: SuffixIndex | None,
                 req: Request, min_path_prob: float = 0.0, pace: StepPace | None = None,
-                drafter: EagleDrafter | None = None, index_branch: bool = True) -> Iterator[None]:
+                drafter: EagleDrafter | None = None, index_branch: bool = False) -> Iterator[None]:
     """The loop for mode `suffix` (draft None) or `hybrid` (an `lm` or `eagle3` draft); without a
     shared index only the request's own part proposes. An eagle3 hybrid runs in the eagle3 loop, which
     asks the index first each step (draftwheel.serving.engine.eagle_decoding). The hybrid times its steps into `pace`

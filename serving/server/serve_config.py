@@ -47,7 +47,7 @@ class ServeConfig:
     """eagle3 drafts: stop a chain once the draft's own probability of it falls below this (0 = always k
     tokens). Lossless either way; on the reference target k=4 with 0.25 gave 1.49x plain vs 1.42x for a
     fixed k=3."""
-    index_branch: bool = True
+    index_branch: bool = False
     """Mode hybrid, greedy: a step that drafts with the eagle3 draft also verifies the suffix index's
     proposal, as a second branch of one token tree, so whichever is right is accepted."""
     adaptive_k: bool = False

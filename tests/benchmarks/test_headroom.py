@@ -8,7 +8,7 @@ import pytest
 from draftwheel.serving.engine.engine import Engine
 from draftwheel.serving.engine.models import from_objects
 from draftwheel.serving.engine.params import SamplingParams
-from draftwheel.serving.engine.suffix import SuffixIndex, target_key
+from draftwheel.serving.engine.suffix import SuffixConfig, SuffixIndex, target_key
 from tests.serving.test_engine import PROMPTS
 from tests.serving.test_suffix_engine import corrupted
 
@@ -47,7 +47,8 @@ def eagle_pair():
 def test_the_table_walks_as_the_engine_decodes(headroom, eagle_pair, cut):
     tokenizer, target, draft = eagle_pair
     loaded = from_objects(target, tokenizer, "target")
-    index = SuffixIndex(target_key(loaded.model_id))
+    # no stretch: how much of it a loop verifies follows the measured row cost, which the counts leave out
+    index = SuffixIndex(target_key(loaded.model_id), SuffixConfig(stretch_factor=1.0))
     params = SamplingParams(max_new_tokens=24, temperature=0.0, k=3)
     plain = Engine(loaded)
     for prompt in PROMPTS[:2]:  # the index knows a corrupted copy of these outputs

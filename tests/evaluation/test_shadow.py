@@ -27,7 +27,7 @@ from draftwheel.serving.engine.engine import PromptTooLongError
 from draftwheel.evaluation.gate import POOLED, ShadowConfig, slice_groups
 from draftwheel.serving.loading import load_model
 from draftwheel.evaluation.shadow import (AUTO_WORKERS_MIN_REQUESTS, DEFAULT_CANARY, exit_with_parent, load_canary,
-                            replay_figures, replay_workers, run_shadow)
+                            TIMED, replay_figures, replay_workers, run_shadow)
 
 
 def test_default_config_file_loads():
@@ -228,6 +228,25 @@ def test_shadow_replay_with_the_suffix_tier(toy_models):
     assert result["overall"]["champion"]["mean_accepted_length"] > 1.0
     assert result["overall"]["difference"]["mean"] < 1.0
     assert result["config"]["suffix_tier"] is True
+
+
+def test_modelled_time_makes_the_as_served_replay_repeat_itself(toy_models):
+    """With `modelled_time` (the default) the hybrid's choices read the cost model's step times, so two
+    replays of the same prompts give the same per-request figures (only the timed ones differ), and the
+    report carries each draft's modelled constants."""
+    models, holdout, _ = toy_models
+    config = ShadowConfig(bootstrap_resamples=500, include_canary=False, min_requests=4, suffix_tier=True)
+    assert config.modelled_time
+    first, second = (run_shadow(models["bad"], models["good"], models["target"], holdout, config) for _ in range(2))
+    untimed = lambda report: [(id_, {arm: {**f, "draft_alone": {k: v for k, v in f["draft_alone"].items()
+                                                               if k not in TIMED}} for arm, f in arms.items()})
+                              for id_, arms in replay_figures(report)]
+    assert untimed(first) == untimed(second)
+    timing = first["cost_model"]["modelled_time"]
+    assert set(timing) == {"champion", "challenger"} and all(t["row_slope"] >= 0.0 for t in timing.values())
+    assert timing["challenger"]["draft_c"] > 0.0
+    off = run_shadow(models["bad"], models["good"], models["target"], holdout, replace(config, modelled_time=False))
+    assert off["cost_model"]["modelled_time"] == {} and off["lossless"] == first["lossless"]
 
 
 def test_a_lossy_challenger_is_caught_and_reported_against_target_only_decoding(toy_models, monkeypatch):

@@ -165,7 +165,7 @@ def test_hybrid_verifies_the_index_beside_the_chain_losslessly(pair, monkeypatch
     # every step drafts, and the index only ever proposes a branch
     monkeypatch.setattr(StepPace, "draft_pays", lambda self: True)
     monkeypatch.setattr("draftwheel.serving.engine.eagle_decoding.suffix_drafts", lambda *a, **k: False)
-    engine = hybrid_engine(pair, known)
+    engine = hybrid_engine(pair, known, index_branch=True)
     completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=40, k=3), mode="hybrid")
     for completion in completions:
         assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 40), completion.prompt
