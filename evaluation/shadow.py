@@ -179,13 +179,20 @@ def _engines(models: dict[str, LoadedModel], config: ShadowConfig, requests: lis
 def modelled_times(models: dict[str, LoadedModel], config: ShadowConfig, request: ShadowRequest,
                    row_costs: list[float], one_row_s: float) -> dict[str, ModelledTime]:
     """Per draft, the modelled time its replay decides by (`ShadowConfig.modelled_time`): the row costs'
-    slope, and its c from one draft-alone request (the first replayed prompt; draftwheel.evaluation.served_cost)."""
+    slope, and its c from one draft-alone request (the first replayed prompt; draftwheel.evaluation.served_cost).
+    Two drafts of the same shapes do the same work per token, so they share the mean of their two c's:
+    one warm-up request's c moves by a quarter between runs, and it must not decide which arm drafts more."""
     reference = Engine(models["target"], dtype=resolve_dtype(config.dtype))
     params = _params(request, 0, config, greedy=True)
-    return {arm: modelled_time(row_costs, one_row_s, _run(Engine(reference.target, models[arm],
-                                                                 min_path_prob=config.min_path_prob),
-                                                          request, params, "draft"))
-            for arm in ARMS}
+    timing = {arm: modelled_time(row_costs, one_row_s, _run(Engine(reference.target, models[arm],
+                                                                   min_path_prob=config.min_path_prob),
+                                                            request, params, "draft"))
+              for arm in ARMS}
+    shapes = {arm: [tuple(p.shape) for p in models[arm].model.parameters()] for arm in ARMS}
+    if shapes["champion"] == shapes["challenger"]:  # the same computation per token: one c, not two noisy ones
+        c = sum(t.draft_c for t in timing.values()) / len(timing)
+        timing = {arm: ModelledTime(row_slope=t.row_slope, draft_c=c) for arm, t in timing.items()}
+    return timing
 
 
 def served_index(engine: Engine, requests: list[ShadowRequest], config: ShadowConfig) -> SuffixIndex:

@@ -245,6 +245,8 @@ def test_modelled_time_makes_the_as_served_replay_repeat_itself(toy_models):
     timing = first["cost_model"]["modelled_time"]
     assert set(timing) == {"champion", "challenger"} and all(t["row_slope"] >= 0.0 for t in timing.values())
     assert timing["challenger"]["draft_c"] > 0.0
+    same_shapes = [p.shape for p in models["bad"].model.parameters()] == [p.shape for p in models["good"].model.parameters()]
+    assert (timing["champion"]["draft_c"] == timing["challenger"]["draft_c"]) == same_shapes
     off = run_shadow(models["bad"], models["good"], models["target"], holdout, replace(config, modelled_time=False))
     assert off["cost_model"]["modelled_time"] == {} and off["lossless"] == first["lossless"]
 
