@@ -101,11 +101,12 @@ def cost_model(target: Any, draft: Any, prompt: str, params: Any) -> dict[str, A
 
 def modelled_speedup(completions: list[Any], row_costs: list[float], c: float) -> float:
     """The completions' tokens per unit of plain-step cost, all together (the gate's served_speedup)."""
-    from draftwheel.evaluation.served_cost import StepCost
+    from draftwheel.evaluation.served_cost import StepCost, served_speedup
 
     costs = [StepCost.of(done.record.steps, row_costs, done.record.mode) for done in completions]
-    total = sum(cost.verify_cost + c * cost.model_drafted for cost in costs)
-    return sum(cost.tokens for cost in costs) / total if total > 0 else 1.0
+    return served_speedup(StepCost(tokens=sum(cost.tokens for cost in costs),
+                                   verify_cost=sum(cost.verify_cost for cost in costs),
+                                   model_drafted=sum(cost.model_drafted for cost in costs)), c)
 
 
 def compare(target: Any, draft: Any, indexes: dict[str, Any], rows: dict[str, list[dict[str, str]]], params: Any,
@@ -145,7 +146,8 @@ def summary(repeats: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, flo
     for name in repeats[0]:
         rows = [rep[name] for rep in repeats]
         keys = ("speedup", "mal") + (("modelled",) if "modelled" in rows[0]["a"] else ())
-        out[name] = {f"{arm}_{key}": statistics.fmean(row[arm][key] for row in rows) for arm in ("a", "b") for key in keys}
+        out[name] = {f"{arm}_{key}": statistics.fmean(row[arm][key] for row in rows)
+                     for arm in ("a", "b") for key in keys}
         for ratio in ("b_over_a", "b_over_a_modelled"):
             if ratio in rows[0]:
                 out[name][ratio] = statistics.fmean(row[ratio] for row in rows)
@@ -154,7 +156,8 @@ def summary(repeats: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, flo
 
 def table_text(means: dict[str, dict[str, float]]) -> str:
     modelled = all("b_over_a_modelled" in m for m in means.values())
-    lines = ["| slice | A as served (MAL) | B as served (MAL) | B ÷ A |" + (" A, B modelled | B ÷ A modelled |" if modelled else ""),
+    lines = ["| slice | A as served (MAL) | B as served (MAL) | B ÷ A |"
+             + (" A, B modelled | B ÷ A modelled |" if modelled else ""),
              "|---|---|---|---|" + ("---|---|" if modelled else "")]
     for name, m in means.items():
         line = (f"| {name} | {m['a_speedup']:.2f}x ({m['a_mal']:.2f}) | {m['b_speedup']:.2f}x "
@@ -211,7 +214,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(table_text(means))
     out = save("served_ab", {"a": a, "b": b, "draft": args.draft, "index_logs": str(logs),
                              "index_requests": built["a"].requests,
-                             "cost_model": {"row_costs": model["row_costs"], "c": model["c"]} if model else None, "repeats": repeats, "mean": means}, args)
+                             "cost_model": {"row_costs": model["row_costs"], "c": model["c"]} if model else None,
+                             "repeats": repeats, "mean": means}, args)
     print(f"wrote {out}")
     return means
 

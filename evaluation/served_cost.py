@@ -99,7 +99,8 @@ def modelled_time(row_costs: list[float], one_row_s: float, warm: Any) -> Modell
     """The step times a replay's choices read instead of the clock (draftwheel.serving.engine.adaptive.ModelledTime):
     the least-squares slope of `row_costs` (cost(rows) = 1 + slope (rows - 1)), and the draft's c from
     `warm`, a completion of that draft alone (mode draft) on the same engine kernels."""
-    slope = sum(i * (cost - 1.0) for i, cost in enumerate(row_costs)) / max(sum(i * i for i in range(len(row_costs))), 1)
+    extra_rows = range(len(row_costs))  # rows - 1 of each cost
+    slope = sum(i * (cost - 1.0) for i, cost in zip(extra_rows, row_costs)) / max(sum(i * i for i in extra_rows), 1)
     drafted = StepCost.of(warm.record.steps, row_costs, "draft").model_drafted
     return ModelledTime(row_slope=max(slope, 0.0), draft_c=draft_cost_ratio(warm.stats.draft_s, drafted, one_row_s))
 

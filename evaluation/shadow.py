@@ -182,9 +182,9 @@ def modelled_times(models: dict[str, LoadedModel], config: ShadowConfig, request
     slope, and its c from one draft-alone request (the first replayed prompt; draftwheel.evaluation.served_cost).
     Two drafts of the same shapes do the same work per token, so they share the mean of their two c's:
     one warm-up request's c moves by a quarter between runs, and it must not decide which arm drafts more."""
-    reference = Engine(models["target"], dtype=resolve_dtype(config.dtype))
     params = _params(request, 0, config, greedy=True)
-    timing = {arm: modelled_time(row_costs, one_row_s, _run(Engine(reference.target, models[arm],
+    timing = {arm: modelled_time(row_costs, one_row_s, _run(Engine(models["target"], models[arm],
+                                                                   dtype=resolve_dtype(config.dtype),
                                                                    min_path_prob=config.min_path_prob),
                                                             request, params, "draft"))
               for arm in ARMS}

@@ -12,7 +12,7 @@ import copy
 import random
 import threading
 from collections import OrderedDict
-from typing import Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -100,6 +100,24 @@ def stretch_calibration() -> "ScoreCalibration":
     exists because a short match's probabilities run high), discounted more slowly than the score's
     calibration because stretch tokens are fewer."""
     return ScoreCalibration(prior_ratio=0.5, prior_weight=4.0, decay=0.95)
+
+
+def index_stretch(proposal: Any, calibration: "ScoreCalibration", stretch: "ScoreCalibration", row_slope: float) -> int:
+    """How many stretch tokens to verify after an index `proposal` (suffix.Proposal) the loop verifies
+    alone: `stretch_length` with the request's score calibration (what the step earns without them) and
+    stretch calibration (`stretch_calibration`)."""
+    return stretch_length(proposal.stretch_probs, stretch.ratio, row_slope, 1.0 + calibration.scaled(proposal.score),
+                          len(proposal.tokens) + 1)
+
+
+def learn_index_step(proposal: Any, stretched: int, accepted: int, calibration: "ScoreCalibration",
+                     stretch: "ScoreCalibration") -> None:
+    """After verifying `proposal` with its first `stretched` stretch tokens, `accepted` tokens in all: its
+    own tokens teach the score calibration, the stretch tokens the stretch calibration."""
+    own = len(proposal.tokens)
+    calibration.update(proposal.score, min(accepted, own))
+    if stretched:
+        stretch.update(sum(proposal.stretch_probs[:stretched]), max(accepted - own, 0))
 
 
 class ModelledTime:

@@ -30,8 +30,9 @@ from typing import Any, Callable, Iterator
 import torch
 
 from draftwheel.serving.engine.acceptance import common_prefix
-from draftwheel.serving.engine.adaptive import (AdaptiveK, ScoreCalibration, StepPace, branch_length,
-                                                stretch_calibration, stretch_length, suffix_drafts, tree_beats_index)
+from draftwheel.serving.engine.adaptive import (AdaptiveK, ScoreCalibration, StepPace, branch_length, index_stretch,
+                                                learn_index_step, stretch_calibration, suffix_drafts,
+                                                tree_beats_index)
 from draftwheel.serving.engine.decoding import Request, choose
 from draftwheel.serving.engine.eagle import DraftCall, DraftKV, Eagle3Draft
 from draftwheel.serving.engine.kv import CachedLM
@@ -167,8 +168,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
         stretched = 0  # the proposal's stretch tokens verified after its own
         if not by_model:  # the index's proposal, a point mass; or nothing, for a plain step
             if from_suffix:
-                stretched = stretch_length(proposal.stretch_probs, stretch.ratio, pace.clock.slope,
-                                           1.0 + calibration.scaled(proposal.score), len(proposal.tokens) + 1)
+                stretched = index_stretch(proposal, calibration, stretch, pace.clock.slope)
             tokens = proposal.stretched(stretched).tokens if from_suffix else []
             drafted, q = torch.tensor(tokens, dtype=torch.long), None  # [n]
         else:
@@ -212,10 +212,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
         chain_accepted = common_prefix(drafted.tolist(), emitted.tolist()) if branch else accepted
         if not by_model:  # the draft consumed nothing this step: these slots queue behind the pending ones
             if from_suffix:
-                own = len(proposal.tokens)
-                calibration.update(proposal.score, min(accepted, own))
-                if stretched:
-                    stretch.update(sum(proposal.stretch_probs[:stretched]), max(accepted - own, 0))
+                learn_index_step(proposal, stretched, accepted, calibration, stretch)
             features = torch.cat([features, new_features[: accepted + 1]])
             slot_tokens = torch.cat([slot_tokens, emitted])
         else:

@@ -10,8 +10,9 @@ lengths are tried longest first and the best score wins (ties: the longer match)
 may propose at most `m * spec_factor + spec_offset` tokens, so speculation length grows with match
 length. The walk goes on to `m * stretch_factor + spec_offset` tokens: those past the first cap are the
 proposal's `stretch`, outside its score, which a decoding loop verifies only as far as they pay for
-their verify rows on this machine (draftwheel.serving.engine.adaptive.stretch_length). Two bounds on the work, not in the tree version: once the best score reaches the next length's
-token limit the search stops (exact: no shorter match can beat it), and at most `max_thresholds`
+their verify rows on this machine (draftwheel.serving.engine.adaptive.stretch_length). Two bounds on
+the work, not in the tree version: once the best score reaches the next length's token limit the
+search stops (exact: no shorter match can beat it), and at most `max_thresholds`
 lengths are tried.
 
 Here the suffix tree is replaced by a flat int32 token buffer (sequences separated by -1) and a table

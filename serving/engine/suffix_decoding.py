@@ -31,8 +31,8 @@ from typing import Iterator
 
 import torch
 
-from draftwheel.serving.engine.adaptive import (AdaptiveK, ScoreCalibration, StepPace, VerifyClock, stretch_calibration,
-                                                stretch_length, suffix_drafts)
+from draftwheel.serving.engine.adaptive import (AdaptiveK, ScoreCalibration, StepPace, VerifyClock, index_stretch,
+                                                learn_index_step, stretch_calibration, suffix_drafts)
 from draftwheel.serving.engine.decoding import Request, _draft_tokens
 from draftwheel.serving.engine.eagle_decoding import EagleDrafter, eagle3
 from draftwheel.serving.engine.kv import CachedLM
@@ -101,8 +101,7 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
             drafted, q = _draft_tokens(draft, _pending(draft, context), k_model, req)  # [k], [k, V] | None
             draft_s, source = time.perf_counter() - start, "draft"
         else:
-            stretched = stretch_length(proposal.stretch_probs, stretch.ratio, clock.slope,
-                                       1.0 + calibration.scaled(proposal.score), len(proposal.tokens) + 1)
+            stretched = index_stretch(proposal, calibration, stretch, clock.slope)
             drafted, q = torch.tensor(proposal.stretched(stretched).tokens, dtype=torch.long), None  # [k]
             source = "suffix" if proposal.tokens else None
         k = len(drafted)
@@ -115,7 +114,8 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
             emitted, accepted = verify_sampled(drafted, q, warp(logits, params), req.generator)
         target.rollback(k - accepted)
         # what this step's choices learn from: its measured times, or the request's modelled ones
-        decide_draft_s, decide_verify_s = req.decision_times(draft_s, target.last_forward_s, k + 1, k if use_model else 0)
+        decide_draft_s, decide_verify_s = req.decision_times(draft_s, target.last_forward_s, k + 1,
+                                                             k if use_model else 0)
         if pending.shape[0] == 1:  # a verify over k + 1 rows (not the prefill)
             clock.observe(k + 1, decide_verify_s)
         if use_model:
@@ -125,10 +125,7 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
             # the draft's prompt intake counts here: drafting at all in a request pays for it
             pace.drafted(accepted + 1, k + 1, decide_draft_s, decide_verify_s)
         elif proposal.tokens:
-            own = len(proposal.tokens)
-            calibration.update(proposal.score, min(accepted, own))
-            if stretched:
-                stretch.update(sum(proposal.stretch_probs[:stretched]), max(accepted - own, 0))
+            learn_index_step(proposal, stretched, accepted, calibration, stretch)
         emitted_list = emitted.tolist()
         context.extend(emitted_list)
         local.extend(emitted_list)
