@@ -230,25 +230,35 @@ def test_shadow_replay_with_the_suffix_tier(toy_models):
     assert result["config"]["suffix_tier"] is True
 
 
-def test_modelled_time_makes_the_as_served_replay_repeat_itself(toy_models):
-    """With `modelled_time` (the default) the hybrid's choices read the cost model's step times, so two
-    replays of the same prompts give the same per-request figures (only the timed ones differ), and the
-    report carries each draft's modelled constants."""
+def test_modelled_time_makes_the_as_served_replay_repeat_itself(toy_models, monkeypatch):
+    """With `modelled_time` the hybrid's choices read the cost model's step times: the report carries
+    each draft's measured constants, and given the same constants two replays of the same prompts give
+    the same per-request figures (only the timed ones differ)."""
+    from draftwheel.evaluation import shadow
+    from draftwheel.serving.engine.adaptive import ModelledTime
+
     models, holdout, _ = toy_models
-    config = ShadowConfig(bootstrap_resamples=500, include_canary=False, min_requests=4, suffix_tier=True)
-    assert config.modelled_time
+    config = ShadowConfig(bootstrap_resamples=500, include_canary=False, min_requests=4, suffix_tier=True,
+                          modelled_time=True)
+    measured = run_shadow(models["bad"], models["good"], models["target"], holdout, config)
+    timing = measured["cost_model"]["modelled_time"]
+    assert set(timing) == {"champion", "challenger"} and all(t["row_slope"] >= 0.0 for t in timing.values())
+    assert timing["challenger"]["draft_c"] > 0.0
+    same_shapes = ([p.shape for p in models["bad"].model.parameters()]
+                   == [p.shape for p in models["good"].model.parameters()])
+    assert (timing["champion"]["draft_c"] == timing["challenger"]["draft_c"]) == same_shapes
+
+    fixed = {arm: ModelledTime(row_slope=0.05, draft_c=0.05) for arm in ("champion", "challenger")}
+    monkeypatch.setattr(shadow, "modelled_times", lambda *args: fixed)
     first, second = (run_shadow(models["bad"], models["good"], models["target"], holdout, config) for _ in range(2))
     untimed = lambda report: [(id_, {arm: {**f, "draft_alone": {k: v for k, v in f["draft_alone"].items()
                                                                if k not in TIMED}} for arm, f in arms.items()})
                               for id_, arms in replay_figures(report)]
     assert untimed(first) == untimed(second)
-    timing = first["cost_model"]["modelled_time"]
-    assert set(timing) == {"champion", "challenger"} and all(t["row_slope"] >= 0.0 for t in timing.values())
-    assert timing["challenger"]["draft_c"] > 0.0
-    same_shapes = [p.shape for p in models["bad"].model.parameters()] == [p.shape for p in models["good"].model.parameters()]
-    assert (timing["champion"]["draft_c"] == timing["challenger"]["draft_c"]) == same_shapes
-    off = run_shadow(models["bad"], models["good"], models["target"], holdout, replace(config, modelled_time=False))
-    assert off["cost_model"]["modelled_time"] == {} and off["lossless"] == first["lossless"]
+    off = run_shadow(models["bad"], models["good"], models["target"], holdout, ShadowConfig(
+        bootstrap_resamples=500, include_canary=False, min_requests=4, suffix_tier=True))
+    assert not off["config"]["modelled_time"] and off["cost_model"]["modelled_time"] == {}
+    assert off["lossless"] == first["lossless"]
 
 
 def test_a_lossy_challenger_is_caught_and_reported_against_target_only_decoding(toy_models, monkeypatch):
