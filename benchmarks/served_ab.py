@@ -94,8 +94,8 @@ def cost_model(target: Any, draft: Any, prompt: str, params: Any) -> dict[str, A
     from draftwheel.serving.engine.suffix import SuffixConfig
 
     engine = Engine(target, draft)
-    row_costs, one_row_s = measure_row_costs(target.model, params.k + SuffixConfig().max_spec_tokens + 1)
-    time = modelled_time(row_costs, one_row_s, engine.generate([prompt], params, chat=True, mode="draft")[0])
+    row_costs, _ = measure_row_costs(target.model, params.k + SuffixConfig().max_spec_tokens + 1)
+    time = modelled_time(row_costs, engine.generate([prompt], params, chat=True, mode="draft")[0])
     return {"time": time, "row_costs": row_costs, "c": time.draft_c}
 
 

@@ -100,14 +100,13 @@ class ShadowConfig:
     """Serving logs the suffix index is built from ("" = the state dir's logs/)."""
     draft_alone: bool = True
     """With suffix_tier, also replay each draft alone (mode draft): reported beside, never gated on."""
-    modelled_time: bool = False
+    modelled_time: bool = True
     """True: the hybrid's choices in the replay read step times from the cost model the gate prices by
     (the verify cost by rows measured before the replay, each draft's c from one draft-alone warm-up
-    request: draftwheel.serving.engine.adaptive.ModelledTime) instead of the clock, so both drafts'
-    replays differ by the drafts alone, not by the machine's load at each step; the wall clock is still
-    measured and reported. Off by default: the warm-up's c is timed apart from the row costs, so a change
-    in load between the two skews every choice of the replay (the clock's choices compare drafting and
-    verifying within one step, where load cancels)."""
+    request timed against that request's own verify forwards: draftwheel.serving.engine.adaptive.ModelledTime)
+    instead of the clock, so both drafts' replays differ by the drafts alone, not by the machine's load
+    at each step; the wall clock is still measured and reported. False: the choices follow the clock, as
+    in serving."""
     wall_tolerance: float = 0.10
     """The wall clock (tokens/s) vetoes a promotion only when the upper bound of its relative change is
     below -wall_tolerance: a loss shown beyond timing noise."""

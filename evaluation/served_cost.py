@@ -26,6 +26,7 @@ from typing import Any, Iterable
 
 import torch
 
+from draftwheel.serving.engine.acceptance import draft_cost_ratio
 from draftwheel.serving.engine.adaptive import ModelledTime
 from draftwheel.serving.engine.kv import CachedLM
 from draftwheel.serving.engine.records import verify_rows
@@ -38,25 +39,31 @@ Records of mode `draft` without a per-step source count as model-drafted too (`S
 @torch.inference_mode()
 def measure_row_costs(model: Any, max_rows: int, context: int = 128, reps: int = 5) -> tuple[list[float], float]:
     """([1.0, cost(2 rows), ..., cost(max_rows rows)], seconds of a 1-row forward): the median time of a
-    verify forward of n rows on a `context`-token cache, over the median time of a 1-row forward. Costs
-    are made non-decreasing (a forward over more rows never costs less; a dip is timing noise)."""
+    verify forward of n rows on a `context`-token cache, over the median time of a 1-row forward. The
+    widths are timed in turn, one forward each per round, so a change in machine load mid-measurement
+    touches every width alike instead of the widths timed after it. Costs are made non-decreasing (a
+    forward over more rows never costs less; a dip is timing noise)."""
     device = next(model.parameters()).device
     vocab = int(model.config.vocab_size)
     generator = torch.Generator().manual_seed(0)
     lm = CachedLM(model)
     lm.forward(torch.randint(0, vocab, (context,), generator=generator).to(device), keep=1)
-    seconds = []
-    for rows in range(1, max_rows + 1):
-        ids = torch.randint(0, vocab, (rows,), generator=generator).to(device)
-        lm.forward(ids, keep=rows)  # warm this width's kernels
-        lm.rollback(rows)
-        times = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            lm.forward(ids, keep=rows)
-            times.append(time.perf_counter() - start)
-            lm.rollback(rows)
-        seconds.append(statistics.median(times))
+    inputs = [torch.randint(0, vocab, (rows,), generator=generator).to(device) for rows in range(1, max_rows + 1)]
+
+    def timed(ids: torch.Tensor) -> float:
+        start = time.perf_counter()
+        lm.forward(ids, keep=len(ids))
+        elapsed = time.perf_counter() - start
+        lm.rollback(len(ids))
+        return elapsed
+
+    for ids in inputs:  # warm each width's kernels
+        timed(ids)
+    times: list[list[float]] = [[] for _ in inputs]
+    for _ in range(reps):
+        for width, ids in enumerate(inputs):
+            times[width].append(timed(ids))
+    seconds = [statistics.median(t) for t in times]
     costs = [s / seconds[0] for s in seconds]
     for i in range(1, len(costs)):
         costs[i] = max(costs[i], costs[i - 1])
@@ -95,18 +102,21 @@ def served_speedup(cost: StepCost, c: float) -> float:
     return cost.tokens / total if total > 0 else 1.0
 
 
-def modelled_time(row_costs: list[float], one_row_s: float, warm: Any) -> ModelledTime:
+def modelled_time(row_costs: list[float], warm: Any) -> ModelledTime:
     """The step times a replay's choices read instead of the clock (draftwheel.serving.engine.adaptive.ModelledTime):
     the least-squares slope of `row_costs` (cost(rows) = 1 + slope (rows - 1)), and the draft's c from
-    `warm`, a completion of that draft alone (mode draft) on the same engine kernels."""
+    `warm`, a completion of that draft alone (mode draft) on the same engine kernels (`draft_c`)."""
     extra_rows = range(len(row_costs))  # rows - 1 of each cost
     slope = sum(i * (cost - 1.0) for i, cost in zip(extra_rows, row_costs)) / max(sum(i * i for i in extra_rows), 1)
-    drafted = StepCost.of(warm.record.steps, row_costs, "draft").model_drafted
-    return ModelledTime(row_slope=max(slope, 0.0), draft_c=draft_cost_ratio(warm.stats.draft_s, drafted, one_row_s))
+    cost = StepCost.of(warm.record.steps, row_costs, "draft")
+    return ModelledTime(row_slope=max(slope, 0.0), draft_c=draft_c(warm.stats.draft_s, cost.model_drafted,
+                                                                    warm.stats.verify_s, cost.verify_cost))
 
 
-def draft_cost_ratio(draft_seconds: float, model_drafted: int, plain_step_s: float) -> float:
-    """c: seconds spent drafting per model-drafted token over one plain step's seconds (0 with nothing drafted)."""
-    if model_drafted <= 0 or plain_step_s <= 0:
-        return 0.0
-    return draft_seconds / model_drafted / plain_step_s
+def draft_c(draft_s: float, model_drafted: int, verify_s: float, verify_cost: float) -> float:
+    """c: seconds drafting per model-drafted token over the seconds of one plain step, where the plain
+    step's seconds are read off the same requests' verify forwards (their seconds per unit of
+    `verify_cost`). Drafting and verifying alternate step by step, so a change in machine load between
+    two measurements cannot skew c: a 1-row forward timed apart, before the replays, would be. 0.0 when
+    nothing was drafted or timed."""
+    return draft_cost_ratio(draft_s, model_drafted, verify_s, verify_cost)

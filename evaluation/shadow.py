@@ -48,7 +48,7 @@ from draftwheel.serving.engine.models import LoadedModel
 from draftwheel.serving.loading import load_model
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.engine.precision import resolve_dtype
-from draftwheel.evaluation.served_cost import (StepCost, draft_cost_ratio, measure_row_costs, modelled_time,
+from draftwheel.evaluation.served_cost import (StepCost, draft_c, measure_row_costs, modelled_time,
                                                served_speedup)
 from draftwheel.serving.engine.adaptive import ModelledTime
 from draftwheel.serving.engine.sink import log_files, valid_records
@@ -111,7 +111,7 @@ def _figures(completion: Completion, row_costs: list[float]) -> dict[str, Any]:
     return {"mean_accepted_length": stats.mean_accepted_length, "acceptance_rate": stats.acceptance_rate,
             "tokens_per_s": stats.tokens_per_s, "generated_tokens": stats.generated_tokens,
             "verify_steps": stats.verify_steps, "mode": record.mode, "draft_s": stats.draft_s,
-            "step_tokens": cost.tokens, "verify_cost": cost.verify_cost, "model_drafted": cost.model_drafted}
+            "verify_s": stats.verify_s, "step_tokens": cost.tokens, "verify_cost": cost.verify_cost, "model_drafted": cost.model_drafted}
 
 
 def _run(engine: Engine, request: ShadowRequest, params: SamplingParams, mode: str | None = None) -> Completion:
@@ -177,16 +177,15 @@ def _engines(models: dict[str, LoadedModel], config: ShadowConfig, requests: lis
 
 
 def modelled_times(models: dict[str, LoadedModel], config: ShadowConfig, request: ShadowRequest,
-                   row_costs: list[float], one_row_s: float) -> dict[str, ModelledTime]:
+                   row_costs: list[float]) -> dict[str, ModelledTime]:
     """Per draft, the modelled time its replay decides by (`ShadowConfig.modelled_time`): the row costs'
-    slope, and its c from one draft-alone request (the first replayed prompt; draftwheel.evaluation.served_cost).
+    slope, and its c from one draft-alone request (the first replayed prompt), timed against that
+    request's own verify forwards (draftwheel.evaluation.served_cost.draft_c).
     Two drafts of the same shapes do the same work per token, so they share the mean of their two c's:
     one warm-up request's c moves by a quarter between runs, and it must not decide which arm drafts more."""
     params = _params(request, 0, config, greedy=True)
-    timing = {arm: modelled_time(row_costs, one_row_s, _run(Engine(models["target"], models[arm],
-                                                                   dtype=resolve_dtype(config.dtype),
-                                                                   min_path_prob=config.min_path_prob),
-                                                            request, params, "draft"))
+    timing = {arm: modelled_time(row_costs, _run(Engine(models["target"], models[arm], dtype=resolve_dtype(config.dtype),
+                                                        min_path_prob=config.min_path_prob), request, params, "draft"))
               for arm in ARMS}
     shapes = {arm: [tuple(p.shape) for p in models[arm].model.parameters()] for arm in ARMS}
     if shapes["champion"] == shapes["challenger"]:  # the same computation per token: one c, not two noisy ones
@@ -240,7 +239,7 @@ def replay_workers(config: ShadowConfig, n_requests: int) -> int:
     return min(len(os.sched_getaffinity(0)), 4)
 
 
-TIMED = ("tokens_per_s", "draft_s", "verify_cost", "served_speedup")
+TIMED = ("tokens_per_s", "draft_s", "verify_s", "verify_cost", "served_speedup")
 """Per-request figures that come from a clock (the cost model's constants are measured too)."""
 
 
@@ -299,10 +298,11 @@ def _replay_job(job: tuple[int, ShadowRequest]) -> tuple[dict[str, Any], list[di
     return _replay_one(_WORKER["engines"], request, index, _WORKER["config"], _WORKER["row_costs"])
 
 
-def add_served_speedup(rows: list[dict[str, Any]], one_row_s: float) -> dict[str, float]:
+def add_served_speedup(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Fill in each replay's `served_speedup` (draftwheel.evaluation.served_cost) with its draft's c, measured over all of
-    that draft's replays in the same mode (total drafting seconds per model-drafted token, over one plain
-    step); return those c's by "arm" and "arm/draft_alone"."""
+    that draft's replays in the same mode (drafting seconds per model-drafted token against the same
+    replays' verify seconds per unit of verify cost: `served_cost.draft_c`); return those c's by "arm"
+    and "arm/draft_alone"."""
     def replays(arm: str, alone: bool) -> list[dict[str, Any]]:
         return [row[arm]["draft_alone"] if alone else row[arm] for row in rows if not alone or "draft_alone" in row[arm]]
 
@@ -312,8 +312,8 @@ def add_served_speedup(rows: list[dict[str, Any]], one_row_s: float) -> dict[str
             figures = replays(arm, alone)
             if not figures:
                 continue
-            c = draft_cost_ratio(sum(f["draft_s"] for f in figures), sum(f["model_drafted"] for f in figures),
-                                 one_row_s)
+            c = draft_c(*(sum(f[key] for f in figures) for key in ("draft_s", "model_drafted", "verify_s",
+                                                                   "verify_cost")))
             costs[f"{arm}/draft_alone" if alone else arm] = c
             for f in figures:
                 f["served_speedup"] = served_speedup(
@@ -343,7 +343,7 @@ def run_shadow(champion: str | Path | LoadedModel, challenger: str | Path | Load
     workers = replay_workers(config, len(requests))
     started = time.time()
     row_costs, one_row_s = served_row_costs(models["target"], config)
-    timing = modelled_times(models, config, requests[0], row_costs, one_row_s) \
+    timing = modelled_times(models, config, requests[0], row_costs) \
         if config.modelled_time and requests else None
     rows, mismatches = [], []
     replays = _replays(requests, models, config, workers, row_costs, timing)
@@ -359,7 +359,7 @@ def run_shadow(champion: str | Path | LoadedModel, challenger: str | Path | Load
                  (("target", target), ("champion", champion), ("challenger", challenger))},
               "requests": rows, "lossless": {"checked": len(rows), "mismatches": mismatches},
               "workers": workers, "cost_model": {"row_costs": row_costs, "one_row_s": one_row_s,
-                                                 "draft_c": add_served_speedup(rows, one_row_s),
+                                                 "draft_c": add_served_speedup(rows),
                                                  "modelled_time": {arm: vars(t) for arm, t in (timing or {}).items()}}}
     report.update(summarize(rows, config))
     decision = gate(report, config)

@@ -11,7 +11,7 @@ import pytest
 
 from draftwheel.serving import testing as toy
 from draftwheel.serving.engine.records import Beside, Step, verify_rows
-from draftwheel.evaluation.served_cost import StepCost, draft_cost_ratio, measure_row_costs, served_speedup
+from draftwheel.evaluation.served_cost import StepCost, draft_c, measure_row_costs, served_speedup
 
 ROWS = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5]
 
@@ -58,9 +58,13 @@ def test_longer_steps_than_measured_take_the_longest_measured_cost():
     assert StepCost.of([step(16, 16, "suffix")], ROWS, "hybrid").verify_cost == ROWS[-1]
 
 
-def test_draft_cost_ratio():
-    assert draft_cost_ratio(2.0, 100, 0.1) == pytest.approx(0.2)
-    assert draft_cost_ratio(2.0, 0, 0.1) == 0.0  # nothing drafted: no c to measure
+def test_draft_c_reads_the_plain_step_off_the_same_requests_verify_forwards():
+    # 100 drafted tokens in 2 s; 10 s of verify forwards that cost 50 plain steps: a plain step is 0.2 s
+    assert draft_c(2.0, 100, 10.0, 50.0) == pytest.approx(0.1)
+    # twice the load on both (drafting and verifying alternate): the same c
+    assert draft_c(4.0, 100, 20.0, 50.0) == pytest.approx(0.1)
+    assert draft_c(2.0, 0, 10.0, 50.0) == 0.0  # nothing drafted: no c to measure
+    assert draft_c(2.0, 100, 0.0, 0.0) == 0.0  # nothing timed
 
 
 def test_measured_row_costs_start_at_one_and_never_fall():

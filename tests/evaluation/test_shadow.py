@@ -238,8 +238,8 @@ def test_modelled_time_makes_the_as_served_replay_repeat_itself(toy_models, monk
     from draftwheel.serving.engine.adaptive import ModelledTime
 
     models, holdout, _ = toy_models
-    config = ShadowConfig(bootstrap_resamples=500, include_canary=False, min_requests=4, suffix_tier=True,
-                          modelled_time=True)
+    config = ShadowConfig(bootstrap_resamples=500, include_canary=False, min_requests=4, suffix_tier=True)
+    assert config.modelled_time  # the gate's default
     measured = run_shadow(models["bad"], models["good"], models["target"], holdout, config)
     timing = measured["cost_model"]["modelled_time"]
     assert set(timing) == {"champion", "challenger"} and all(t["row_slope"] >= 0.0 for t in timing.values())
@@ -256,9 +256,27 @@ def test_modelled_time_makes_the_as_served_replay_repeat_itself(toy_models, monk
                               for id_, arms in replay_figures(report)]
     assert untimed(first) == untimed(second)
     off = run_shadow(models["bad"], models["good"], models["target"], holdout, ShadowConfig(
-        bootstrap_resamples=500, include_canary=False, min_requests=4, suffix_tier=True))
+        bootstrap_resamples=500, include_canary=False, min_requests=4, suffix_tier=True, modelled_time=False))
     assert not off["config"]["modelled_time"] and off["cost_model"]["modelled_time"] == {}
     assert off["lossless"] == first["lossless"]
+
+
+def test_each_drafts_c_is_timed_against_its_own_replays_verify_forwards():
+    """The cost model's c divides drafting seconds by the plain step's seconds read off the same replays'
+    verify forwards: a machine twice as loaded during one arm's replays leaves its c, and so its
+    modelled speed, where it was."""
+    from draftwheel.evaluation.shadow import add_served_speedup
+
+    def figures(load: float) -> dict:
+        # 10 tokens from 4 steps costing 5 plain steps, 8 drafted tokens; drafting 0.4 s, verifying 1 s
+        return {"draft_s": 0.4 * load, "verify_s": 1.0 * load, "verify_cost": 5.0, "model_drafted": 8,
+                "step_tokens": 10}
+
+    rows = [{"champion": figures(1.0), "challenger": figures(2.0)} for _ in range(3)]
+    costs = add_served_speedup(rows)
+    assert costs == {"champion": pytest.approx(0.25), "challenger": pytest.approx(0.25)}  # 0.05 s a token / 0.2 s
+    assert [row[arm]["served_speedup"] for row in rows for arm in ("champion", "challenger")] == \
+        pytest.approx([10 / (5.0 + 0.25 * 8)] * 6)
 
 
 def test_a_lossy_challenger_is_caught_and_reported_against_target_only_decoding(toy_models, monkeypatch):
