@@ -15,6 +15,7 @@ server and MLflow sqlite in the state dir; sizes come from `DemoConfig`.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -288,25 +289,32 @@ def demo(config_path: str | None = None, overrides: list[str] | None = None) -> 
 def _before_after(run: DemoRun, before: Any, after: Any) -> dict[str, Any]:
     """Plain decoding, the old champion and the new one on the held-out prompts of each slice: the drafts
     alone (mode draft), and with `suffix_tier` also as serving runs them with the suffix tier (mode
-    hybrid, slices "<slice>/hybrid"), over an index of this run's logs that no measured request joins."""
+    hybrid, slices "<slice>/hybrid"), over an index of this run's logs that no measured request joins.
+    A round that kept its champion is measured once and reported in both columns: a second measurement
+    of the same model would show only the machine's noise as the round's change."""
     from draftwheel.serving.engine.engine import Engine
     from draftwheel.serving.engine.suffix import ReadOnlyIndex, SuffixIndex, target_key
 
     cut, target = run.config.min_path_prob, run.engine.target  # one target in memory, shared
-    engines = {"plain": (run.engine, "autoregressive"), "before": (Engine(target, before, min_path_prob=cut), "draft"),
-               "after": (Engine(target, after, min_path_prob=cut), "draft")}
+    phases = ("before",) if after.model_id == before.model_id else report.PHASES
+    drafts = {"before": before, "after": after}
+    engines = {"plain": (run.engine, "autoregressive"),
+               **{phase: (Engine(target, drafts[phase], min_path_prob=cut), "draft") for phase in phases}}
     if run.config.suffix_tier:
         index = ReadOnlyIndex(SuffixIndex.from_logs(run.logs_dir, target_key(target.model_id)))
-        for phase, draft in (("before", before), ("after", after)):
-            engines[f"{phase}/hybrid"] = (Engine(target, draft, min_path_prob=cut, suffix_index=index), "hybrid")
+        for phase in phases:
+            engines[f"{phase}/hybrid"] = (Engine(target, drafts[phase], min_path_prob=cut, suffix_index=index),
+                                          "hybrid")
     results: dict[str, Any] = {"before": {}, "after": {}}
     for name in SLICES:
         runs = measure(engines, run.rows[f"eval_{name}"], run.params)
         for tier in ("", "/hybrid") if run.config.suffix_tier else ("",):
-            for phase in report.PHASES:
+            for phase in phases:
                 results[phase][name + tier] = {
                     **report.figures([c.stats for c in runs[phase + tier]], [c.stats for c in runs["plain"]]),
                     "greedy_identical": identical(runs[phase + tier], runs["plain"])}
+    if phases == ("before",):
+        results["after"] = copy.deepcopy(results["before"])
     return results
 
 
@@ -324,8 +332,10 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
                run.started)
         run.serve(run.rows["after"])
         monitor(None, monitor_overrides(config, run.logs_dir, outcome["threshold"], run_flywheel=False))
-    banner(7, f"before / after: plain decoding, version {old.model_id.version} and version {new.model_id.version} "
-              f"on {config.eval_requests} held-out prompts per slice", run.started)
+    drafts = (f"version {old.model_id.version} and version {new.model_id.version}" if new.model_id != old.model_id
+              else f"version {old.model_id.version} (kept: measured once)")
+    banner(7, f"before / after: plain decoding, {drafts} on {config.eval_requests} held-out prompts per slice",
+           run.started)
     results = _before_after(run, old, new)
     flywheel_result = outcome.get("flywheel") or {}
     results["meta"] = {

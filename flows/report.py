@@ -62,9 +62,16 @@ SERVED = "/hybrid"
 """Suffix of the slices measured as `draftwheel serve` runs drafts by default (mode hybrid)."""
 
 
+def unchanged(results: dict[str, Any]) -> bool:
+    """The round kept its champion: "before" and "after" are one model, measured once (`flows.demo`)."""
+    meta = results.get("meta", {})
+    return "champion_before" in meta and meta.get("champion_before") == meta.get("champion_after")
+
+
 def headline(results: dict[str, Any]) -> list[str]:
     """Per slice, the round's speed change as served first and the draft alone beside it, one line each:
-    what a user of `draftwheel serve` gets, then the figure the draft reaches by itself."""
+    what a user of `draftwheel serve` gets, then the figure the draft reaches by itself. A round that
+    kept its champion changed nothing: each figure once, marked so."""
     lines = []
     for name in sorted(s for s in set(results["before"]) & set(results["after"]) if not s.endswith(SERVED)):
         parts = []
@@ -72,6 +79,10 @@ def headline(results: dict[str, Any]) -> list[str]:
             if key in results["before"] and key in results["after"]:
                 old, new = (results[phase][key]["speedup_vs_plain"] for phase in PHASES)
                 same = [results[phase][key].get("greedy_identical") for phase in PHASES]
+                if unchanged(results):
+                    checked = f", greedy identical {same[0]}" if same[0] else ""
+                    parts.append(f"{label} {old:.2f}x plain (champion unchanged{checked})")
+                    continue
                 checked = f", greedy identical {same[0]} and {same[1]}" if all(same) else ""
                 parts.append(f"{label} {old:.2f}x -> {new:.2f}x plain ({new / old - 1.0:+.1%}{checked})")
         lines.append(f"{name}: " + "; ".join(parts))

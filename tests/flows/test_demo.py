@@ -97,3 +97,35 @@ def test_demo_runs_the_whole_story_on_tiny_models(tmp_path, monkeypatch, capsys,
     assert table == [dict(zip(report.HEADER, row)) for row in report.rows(results)] and table
     markdown, = made[DEMO_KEY]
     assert markdown == report.to_markdown(results)
+
+
+def test_a_kept_champion_is_measured_once_and_reported_in_both_columns(tmp_path, monkeypatch):
+    """When the gate keeps the champion, the before/after table measures it once: a second measurement
+    of the same model would print the machine's noise as the round's change."""
+    from types import SimpleNamespace
+
+    from draftwheel.flows import demo as demo_module
+    from draftwheel.flows.demo import DemoRun, _before_after
+    from draftwheel.serving.engine import engine as engine_module
+    from draftwheel.serving.engine.models import ModelId
+
+    measured = []
+    done = SimpleNamespace(token_ids=[1, 2], stats=SimpleNamespace(
+        drafted_tokens=4, accepted_tokens=2, verify_steps=2, generated_tokens=4, latency_s=1.0))
+
+    def fake_measure(engines, rows, params):
+        measured.append(sorted(engines))
+        return {name: [done] * len(rows) for name in engines}
+
+    monkeypatch.setattr(demo_module, "measure", fake_measure)
+    monkeypatch.setattr(engine_module, "Engine", lambda *args, **kwargs: object())
+    run = DemoRun(DemoConfig(suffix_tier=False), tmp_path)
+    run.engine = SimpleNamespace(target=None)
+    run.rows = {"eval_chat": [{"prompt": "a", "slice": "chat"}], "eval_code": [{"prompt": "b", "slice": "code"}]}
+    v1 = SimpleNamespace(model_id=ModelId(name="draft", sha256="aa", version="1"))
+    kept = _before_after(run, v1, SimpleNamespace(model_id=ModelId(name="draft", sha256="aa", version="1")))
+    assert measured == [["before", "plain"]] * 2 and kept["after"] == kept["before"] != {}
+    measured.clear()
+    v2 = SimpleNamespace(model_id=ModelId(name="draft", sha256="bb", version="2"))
+    _before_after(run, v1, v2)
+    assert measured == [["after", "before", "plain"]] * 2

@@ -81,3 +81,14 @@ def test_the_headline_puts_the_round_as_served_first_and_the_draft_alone_beside(
                      "code: as served 2.00x -> 2.20x plain (+10.0%); draft alone 1.20x -> 1.60x plain (+33.3%)"]
     assert [row[0] for row in report.rows(data)][::len(report.METRICS)] == ["chat", "code/hybrid", "code"]
     assert "- code: as served 2.00x -> 2.20x plain (+10.0%)" in report.to_markdown(data)
+
+
+def test_a_round_that_kept_its_champion_reports_each_figure_once_not_a_change():
+    data = results()
+    data["after"] = data["before"]
+    data["meta"] = {"champion_before": "1", "champion_after": "1"}
+    for phase in report.PHASES:
+        data[phase]["code/hybrid"] = {**data["before"]["code"], "speedup_vs_plain": 2.0, "greedy_identical": "8/8"}
+    assert report.headline(data) == ["chat: draft alone 2.00x plain (champion unchanged)",
+                                     "code: as served 2.00x plain (champion unchanged, greedy identical 8/8); "
+                                     "draft alone 1.20x plain (champion unchanged)"]
