@@ -49,6 +49,7 @@ from draftwheel.serving.engine.precision import resolve_bf16
 from draftwheel.serving.engine.prepack import can_prepack, prepack_linears
 from draftwheel.serving.engine.reference import hub_id
 from draftwheel.training import common
+from draftwheel.training.confidence import describe, fit_temperature
 from draftwheel.training.data import join_and_truncate, load_dataset_dir
 from draftwheel.training.eagle_features import Features, cached_features, compute_features, join_features, row_from_states
 from draftwheel.training.eagle_ttt import chain_acceptance, implied_mal, served_walk, unroll, unrolled_loss
@@ -91,6 +92,7 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     probe_canary: bool = True    # forgetting probe: also evaluate each epoch on the canary prompts (target's greedy answers)
     select_on: str = METRIC      # the probe figure epoch selection compares: implied_mal | served_mal (what the gate measures)
     eval_min_path_prob: float = 0.25  # serving's chain cut, walked by the probe's served_mal (configs/serve.yaml's min_path_prob)
+    calibrate_confidence: bool = True  # fit the draft's confidence temperature on the probe at the end (draftwheel.training.confidence)
     identity_init: bool = True   # a fresh draft starts as the target's top aux feature through its norm and head
     bf16: bool | str = "auto"    # bfloat16 autocast for the target features and training; auto = where it is fast (draftwheel.serving.engine.precision.resolve_bf16)
     learning_rate: float = 2e-3
@@ -801,6 +803,11 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
         history = evaluation.history if evaluation else []
         if history:  # the last evaluation describes the saved weights
             metrics.update({f"eval_{k}": v for k, v in history[-1].items()})
+        if config.calibrate_confidence and data.probe is not None and common.is_main_process(args):
+            fit = fit_temperature(draft, data.probe, config.eval_k, collate, bf16=config.bf16)
+            draft.c = dataclasses.replace(draft.c, confidence_temperature=fit["confidence_temperature"])
+            metrics.update({f"calibration_{k}": v for k, v in fit.items()})
+            print(describe(fit), flush=True)
         common.log_summary(tracker, metrics, trainer.state.global_step)
         if common.is_main_process(args):
             save_eagle3(draft.eval(), out_dir, target.tokenizer)

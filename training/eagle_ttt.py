@@ -259,7 +259,8 @@ def served_walk(step_logits: list[torch.Tensor], reference: torch.Tensor, draft:
     the teacher-forced chain is the draft's own, so its probabilities are the ones serving would see.
     """
     steps = len(step_logits)
-    top = [torch.softmax(logits.float(), -1).max(-1) for logits in step_logits]  # (probability, index) [B, n]
+    temperature = draft.c.confidence_temperature  # as serving's cut reads the draft's probabilities
+    top = [torch.softmax(logits.float() / temperature, -1).max(-1) for logits in step_logits]  # (prob, index) [B, n]
     guesses = torch.stack([draft.draft_to_target[index] for _, index in top]).tolist()  # [k][B][n]
     probs = torch.stack([prob for prob, _ in top]).tolist()  # [k][B][n]
     ref = reference.tolist()

@@ -61,6 +61,8 @@ class Eagle3Config:
     verifier_name: str = ""          # the target's Hugging Face id, "" if unknown (speculators_config.verifier)
     verifier_architectures: list[str] = field(default_factory=list)
     target_sha256: str = ""          # weights sha256 of the target it was trained for
+    confidence_temperature: float = 1.0  # the chain cut reads softmax(logits / this): fitted by training so the
+                                         # draft's top-1 probability matches how often the target agrees
 
     @property
     def head_dim(self) -> int:
@@ -340,8 +342,10 @@ def config_json(c: Eagle3Config) -> dict[str, Any]:
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": c.verifier_name, "architectures": list(c.verifier_architectures)},
         },
-        # Ours, ignored by speculators/vLLM: which target weights the draft was trained for.
-        "draftwheel": {"draft_kind": SPECULATORS_TYPE, "target_sha256": c.target_sha256},
+        # Ours, ignored by speculators/vLLM: which target weights the draft was trained for, and the
+        # temperature that calibrates its confidence for the chain cut.
+        "draftwheel": {"draft_kind": SPECULATORS_TYPE, "target_sha256": c.target_sha256,
+                       "confidence_temperature": c.confidence_temperature},
     }
 
 
@@ -376,8 +380,15 @@ def parse_config(data: dict[str, Any]) -> Eagle3Config:
         max_position_embeddings=layer.get("max_position_embeddings", 8192),
         speculative_tokens=methods[0].get("speculative_tokens", 4) if methods else 4,
         verifier_name=verifier.get("name_or_path") or "", verifier_architectures=verifier.get("architectures") or [],
-        target_sha256=ours.get("target_sha256", ""),
+        target_sha256=ours.get("target_sha256", ""), confidence_temperature=_temperature(ours),
     )
+
+
+def _temperature(ours: dict[str, Any]) -> float:
+    value = ours.get("confidence_temperature", 1.0)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        raise Eagle3FormatError(f"draftwheel.confidence_temperature: must be a number > 0, got {value!r}")
+    return float(value)
 
 
 def save_eagle3(draft: Eagle3Draft, path: str | Path, tokenizer: Any = None) -> Path:

@@ -77,17 +77,21 @@ def _run_ahead(drafter: EagleDrafter, hidden: torch.Tensor, logits: torch.Tensor
 
     Drafting stops early once the draft's own probability of the whole chain so far falls below
     `min_path_prob` (EAGLE-2's observation: draft confidence predicts acceptance): a further token would
-    most likely be rejected, yet costs a draft step and a verify row. The cut reads only the draft's side,
-    so verification stays exact (any chain length is verified losslessly)."""
+    most likely be rejected, yet costs a draft step and a verify row. Greedy chains read the draft's
+    probabilities at its `confidence_temperature`, which training fits so that they match how often the
+    target agrees (a round's fine-tuning can leave a draft overconfident, and its chains too long). The
+    cut reads only the draft's side, so verification stays exact (any chain length is verified
+    losslessly)."""
     draft = drafter.model
     to_target = draft.draft_to_target  # [Vd]
+    temperature = draft.c.confidence_temperature
     tokens, probs = [], []
     path_prob = 1.0
     for i in range(k):
         if req.params.greedy:
             index = logits.argmax()
             if min_path_prob:
-                path_prob *= float(torch.softmax(logits, -1)[index])
+                path_prob *= float(torch.softmax(logits / temperature, -1)[index])
         else:
             q_draft = warp(logits, req.params)  # [Vd]
             index = sample(q_draft, req.generator)

@@ -106,6 +106,25 @@ def test_chain_cut_by_draft_confidence_stays_lossless(pair):
         Engine(from_objects(target, tokenizer, "target"), min_path_prob=1.0)
 
 
+def test_the_drafts_confidence_temperature_moves_where_chains_stop_and_nothing_else(pair):
+    """The chain cut reads softmax(logits / confidence_temperature): a draft told it is overconfident
+    (a high temperature) stops its chains sooner, drafting fewer tokens; greedy output is unchanged."""
+    import copy
+    import dataclasses
+
+    tokenizer, target, draft = pair
+    cooled = copy.deepcopy(draft)
+    cooled.c = dataclasses.replace(draft.c, confidence_temperature=4.0)
+    params = SamplingParams(max_new_tokens=40, k=5)
+    runs = [Engine(from_objects(target, tokenizer, "target"), from_objects(d, tokenizer, "eagle"),
+                   min_path_prob=0.1).generate(PROMPTS, params) for d in (draft, cooled)]
+    for plain_t, hot_t in zip(*runs):
+        assert plain_t.token_ids == hot_t.token_ids == hf_greedy(target, plain_t.prompt_token_ids, 40)
+    mean_k = [sum(s.k for c in run for s in c.record.steps) / sum(1 for c in run for s in c.record.steps if s.k)
+              for run in runs]
+    assert mean_k[1] < mean_k[0], mean_k
+
+
 def test_sampled_tokens_follow_target_distribution(engine, pair):
     """Lossless with q zero outside the draft vocabulary. The control law is a noisy copy of the
     target (the eagle draft has no standalone law to compare)."""
@@ -265,6 +284,23 @@ def test_bad_speculators_dirs_name_the_field(pair, tmp_path):
     (out / "config.json").write_text(json.dumps(config))
     with pytest.raises(Eagle3FormatError, match="eagle_aux_hidden_state_layer_ids"):
         load_eagle3(out)
+
+
+def test_the_confidence_temperature_round_trips_and_a_bad_one_names_the_field(pair, tmp_path):
+    import copy
+    import dataclasses
+
+    draft = copy.deepcopy(pair[2])
+    assert draft.c.confidence_temperature == 1.0  # drafts saved before it existed read as uncalibrated
+    draft.c = dataclasses.replace(draft.c, confidence_temperature=1.5)
+    out = save_eagle3(draft, tmp_path / "eagle")
+    assert load_eagle3(out).c.confidence_temperature == 1.5
+    config = json.loads((out / "config.json").read_text())
+    for bad in (0, -1.0, "warm", True):
+        config["draftwheel"]["confidence_temperature"] = bad
+        (out / "config.json").write_text(json.dumps(config))
+        with pytest.raises(Eagle3FormatError, match="draftwheel.confidence_temperature"):
+            load_eagle3(out)
 
 
 def test_draft_for_another_target_shape_is_refused(pair):

@@ -322,6 +322,12 @@ def test_train_eagle_improves_and_saves_speculators_dir(trained):
     assert config["draft_vocab_size"] == 128
     assert config["speculators_config"]["verifier"]["name_or_path"] == ""  # a local target: no known hub id
     assert info["metrics"]["feature_cache_hit"] == 0.0
+    # the chain cut's confidence, calibrated on the probe and saved with the draft
+    from draftwheel.training.confidence import GRID
+    metrics = info["metrics"]
+    assert config["draftwheel"]["confidence_temperature"] == metrics["calibration_confidence_temperature"] in GRID
+    assert metrics["calibration_positions"] > 0 and 0.0 <= metrics["calibration_agreement"] <= 1.0
+    assert metrics["calibration_nll_after"] <= metrics["calibration_nll_before"]
 
 
 def test_epoch_selection_can_compare_the_served_walk(trained, tmp_path):
