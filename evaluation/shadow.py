@@ -111,7 +111,8 @@ def _figures(completion: Completion, row_costs: list[float]) -> dict[str, Any]:
     return {"mean_accepted_length": stats.mean_accepted_length, "acceptance_rate": stats.acceptance_rate,
             "tokens_per_s": stats.tokens_per_s, "generated_tokens": stats.generated_tokens,
             "verify_steps": stats.verify_steps, "mode": record.mode, "draft_s": stats.draft_s,
-            "verify_s": stats.verify_s, "step_tokens": cost.tokens, "verify_cost": cost.verify_cost, "model_drafted": cost.model_drafted}
+            "verify_s": stats.verify_s, "step_tokens": cost.tokens, "verify_cost": cost.verify_cost,
+            "model_drafted": cost.model_drafted}
 
 
 def _run(engine: Engine, request: ShadowRequest, params: SamplingParams, mode: str | None = None) -> Completion:
@@ -184,9 +185,9 @@ def modelled_times(models: dict[str, LoadedModel], config: ShadowConfig, request
     Two drafts of the same shapes do the same work per token, so they share the mean of their two c's:
     one warm-up request's c moves by a quarter between runs, and it must not decide which arm drafts more."""
     params = _params(request, 0, config, greedy=True)
-    timing = {arm: modelled_time(row_costs, _run(Engine(models["target"], models[arm], dtype=resolve_dtype(config.dtype),
-                                                        min_path_prob=config.min_path_prob), request, params, "draft"))
-              for arm in ARMS}
+    engines = {arm: Engine(models["target"], models[arm], dtype=resolve_dtype(config.dtype),
+                           min_path_prob=config.min_path_prob) for arm in ARMS}
+    timing = {arm: modelled_time(row_costs, _run(engine, request, params, "draft")) for arm, engine in engines.items()}
     shapes = {arm: [tuple(p.shape) for p in models[arm].model.parameters()] for arm in ARMS}
     if shapes["champion"] == shapes["challenger"]:  # the same computation per token: one c, not two noisy ones
         c = sum(t.draft_c for t in timing.values()) / len(timing)

@@ -16,7 +16,6 @@ change the draft (train_eagle stores T in the draft's config, `Eagle3Config.conf
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -79,5 +78,3 @@ def describe(fit: dict[str, float]) -> str:
             f"{fit['agreement']:.3f} over {fit['positions']:.0f} probe chain positions"
             f" (log-loss {fit['nll_before']:.3f} -> {fit['nll_after']:.3f})")
 
-
-assert math.isclose(GRID[12], 1.0)
