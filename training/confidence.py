@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from draftwheel.training.eagle_ttt import unroll
+from draftwheel.training.eagle_ttt import chain_steps, unroll
 
 GRID = tuple(2.0 ** (e / 8) for e in range(-12, 17))
 """Temperatures tried: 0.35 to 4 in steps of 2^(1/8) (~9 %), 1.0 among them."""
@@ -45,22 +45,16 @@ def fit_temperature(draft: Any, dataset: Any, k: int, collate: Any, batch_size: 
         for start in range(0, len(dataset), batch_size):
             batch = collate([dataset[i] for i in range(start, min(len(dataset), start + batch_size))])
             step_logits = unroll(draft, batch["input_ids"], batch["aux"], k)
-            width = step_logits[0].shape[1] - k + 1
-            if width <= 0:
-                continue
-            alive = batch["mask"][:, 1:1 + width].clone()  # [B, width]: chains still agreeing
-            for s, logits in enumerate(step_logits):
-                z = logits[:, :width].float()[alive]  # [m, Vd]
-                guess = draft.draft_to_target[logits[:, :width].argmax(-1)]  # [B, width]
-                agrees = guess == batch["argmax"][:, 1 + s:1 + s + width]
-                y = agrees[alive].to(torch.float64)  # [m]
-                if y.numel():
-                    top = torch.softmax(z.unsqueeze(0) / temperatures, -1).amax(-1).double()  # [G, m]
-                    top = top.clamp(1e-6, 1 - 1e-6)
-                    nll -= (y * top.log() + (1 - y) * (1 - top).log()).sum(-1)
-                    confidence += top.sum(-1)
-                    positions, agreed = positions + y.numel(), agreed + int(y.sum())
-                alive &= agrees
+            for logits, reached, agrees in chain_steps(step_logits, batch["argmax"], draft, batch["mask"]):
+                y = agrees[reached].to(torch.float64)  # [m]
+                if not y.numel():
+                    continue
+                z = logits.float()[reached]  # [m, Vd]
+                top = torch.softmax(z.unsqueeze(0) / temperatures, -1).amax(-1).double()  # [G, m]
+                top = top.clamp(1e-6, 1 - 1e-6)
+                nll -= (y * top.log() + (1 - y) * (1 - top).log()).sum(-1)
+                confidence += top.sum(-1)
+                positions, agreed = positions + y.numel(), agreed + int(y.sum())
     draft.train(was_training)
     one = GRID.index(1.0)
     best = int(nll.argmin()) if positions >= MIN_POSITIONS else one

@@ -20,6 +20,7 @@ engine would measure). Pure tensor code: no data loading, no Trainer.
 from __future__ import annotations
 
 import math
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -215,29 +216,35 @@ def unrolled_loss(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor
     return loss, logits
 
 
-def chain_acceptance(step_logits: list[torch.Tensor], reference: torch.Tensor, draft: Eagle3Draft,
-                     mask: torch.Tensor) -> tuple[list[int], int]:
-    """Greedy acceptance by chain position, teacher-forced.
-
-    reference[B, T]: the target's greedy token after each position (its argmax). A chain anchored at
-    slot j accepts its step-s token when it and all earlier steps equal the reference at j+1..j+1+s.
-    Returns (chains accepted at each step, chains counted): the engine's conditional acceptance at
-    position s+1 is accepted[s] / accepted[s-1].
-    """
-    n = step_logits[0].shape[1]
-    steps = len(step_logits)
-    # Only chains whose every step has a reference inside the sequence are counted.
-    width = n - steps + 1
+def chain_steps(step_logits: list[torch.Tensor], reference: torch.Tensor, draft: Eagle3Draft,
+                mask: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per chain step s, the teacher-forced chains that reach it: (logits[B, width, Vd] of step s,
+    reached[B, width], agrees[B, width]). A chain anchored at slot j reaches step s when its tokens at
+    steps 0..s-1 all equal the reference at j+1..j+s; its step-s token agrees when it equals the
+    reference at j+1+s. reference[B, T]: the target's greedy token after each position (its argmax).
+    Only chains whose every step has a reference inside the sequence are counted (none when the
+    sequence is shorter than the chain)."""
+    width = step_logits[0].shape[1] - len(step_logits) + 1
     if width <= 0:
-        return [0] * steps, 0
-    alive = mask[:, 1: 1 + width].clone()
-    counted = int(alive.sum())
-    accepted = []
+        return
+    reached = mask[:, 1: 1 + width]
     for s, logits in enumerate(step_logits):
         guess = draft.draft_to_target[logits[:, :width].argmax(-1)]  # [B, width]
-        alive &= guess == reference[:, 1 + s: 1 + s + width]
-        accepted.append(int(alive.sum()))
-    return accepted, counted
+        agrees = guess == reference[:, 1 + s: 1 + s + width]
+        yield logits[:, :width], reached, agrees
+        reached = reached & agrees
+
+
+def chain_acceptance(step_logits: list[torch.Tensor], reference: torch.Tensor, draft: Eagle3Draft,
+                     mask: torch.Tensor) -> tuple[list[int], int]:
+    """Greedy acceptance by chain position, teacher-forced (`chain_steps`): (chains accepted at each
+    step, chains counted); the engine's conditional acceptance at position s+1 is
+    accepted[s] / accepted[s-1].
+    """
+    steps = list(chain_steps(step_logits, reference, draft, mask))
+    if not steps:
+        return [0] * len(step_logits), 0
+    return [int((reached & agrees).sum()) for _, reached, agrees in steps], int(steps[0][1].sum())
 
 
 def served_walk(step_logits: list[torch.Tensor], reference: torch.Tensor, draft: Eagle3Draft,
