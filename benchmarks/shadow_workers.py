@@ -2,10 +2,12 @@
 `ShadowConfig.workers` pay on this machine? Prints both replay times, their ratio, and whether every
 request's accepted lengths, tokens and the gate's verdict came out the same.
 
-Workers share out the prompts of the draft-alone replay (mode draft), so both runs replay that way
-(`suffix_tier=false`: with the suffix tier the replay stays in one process, because the hybrid's step
-pace carries from one request of a slice to the next). Each replay process loads the models itself,
-so workers pay only once there are enough prompts to amortise that start (draftwheel.evaluation.shadow).
+By default both runs replay as served (the shipped config: mode hybrid, the choices on the cost model),
+where each worker takes whole slices, so each draft's step pace carries from one request of a slice to
+the next as in one process; `--draft-alone` replays mode draft, where workers take the next prompt.
+Each replay process loads the models itself, so workers pay only once there are enough prompts to
+amortise that start (draftwheel.evaluation.shadow). As served, each run measures the cost model's
+constants again (row costs, the drafts' c), and a request whose choices they move is counted as differing.
 
     .venv/bin/python benchmarks/shadow_workers.py --champion DIR --challenger DIR \\
         --holdout $DRAFTWHEEL_HOME/datasets/holdout
@@ -35,6 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--target", default=None, help="target model dir (default: the reference target)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes of the other replay")
     parser.add_argument("--workers-first", action="store_true", help="replay with the workers first")
+    parser.add_argument("--draft-alone", action="store_true", help="replay mode draft (suffix_tier=false)")
     parser.add_argument("--config", type=Path, default=None, help="ShadowConfig YAML (default configs/shadow.yaml)")
     add_override_arguments(parser, "include_canary=false")
     add_output_arguments(parser, "shadow_workers")
@@ -60,6 +63,7 @@ def compare(champion: str, challenger: str, target: str, holdout: str, config: A
             "replay_speedup": alone["replay_seconds"] / shared["replay_seconds"],
             "wall_speedup": seconds[1] / seconds[workers],
             "figures_identical": replay_figures(alone) == replay_figures(shared),
+            "requests_identical": sum(a == b for a, b in zip(replay_figures(alone), replay_figures(shared))),
             "verdict_identical": alone["decision"]["promote"] == shared["decision"]["promote"]}
 
 
@@ -72,12 +76,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     apply_offline_defaults()
     path = str(args.config) if args.config else (stage_config_path("", "shadow") or None)
-    config = load_config(ShadowConfig, path, [*args.overrides, "suffix_tier=false"])
+    config = load_config(ShadowConfig, path, [*args.overrides, *(["suffix_tier=false"] if args.draft_alone else [])])
     result = compare(args.champion, args.challenger, args.target or str(default_target_dir()), args.holdout,
                      config, args.workers, args.workers_first)
     out = save("shadow_workers", result, args)
     print(f"speed-up {result['replay_speedup']:.2f}x (replay), {result['wall_speedup']:.2f}x (wall); figures "
-          f"identical: {result['figures_identical']}, verdict identical: {result['verdict_identical']}; wrote {out}")
+          f"identical: {result['requests_identical']}/{result['requests']} requests, verdict identical: "
+          f"{result['verdict_identical']}; wrote {out}")
     return result
 
 

@@ -111,11 +111,14 @@ class ShadowConfig:
     """The wall clock (tokens/s) vetoes a promotion only when the upper bound of its relative change is
     below -wall_tolerance: a loss shown beyond timing noise."""
     workers: int = 0
-    """Replay processes, each with the target and both drafts (loaded from their directories), taking the
-    next request as it finishes one: 1 = in this process; 0 = auto: one per CPU core, at most 4, from 16
-    requests on (draftwheel.evaluation.shadow.replay_workers), and 1 with suffix_tier (each index learns from the
-    replays in request order). One-request decoding is latency-bound, so two single-thread processes
-    replay ~1.3x faster than one process with two threads."""
+    """Replay processes, each with the target and both drafts (loaded from their directories): 1 = in this
+    process; 0 = auto: one per CPU core, at most 4, from 16 requests on
+    (draftwheel.evaluation.shadow.replay_workers). The draft alone: each process takes the next request as
+    it finishes one. As served (suffix_tier): each takes a whole slice, in request order (the hybrid's step
+    pace carries from one request of a slice to the next, as in serving), so never more processes than
+    slices, and only with modelled_time (the choices must not read a clock the processes share). The
+    figures are those of one process; the timings differ. One-request decoding is latency-bound, so two
+    single-thread processes replay ~1.3x faster than one process with two threads."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.confidence < 1.0:
@@ -144,9 +147,9 @@ class ShadowConfig:
             raise ValueError(f"metric: must be one of {', '.join(METRICS)}, got {self.metric!r}")
         if not 0.0 <= self.wall_tolerance < 1.0:
             raise ValueError(f"wall_tolerance: must be a fraction in [0, 1), got {self.wall_tolerance!r}")
-        if self.suffix_tier and self.workers > 1:
-            raise ValueError(f"workers: suffix_tier replays in one process (the hybrid's step pace carries across "
-                             f"requests in order), got {self.workers!r}; use 1 or 0 (auto)")
+        if self.suffix_tier and not self.modelled_time and self.workers > 1:
+            raise ValueError(f"workers: with suffix_tier and the choices on the clock (modelled_time false) the "
+                             f"replay runs in one process, got {self.workers!r}; use 1 or 0 (auto)")
 
     def tolerance(self, slice_name: str) -> float:
         return float(self.slice_tolerances.get(slice_name, self.slice_tolerance))

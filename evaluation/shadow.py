@@ -13,9 +13,9 @@ alternates from prompt to prompt so slow drift of the machine (thermal, other lo
 side. Per request it records mean accepted length, acceptance rate, wall-clock tokens/s and the steps'
 cost under `draftwheel.evaluation.served_cost`'s model (verify cost per row count, measured on the target once per
 replay, and each draft's c, measured over its replays), from which the gate's default figure,
-`served_speedup`, is computed. With `workers` > 1 (draft alone only) the prompts are shared out to
-that many processes. It checks losslessness (greedy output of each draft, as served and alone,
-identical to target-only greedy decoding: one teacher-forced pass, draftwheel.evaluation.greedy_check, and a
+`served_speedup`, is computed. With `workers` > 1 the prompts are shared out to that many processes
+(as served: whole slices, with the choices on the cost model). It checks losslessness (greedy output of
+each draft, as served and alone, identical to target-only greedy decoding: one teacher-forced pass, draftwheel.evaluation.greedy_check, and a
 target-only decode only to report a difference), and hands the report to `draftwheel.evaluation.gate`. It writes
 report.json and the plot when asked, and logs both to a tracker passed in. It does not touch the
 registry: moving aliases after a passing gate is the caller's decision (see `draftwheel.flows.registry_cli`).
@@ -229,15 +229,29 @@ def _describe(spec: Any, loaded: LoadedModel) -> dict[str, str]:
 AUTO_WORKERS_MIN_REQUESTS = 16
 
 
-def replay_workers(config: ShadowConfig, n_requests: int) -> int:
+def replay_workers(config: ShadowConfig, n_requests: int, n_slices: int = 1) -> int:
     """How many replay processes: config.workers, or for 0 (auto) one per CPU core, at most 4, once
-    there are AUTO_WORKERS_MIN_REQUESTS requests; 1 with the suffix tier, where each draft's step pace
-    (draftwheel.serving.engine.adaptive.PaceMemory) carries from one request of a slice to the next, in order, as in serving."""
-    if config.workers:
-        return min(config.workers, max(n_requests, 1))
-    if config.suffix_tier or n_requests < AUTO_WORKERS_MIN_REQUESTS:
+    there are AUTO_WORKERS_MIN_REQUESTS requests. As served (`suffix_tier`) each draft's step pace
+    (draftwheel.serving.engine.adaptive.PaceMemory) carries from one request of a slice to the next, in
+    order, as in serving: the replay is shared out by whole slices (`slice_shards`), so never more
+    processes than slices, and only with `modelled_time`, where the choices do not read the clock."""
+    if config.suffix_tier and not config.modelled_time:
         return 1
-    return min(len(os.sched_getaffinity(0)), 4)
+    limit = max(n_slices if config.suffix_tier else n_requests, 1)
+    if config.workers:
+        return min(config.workers, limit)
+    if n_requests < AUTO_WORKERS_MIN_REQUESTS:
+        return 1
+    return min(len(os.sched_getaffinity(0)), 4, limit)
+
+
+def slice_shards(requests: list[ShadowRequest]) -> list[list[tuple[int, ShadowRequest]]]:
+    """The (index, request) jobs of each slice, in request order, the largest slice first: a pool that
+    takes the next shard as it finishes one then ends its slices at about the same time."""
+    shards: dict[str, list[tuple[int, ShadowRequest]]] = {}
+    for index, request in enumerate(requests):
+        shards.setdefault(request.slice, []).append((index, request))
+    return sorted(shards.values(), key=len, reverse=True)
 
 
 TIMED = ("tokens_per_s", "draft_s", "verify_s", "verify_cost", "served_speedup")
@@ -246,14 +260,17 @@ TIMED = ("tokens_per_s", "draft_s", "verify_s", "verify_cost", "served_speedup")
 
 def replay_figures(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """Per request and draft, every figure but the timed ones (`TIMED`): what the replay's `workers` must not change."""
-    return [(row["id"], {arm: {k: v for k, v in row[arm].items() if k not in TIMED} for arm in ARMS})
-            for row in report["requests"]]
+    def untimed(figures: dict[str, Any]) -> dict[str, Any]:
+        return {k: untimed(v) if isinstance(v, dict) else v for k, v in figures.items() if k not in TIMED}
+
+    return [(row["id"], {arm: untimed(row[arm]) for arm in ARMS}) for row in report["requests"]]
 
 
 def _replays(requests: list[ShadowRequest], models: dict[str, LoadedModel], config: ShadowConfig,
              workers: int, row_costs: list[float],
              timing: dict[str, ModelledTime] | None = None) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
-    """(row, mismatches) per request, in request order: in this process (workers 1) or in `workers` processes."""
+    """(row, mismatches) per request, in request order: in this process (workers 1) or in `workers`
+    processes, each taking the next request (the draft alone) or the next whole slice (as served)."""
     jobs = list(enumerate(requests))
     if workers == 1:
         engines = _engines(models, config, requests, timing)
@@ -265,7 +282,11 @@ def _replays(requests: list[ShadowRequest], models: dict[str, LoadedModel], conf
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
                                initargs=(paths, config, threads, os.getpid(), requests, row_costs, timing))
     try:
-        yield from pool.map(_replay_job, jobs)
+        if not config.suffix_tier:
+            yield from pool.map(_replay_job, jobs)
+            return
+        done = dict(item for shard in pool.map(_replay_shard, slice_shards(requests)) for item in shard)
+        yield from (done[index] for index, _ in jobs)
     finally:  # after a failed replay, do not wait for the prompts not yet started
         pool.shutdown(cancel_futures=True)
 
@@ -297,6 +318,10 @@ def _start_worker(paths: dict[str, str], config: ShadowConfig, threads: int, par
 def _replay_job(job: tuple[int, ShadowRequest]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     index, request = job
     return _replay_one(_WORKER["engines"], request, index, _WORKER["config"], _WORKER["row_costs"])
+
+
+def _replay_shard(shard: list[tuple[int, ShadowRequest]]) -> list[tuple[int, tuple[dict[str, Any], list[dict[str, Any]]]]]:
+    return [(index, _replay_job((index, request))) for index, request in shard]
 
 
 def add_served_speedup(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -341,7 +366,7 @@ def run_shadow(champion: str | Path | LoadedModel, challenger: str | Path | Load
     tracker = tracker or NullTracker()
     requests = load_requests(holdout_dir, config)
     models = {"target": _as_loaded(target), "champion": _as_loaded(champion), "challenger": _as_loaded(challenger)}
-    workers = replay_workers(config, len(requests))
+    workers = replay_workers(config, len(requests), len({r.slice for r in requests}))
     started = time.time()
     row_costs, one_row_s = served_row_costs(models["target"], config)
     timing = modelled_times(models, config, requests[0], row_costs) \

@@ -26,8 +26,9 @@ from draftwheel.serving import testing as toy
 from draftwheel.serving.engine.engine import PromptTooLongError
 from draftwheel.evaluation.gate import POOLED, ShadowConfig, slice_groups
 from draftwheel.serving.loading import load_model
-from draftwheel.evaluation.shadow import (AUTO_WORKERS_MIN_REQUESTS, DEFAULT_CANARY, exit_with_parent, load_canary,
-                            TIMED, replay_figures, replay_workers, run_shadow)
+from draftwheel.evaluation.shadow import (AUTO_WORKERS_MIN_REQUESTS, DEFAULT_CANARY, ShadowRequest, exit_with_parent,
+                                          load_canary, TIMED, replay_figures, replay_workers, run_shadow,
+                                          slice_shards)
 
 
 def test_default_config_file_loads():
@@ -190,9 +191,42 @@ def test_a_replay_worker_ends_when_its_parent_is_gone():
     child.join()
 
 
-def test_suffix_tier_replays_in_one_process():
-    with pytest.raises(ValueError, match="workers: suffix_tier"):
-        ShadowConfig(suffix_tier=True, workers=2)
+def test_as_served_replay_processes_take_whole_slices_with_the_same_figures(toy_models, monkeypatch):
+    """As served, each process replays whole slices in request order, so each draft's step pace carries from
+    one request of a slice to the next as in one process: with the cost model's constants fixed (they are
+    timed), every request's figures, the lossless check and the decision are those of the in-process replay."""
+    from draftwheel.evaluation import shadow
+    from draftwheel.serving.engine.adaptive import ModelledTime
+
+    models, holdout, canary = toy_models
+    monkeypatch.setattr(shadow, "served_row_costs", lambda target, config: ([1.0 + 0.05 * n for n in range(64)], 0.01))
+    monkeypatch.setattr(shadow, "modelled_times",
+                        lambda models, config, request, row_costs: {arm: ModelledTime(0.05, 0.3) for arm in shadow.ARMS})
+    config = ShadowConfig(bootstrap_resamples=500, canary_path=str(canary), min_requests=4, workers=1,
+                          metric="mean_accepted_length")
+    alone = run_shadow(models["bad"], models["good"], models["target"], holdout, config)
+    shared = run_shadow(models["bad"], models["good"], models["target"], holdout, replace(config, workers=4))
+    assert (alone["workers"], shared["workers"]) == (1, 3)  # never more processes than the 3 slices
+    assert replay_figures(shared) == replay_figures(alone) and len(replay_figures(shared)) == 8
+    assert [row["id"] for row in shared["requests"]] == [row["id"] for row in alone["requests"]]
+    assert {row["champion"]["mode"] for row in shared["requests"]} == {"hybrid"}
+    assert "draft_alone" in shared["requests"][0]["challenger"]
+    assert shared["lossless"] == alone["lossless"] == {"checked": 8, "mismatches": []}
+    untimed = lambda decision: {**decision, "reasons": [r for r in decision["reasons"] if "wall clock" not in r]}
+    assert untimed(shared["decision"]) == untimed(alone["decision"]) and shared["decision"]["promote"]
+
+
+def test_slice_shards_keep_request_order_largest_slice_first():
+    requests = [ShadowRequest(id=str(n), prompt="p", slice=s, max_new_tokens=4, chat=False, source="holdout")
+                for n, s in enumerate(["chat", "code", "code", "prose", "code", "chat"])]
+    assert [[index for index, _ in shard] for shard in slice_shards(requests)] == [[1, 2, 4], [0, 5], [3]]
+
+
+def test_as_served_replay_on_the_clock_stays_in_one_process():
+    """With the choices on the clock, processes sharing the CPU would change each other's choices."""
+    with pytest.raises(ValueError, match="workers: with suffix_tier"):
+        ShadowConfig(suffix_tier=True, modelled_time=False, workers=2)
+    assert replay_workers(ShadowConfig(suffix_tier=True, modelled_time=False), 100, 3) == 1
 
 
 def test_auto_replays_in_process_until_starting_workers_pays():
@@ -200,9 +234,13 @@ def test_auto_replays_in_process_until_starting_workers_pays():
     assert replay_workers(alone, AUTO_WORKERS_MIN_REQUESTS - 1) == 1
     cores = len(os.sched_getaffinity(0))
     assert replay_workers(alone, AUTO_WORKERS_MIN_REQUESTS) == min(cores, 4)
-    assert replay_workers(ShadowConfig(suffix_tier=True), 100) == 1  # the step pace carries across requests in order
     assert replay_workers(ShadowConfig(workers=3, suffix_tier=False), 100) == 3
     assert replay_workers(ShadowConfig(workers=3, suffix_tier=False), 2) == 2  # never more processes than requests
+    served = ShadowConfig(suffix_tier=True)  # whole slices per process
+    assert replay_workers(served, AUTO_WORKERS_MIN_REQUESTS - 1, 3) == 1
+    assert replay_workers(served, 100, 3) == min(cores, 4, 3)
+    assert replay_workers(served, 100, 1) == 1
+    assert replay_workers(replace(served, workers=4), 100, 2) == 2
 
 
 def test_sampled_shadow_replay_rejects_the_worse_draft(toy_models):
