@@ -212,64 +212,22 @@ class ForwardClock:
         return seconds * (1.0 / rows + r * tokens) / (1.0 + r * total_tokens)
 
 
-class RatioEstimate:
-    """A ratio r = sum(tokens) / sum(units) over discounted observations, with its standard error: the
-    spread of tokens - r * units over the observations, by their effective number (a ratio estimator).
-    Where a choice weighs measured evidence by its uncertainty (Thompson sampling). Pure Python."""
-
-    def __init__(self):
-        # discounted sums: weight, weight^2, tokens, units, tokens^2, units^2, tokens*units
-        self.sums = [0.0] * 7
-
-    def observe(self, tokens: float, units: float, decay: float) -> None:
-        d, d2 = decay, decay * decay
-        w, w2, t, u, tt, uu, tu = self.sums
-        self.sums = [d * w + 1, d2 * w2 + 1, d * t + tokens, d * u + units, d * tt + tokens * tokens,
-                     d * uu + units * units, d * tu + tokens * units]
-
-    def age(self, factor: float) -> None:
-        """The evidence's weight shrinks by `factor`; the ratio stays."""
-        self.sums = [x * f for x, f in zip(self.sums, (factor, factor * factor) + (factor,) * 5)]
-
-    @property
-    def weight(self) -> float:
-        return self.sums[0]
-
-    @property
-    def ratio(self) -> float:
-        _, _, tokens, units, *_ = self.sums
-        return tokens / units if units else 0.0
-
-    def standard_error(self, floor_se: float) -> float:
-        """Of `ratio`; at least `floor_se` / sqrt(weight of evidence); inf before any observation."""
-        w, w2, tokens, units, tt, uu, tu = self.sums
-        if not units or w2 <= 0:
-            return float("inf")
-        r = tokens / units
-        spread = max(tt - 2 * r * tu + r * r * uu, 0.0) / w  # weighted mean squared residual per observation
-        effective = w * w / w2
-        return max((spread / effective) ** 0.5 / (units / w), floor_se / w ** 0.5)
-
-
 class SpecGovernor:
     """Whether the rows of a batch may draft, decided by what the batch emits: per batch size (buckets
     2, 3-4, 5-8, ... rows), the tokens per second of spans of steps with drafting allowed against spans
-    with every row on plain steps (discounted over the spans of `span` steps measured, each span's seconds
-    the whole step: forward, verification and the next drafts). Both regimes are measured `warmup` times
-    first; then each span draws each regime's rate from its estimate and standard error and takes the
-    higher (Thompson sampling, as `StepPace`): regimes whose rates are close are both tried, one clearly
-    behind almost never, so exploring costs little where the answer is plain. The regime behind is still
-    tried on one span in `1 / explore`, so a change in traffic is noticed. The rows' own
-    choices (each request's pace, the index's proposals) still decide how they draft when allowed: this is
-    the guard that makes speculation never slower than batched plain decoding at a batch size, whatever
-    those choices cost together. A batch of one row is not governed (one request alone decides as
-    `Engine` does). Pure Python; its draws use its own seeded generator."""
+    with every row on plain steps (discounted sums over the spans of `span` steps measured, each span's
+    seconds the whole step: forward, verification and the next drafts). Each span keeps the regime that
+    emits more, except that the other is tried on one span in `1 / explore` (and until both have
+    `warmup` spans), so a change in traffic is noticed. The rows' own choices (each request's pace, the
+    index's proposals) still decide how they draft when allowed: this is the guard that makes speculation
+    never slower than batched plain decoding at a batch size, whatever those choices cost together.
+    A batch of one row is not governed (one request alone decides as `Engine` does). Pure Python; its
+    draws use its own seeded generator."""
 
-    def __init__(self, span: int = 4, explore: float = 0.02, warmup: int = 2, decay: float = 0.9,
-                 floor_se: float = 0.05, seed: int = 0):
-        self.span, self.explore, self.warmup, self.decay, self.floor_se = span, explore, warmup, decay, floor_se
+    def __init__(self, span: int = 4, explore: float = 0.1, warmup: int = 2, decay: float = 0.9, seed: int = 0):
+        self.span, self.explore, self.warmup, self.decay = span, explore, warmup, decay
         self._random = random.Random(seed)
-        self._rates: dict[tuple[int, bool], RatioEstimate] = {}  # (bucket, allowed) -> tokens per second
+        self._sums: dict[tuple[int, bool], list[float]] = {}  # (bucket, allowed) -> spans, discounted tokens, seconds
 
     @staticmethod
     def bucket(rows: int) -> int:
@@ -277,42 +235,23 @@ class SpecGovernor:
 
     def rate(self, rows: int, allowed: bool) -> float | None:
         """Tokens per second measured with drafting allowed (or not) at this batch size; None if unmeasured."""
-        estimate = self._rates.get((self.bucket(rows), allowed))
-        return estimate.ratio if estimate is not None and estimate.sums[3] > 0 else None
-
-    def spans(self, rows: int, allowed: bool) -> int:
-        estimate = self._rates.get((self.bucket(rows), allowed))
-        return estimate.spans if estimate is not None else 0
+        spans, tokens, seconds = self._sums.get((self.bucket(rows), allowed), (0.0, 0.0, 0.0))
+        return tokens / seconds if spans and seconds > 0 else None
 
     def allow(self, rows: int) -> bool:
         """The regime of the next span at this batch size."""
         if rows <= 1:
             return True
-        counts = [self.spans(rows, regime) for regime in (False, True)]
+        counts = [self._sums.get((self.bucket(rows), regime), [0.0])[0] for regime in (False, True)]
         if min(counts) < self.warmup:
             return counts[True] <= counts[False]  # measure both, drafting first
-        draws = {}
-        for regime in (False, True):
-            estimate = self._rates[self.bucket(rows), regime]
-            # the error floor is relative: a rate is tokens per second, whose scale depends on the machine
-            se = estimate.standard_error(self.floor_se * estimate.ratio)
-            draws[regime] = self._random.gauss(estimate.ratio, se)
-        better = draws[True] >= draws[False]
+        better = self.rate(rows, True) >= self.rate(rows, False)
         return (not better) if self._random.random() < self.explore else better
 
     def observe(self, rows: int, allowed: bool, tokens: int, seconds: float) -> None:
         """One span of steps at about `rows` rows emitted `tokens` in `seconds`."""
-        estimate = self._rates.setdefault((self.bucket(rows), allowed), _Spans())
-        estimate.observe(tokens, seconds, self.decay)
-        estimate.spans += 1
-
-
-class _Spans(RatioEstimate):
-    """A regime's rate, and how many spans measured it (the warm-up counts them undiscounted)."""
-
-    def __init__(self):
-        super().__init__()
-        self.spans = 0
+        sums = self._sums.setdefault((self.bucket(rows), allowed), [0.0, 0.0, 0.0])
+        sums[:] = [sums[0] + 1.0, self.decay * sums[1] + tokens, self.decay * sums[2] + seconds]
 
 
 class ScoreCalibration:
@@ -374,7 +313,8 @@ class StepPace:
     def __init__(self, warmup: int = 3, decay: float = 0.95, age_decay: float = 0.99, prior_se: float = 0.2,
                  seed: int = 0):
         self.warmup, self.decay, self.age_decay, self.prior_se = warmup, decay, age_decay, prior_se
-        self._estimate = RatioEstimate()  # the draft steps' emitted tokens per unit of cost
+        # discounted sums over draft steps: weight, weight^2, tokens, units, tokens^2, units^2, tokens*units
+        self._sums = [0.0] * 7
         self.draft_steps = 0
         self.clock = VerifyClock()  # verify cost by rows: the unit of every comparison here
         self._rng = random.Random(seed)
@@ -382,18 +322,26 @@ class StepPace:
     @property
     def ratio(self) -> float:
         """The draft's emitted tokens per unit of cost (plain decoding: 1.0); 0 before any draft step."""
-        return self._estimate.ratio
+        _, _, tokens, units, *_ = self._sums
+        return tokens / units if units else 0.0
 
     @property
     def standard_error(self) -> float:
         """Of `ratio`: the spread of tokens - ratio * units over the draft steps, by their effective number."""
-        return self._estimate.standard_error(self.prior_se)
+        w, w2, tokens, units, tt, uu, tu = self._sums
+        if not units or w2 <= 0:
+            return float("inf")
+        r = tokens / units
+        spread = max(tt - 2 * r * tu + r * r * uu, 0.0) / w  # weighted mean squared residual per step
+        effective = w * w / w2
+        return max((spread / effective) ** 0.5 / (units / w), self.prior_se / w ** 0.5)
 
     def draft_pays(self) -> bool:
         """Draft with the model this step? A "no" ages the evidence."""
         pays = self.draft_steps < self.warmup or self._rng.gauss(self.ratio, self.standard_error) > 1.0
         if not pays:  # the evidence ages: the ratio stays, its weight (and so its certainty) shrinks
-            self._estimate.age(self.age_decay)
+            a = self.age_decay
+            self._sums = [x * f for x, f in zip(self._sums, (a, a * a, a, a, a, a, a))]
         return pays
 
     def units(self, rows: int, draft_s: float, verify_s: float) -> float:
@@ -403,7 +351,11 @@ class StepPace:
     def drafted(self, tokens: int, rows: int, draft_s: float, verify_s: float) -> None:
         """A draft step emitted `tokens` from a verify over `rows` rows, after `draft_s` seconds drafting
         and `verify_s` verifying."""
-        self._estimate.observe(tokens, self.units(rows, draft_s, verify_s), self.decay)
+        u = self.units(rows, draft_s, verify_s)
+        d, d2 = self.decay, self.decay ** 2
+        w, w2, t, un, tt, uu, tu = self._sums
+        self._sums = [d * w + 1, d2 * w2 + 1, d * t + tokens, d * un + u, d * tt + tokens * tokens,
+                      d * uu + u * u, d * tu + tokens * u]
         self.draft_steps += 1
 
 

@@ -175,7 +175,7 @@ def test_a_shared_block_in_use_costs_a_new_request_nothing():
 def test_spec_governor_keeps_the_regime_that_emits_more():
     from draftwheel.serving.engine.adaptive import SpecGovernor
 
-    governor = SpecGovernor(explore=0.02, warmup=2, seed=1)
+    governor = SpecGovernor(explore=0.1, warmup=2, seed=1)
     assert governor.allow(1)  # one row alone is never governed
     tried = []
     for _ in range(4):  # warm-up: both regimes measured, drafting first
@@ -184,26 +184,5 @@ def test_spec_governor_keeps_the_regime_that_emits_more():
         governor.observe(12, allowed, tokens=40 if allowed else 60, seconds=1.0)  # plain emits more here
     assert tried.count(True) == 2 and tried.count(False) == 2 and tried[0]
     choices = [governor.allow(12) for _ in range(1000)]
-    # plain, the drafting regime tried again only on the explore share: it is clearly behind
-    assert 0.96 < choices.count(False) / 1000 < 0.995
+    assert 0.85 < choices.count(False) / 1000 < 0.95  # plain, but drafting tried again one span in ten
     assert governor.rate(16, False) == 60.0 and governor.rate(3, False) is None  # 9-16 rows: one bucket
-
-
-def test_spec_governor_tries_both_regimes_while_their_rates_are_close():
-    """Thompson sampling: spans whose tokens vary around nearly the same rate leave the answer open, so
-    both regimes keep being measured; a regime far behind is tried only on the explore share."""
-    import random
-
-    from draftwheel.serving.engine.adaptive import SpecGovernor
-
-    noise = random.Random(0)
-    close = SpecGovernor(explore=0.0, seed=2)
-    far = SpecGovernor(explore=0.0, seed=2)
-    close_choices, far_choices = [], []
-    for _ in range(400):
-        for governor, choices, gap in ((close, close_choices, 1.0), (far, far_choices, 30.0)):
-            allowed = governor.allow(8)
-            choices.append(allowed)
-            governor.observe(8, allowed, tokens=round(noise.gauss(50.0 + (0 if allowed else gap), 10.0)), seconds=1.0)
-    assert 0.15 < close_choices[4:].count(True) / 396 < 0.85
-    assert far_choices[4:].count(True) / 396 < 0.03
