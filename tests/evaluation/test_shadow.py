@@ -157,15 +157,18 @@ def test_replay_processes_give_the_figures_one_process_gives(toy_models):
     assert untimed(shared["decision"]) == untimed(alone["decision"]) and shared["decision"]["promote"]
 
 
-def test_a_replay_that_fails_in_a_worker_fails_the_shadow_run(toy_models, tmp_path):
+@pytest.mark.parametrize("suffix_tier", [False, True])
+def test_a_replay_that_fails_in_a_worker_fails_the_shadow_run(toy_models, tmp_path, suffix_tier):
     """A prompt the engine refuses (longer than the target's context) raises in the caller, as in one
-    process: the flywheel's shadow step then fails and the champion stays."""
+    process, whether the workers take prompts (the draft alone) or whole slices (as served): the
+    flywheel's shadow step then fails and the champion stays."""
     models, holdout, _ = toy_models
     rows = load_from_disk(str(holdout)).to_list()
     rows[3]["prompt"] = "word " * 1100  # the toy target's context is 1024 positions
     bad = tmp_path / "holdout"
     Dataset.from_list(rows).save_to_disk(bad)
-    config = ShadowConfig(bootstrap_resamples=200, include_canary=False, min_requests=4, workers=2, suffix_tier=False)
+    config = ShadowConfig(bootstrap_resamples=200, include_canary=False, min_requests=4, workers=2,
+                          suffix_tier=suffix_tier)
     with pytest.raises(PromptTooLongError, match="exceeds the model context"):
         run_shadow(models["bad"], models["good"], models["target"], bad, config)
 
