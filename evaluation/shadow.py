@@ -15,10 +15,11 @@ cost under `draftwheel.evaluation.served_cost`'s model (verify cost per row coun
 replay, and each draft's c, measured over its replays), from which the gate's default figure,
 `served_speedup`, is computed. With `workers` > 1 the prompts are shared out to that many processes
 (as served: whole slices, with the choices on the cost model). It checks losslessness (greedy output of
-each draft, as served and alone, identical to target-only greedy decoding: one teacher-forced pass, draftwheel.evaluation.greedy_check, and a
-target-only decode only to report a difference), and hands the report to `draftwheel.evaluation.gate`. It writes
-report.json and the plot when asked, and logs both to a tracker passed in. It does not touch the
-registry: moving aliases after a passing gate is the caller's decision (see `draftwheel.flows.registry_cli`).
+each draft, as served and alone, identical to target-only greedy decoding: one teacher-forced pass,
+draftwheel.evaluation.greedy_check, and a target-only decode only to report a difference), and hands
+the report to `draftwheel.evaluation.gate`. It writes report.json and the plot when asked, and logs
+both to a tracker passed in. It does not touch the registry: moving aliases after a passing gate is the
+caller's decision (see `draftwheel.flows.registry_cli`).
 """
 
 from __future__ import annotations
