@@ -322,7 +322,7 @@ def _replay_job(job: tuple[int, ShadowRequest]) -> tuple[dict[str, Any], list[di
 
 
 def _replay_shard(shard: list[tuple[int, ShadowRequest]]) -> list[tuple[int, tuple[dict[str, Any], list[dict[str, Any]]]]]:
-    return [(index, _replay_job((index, request))) for index, request in shard]
+    return [(job[0], _replay_job(job)) for job in shard]
 
 
 def add_served_speedup(rows: list[dict[str, Any]]) -> dict[str, float]:
