@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as dt
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +94,10 @@ class FlywheelConfig:
     """Rows older than this leave the corpus (0 = no age limit)."""
     corpus_ratio: float = 1.0
     """Earlier rounds' rows sampled into a round's training set, per row the round mined."""
+    focus_new_traffic: bool = True
+    """With the corpus: mine a round's focus samples (hard, rollback, uniform) from the traffic served since
+    the last round mined (mining `focus_after`), earlier rounds' rows coming from the corpus, so a round's
+    training does not grow with every request served so far. False = each round mines all the logs again."""
     max_retries: int = 1
     """Attempts after the first when the gate rejects on slice regressions alone (0 = never retry)."""
     retry_replay_boost: float = 3.0
@@ -289,6 +294,11 @@ def _turn(config: FlywheelConfig, tracker: Any, work: Path) -> dict[str, Any]:
         tracker.log_params({"target": target["dir"], "champion_version": champion["version"],
                             "trainer": config.trainer})
     served = _served_slices(config)
+    focus = _focus_after(config)  # read once: every attempt of this round mines the same traffic
+    if focus is not None:
+        config = dataclasses.replace(config, mining_overrides=[override("focus_after", focus),
+                                                               *config.mining_overrides])
+        tracker.log_params({"focus_after": focus})
     attempts: list[dict[str, Any]] = []
     boost: dict[str, float] = {}
     trainers_rehearsal = _rehearsal_ratio(config)  # None when the trainer does not rehearse
@@ -313,6 +323,26 @@ def _turn(config: FlywheelConfig, tracker: Any, work: Path) -> dict[str, Any]:
             break
         boost, rehearsal = plan.boost, plan.rehearsal
     return {**result, "champion_before": champion["version"], **replay.attempts_report(attempts)}
+
+
+def _require_new_traffic(manifest: dict[str, Any]) -> None:
+    """A round that focuses on the traffic since the last round needs some: with none, it stops before
+    training on nothing new (and the champion stays)."""
+    after = manifest.get("focus_after_ts")
+    focus = sum(entry.get("train_pool", 0) for entry in manifest.get("slices", {}).values())
+    if after is not None and not focus + manifest["counts"].get("holdout_window", 0):
+        logged = dt.datetime.fromtimestamp(after, dt.timezone.utc).isoformat(timespec="seconds")
+        raise ValueError(f"no requests served since the last round mined (its newest was logged {logged}): "
+                         "serve traffic first, or set focus_new_traffic=false to mine all the logs again")
+
+
+def _focus_after(config: FlywheelConfig) -> float | None:
+    """The newest request the last round mined, where this round's focus starts (None: mine all the logs)."""
+    from draftwheel.mining.corpus import mined_until
+
+    if not (config.corpus and config.focus_new_traffic):
+        return None
+    return mined_until(config.corpus_dir or home.state_dir() / "corpus")
 
 
 def _rehearsal_ratio(config: FlywheelConfig) -> float | None:
@@ -343,6 +373,7 @@ def _attempt(config: FlywheelConfig, tracker: Any, work: Path, champion: dict, t
         mined = tasks.mine_datasets(config.logs_dir or str(home.logs_dir()), str(work / "datasets"),
                                     config.mining_config, mining_overrides, target["dir"],
                                     config.corpus_policy(), config.corpus_dir or str(home.state_dir() / "corpus"))
+        _require_new_traffic(mined["manifest"])
         tracker.log_params(mined["config"])
         counts = mined["manifest"].get("counts", {})
         tracker.log_metrics({k: v for k, v in counts.items() if isinstance(v, (int, float))})

@@ -94,7 +94,7 @@ def mine_datasets(logs_dir: str, out_dir: str, config_path: str, overrides: list
     kept = None
     if corpus is not None:
         distill = Path(out_dir) / "distill"
-        sizes = retained.retain(corpus_dir, distill, corpus)
+        sizes = retained.retain(corpus_dir, distill, corpus, newest_ts=manifest.get("newest_ts"))
         kept = {"sizes": sizes, "mixed": retained.mix_into(distill, corpus_dir, corpus, seed=config.seed)}
     return {"manifest": manifest, "path": str(manifest_path), "sha256": file_sha256(manifest_path),
             "data_sha256": datasets_sha256(out_dir), "config": to_dict(config), "corpus": kept}

@@ -31,6 +31,11 @@ class MiningConfig:
     """Keep requests with ts >= since (unix seconds or ISO 8601; None = no lower bound)."""
     until: str | None = None
     """Keep requests with ts < until (unix seconds or ISO 8601; None = no upper bound)."""
+    focus_after: str | None = None
+    """Draw the hard, rollback and uniform samples only from requests with ts > focus_after (unix seconds
+    or ISO 8601; None = from all). The flywheel sets it to the newest request its last round mined, so a
+    round learns the traffic served since while earlier rounds' rows come from the retained corpus; the
+    hold-out and the replay share still read every kept request."""
     slices: list[str] = field(default_factory=list)
     """Keep only these slices (empty = all)."""
     skip_suffix_served_above: float | None = None
@@ -98,7 +103,7 @@ class MiningConfig:
     """Scan processes (files are split among them); 0 = one per CPU for logs over 256 MiB, else 1."""
 
     def __post_init__(self) -> None:
-        for name in ("since", "until"):
+        for name in ("since", "until", "focus_after"):
             try:
                 parse_time(getattr(self, name))
             except ValueError as exc:
@@ -140,3 +145,7 @@ class MiningConfig:
     @property
     def until_ts(self) -> float | None:
         return parse_time(self.until)
+
+    @property
+    def focus_after_ts(self) -> float | None:
+        return parse_time(self.focus_after)

@@ -10,13 +10,17 @@ by mining -- in one dataset under the state dir, bounded:
 - rows older than `max_age_days` dropped (0 = no age limit).
 
 `retain` adds a round's rows; `mix_into` samples earlier rounds' rows (prompts not in this round's set),
-`ratio` per mined row, into the round's training set, so round n trains on rounds 1..n. The bootstrap
+`ratio` per mined row, into the round's training set, so round n trains on rounds 1..n. The corpus also
+remembers the newest request a round mined (`mined_until`): the next round's focus samples start after it
+(mining's `focus_after`), so a round's mined set is its own traffic and its training time does not grow
+with all the logs served so far. The bootstrap
 data is not in it: trainers rehearse that themselves. Writes are atomic (a new dir, then a rename).
 No models, no tracking here.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import time
@@ -29,6 +33,8 @@ from draftwheel.mining.dedupe import exact_key
 
 ADDED = "corpus_added_ts"
 """Column: when a row joined the corpus (seconds since the epoch)."""
+MARK = "mined_until.json"
+"""File in the corpus dir: {"ts": the newest request ts a round mined}."""
 
 
 @dataclass
@@ -83,17 +89,27 @@ def _bounded(rows: list[dict[str, Any]], policy: CorpusPolicy, now: float) -> li
 
 
 def retain(corpus_dir: str | Path, distill_dir: str | Path, policy: CorpusPolicy,
-           now: float | None = None) -> dict[str, int]:
-    """Add a round's mined distill rows to the corpus, apply the bounds; return rows per slice."""
+           now: float | None = None, newest_ts: float | None = None) -> dict[str, int]:
+    """Add a round's mined distill rows to the corpus, apply the bounds; return rows per slice.
+    `newest_ts`: the newest request the round mined, kept as the corpus's `mined_until` (never moved back)."""
     from datasets import Dataset
 
     corpus_dir, now = Path(corpus_dir), time.time() if now is None else now
     new = [{**row, ADDED: now} for row in _load(Path(distill_dir)) or []]
     old = _load(corpus_dir)
+    marks = [ts for ts in (mined_until(corpus_dir), newest_ts) if ts is not None]
     rows = _bounded(new + (old.to_list() if old is not None else []), policy, now)
     if rows:
         _save(Dataset.from_list(rows), corpus_dir)
+        if marks:
+            (corpus_dir / MARK).write_text(json.dumps({"ts": max(marks)}) + "\n")
     return dict(sorted(Counter(row["slice"] for row in rows).items()))
+
+
+def mined_until(corpus_dir: str | Path) -> float | None:
+    """The newest request ts a round retained into this corpus mined (None: no round yet)."""
+    path = Path(corpus_dir) / MARK
+    return float(json.loads(path.read_text())["ts"]) if path.is_file() else None
 
 
 def sizes(corpus_dir: str | Path) -> dict[str, int]:

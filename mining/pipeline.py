@@ -168,6 +168,8 @@ def mine(logs_dir: str | Path, out_dir: str | Path, config: MiningConfig | None 
                    "dropped": dict(curated.dropped), **{name: info["rows"] for name, info in written.items()}},
         "quarantine_by_kind": dict(scan.quarantine_kinds),
         "holdout_cutoff_ts": selection.cutoff if math.isfinite(selection.cutoff) else None,
+        "newest_ts": scan.ts_range[1] if math.isfinite(scan.ts_range[1]) else None,
+        "focus_after_ts": config.focus_after_ts,
         "preference_note": None if tokenizer is not None else "no tokenizer configured: preference/ is empty",
         "slices": _slices_section(scan, selection, curated),
         "replay": replay,

@@ -2,10 +2,14 @@
 
 - Hold-out: the latest `holdout_fraction` of requests by ts (exact cut, ties included), of which a
   uniform sample of at most `holdout_max` is written. Nothing in the window is ever used for training.
+  With a focus (below) the fraction is of the focus traffic: however long the logs, a round keeps most of
+  its new traffic to learn from.
 - Hard: per slice, the lowest-acceptance requests before the cut: the bottom `hard_quantile`
   (or acceptance <= `hard_threshold`), at most `max_hard_per_slice`, lowest first.
 - Rollback: per slice, the deepest rollbacks (>= `min_rollback_depth`) not already hard, capped.
 - Uniform: per slice, a uniform sample of the remaining requests, `uniform_ratio` per hard/rollback one.
+- Focus: the hard, rollback and uniform samples come from the requests logged after `focus_after`
+  (all, when unset): the traffic since the flywheel's last round. Hold-out and replay read every request.
 - Replay: for every served slice (every slice in the logs), a uniform sample of its remaining earlier
   requests, `replay_quota` each: the same number for every slice whatever its traffic, so the slice a
   round is about does not crowd the others out of training (times `replay_boost` for a named slice).
@@ -108,10 +112,16 @@ def _row_ids(groups: dict[int, np.ndarray], quotas: dict[int, dict[str, int]], c
     return np.concatenate(heads + [np.zeros(0, dtype="<u8")])
 
 
-def _train_counts(index: IndexFile, cutoff: float) -> dict[int, int]:
+def _focus(rows: np.ndarray, cutoff: float, after: float) -> np.ndarray:
+    """The rows the focus samples may take: before the hold-out cut and logged after `after`."""
+    return (rows["ts"] < cutoff) & (rows["ts"] > after)
+
+
+def _train_counts(index: IndexFile, cutoff: float, after: float) -> dict[int, int]:
+    """Requests per slice before the hold-out cut and logged after `after`."""
     counts: dict[int, int] = {}
     for chunk in index.chunks():
-        train = chunk["slice"][chunk["ts"] < cutoff]
+        train = chunk["slice"][_focus(chunk, cutoff, after)]
         for group, count in zip(*np.unique(train, return_counts=True)):
             counts[int(group)] = counts.get(int(group), 0) + int(count)
     return counts
@@ -137,27 +147,34 @@ def select(index: IndexFile, kept: int, ts_range: tuple[float, float], config: M
            boost: dict[int, float] | None = None) -> Selection:
     """Run the whole selection over the index; see the module docstring for the rules. `boost`: the
     config's `replay_boost` by slice id."""
+    after = config.focus_after_ts
+    after = -math.inf if after is None else after
+    if after > -math.inf:  # the hold-out is the latest share of the focus traffic, never all of it
+        kept = sum(int((chunk["ts"] > after).sum()) for chunk in index.chunks())
     window = math.ceil(config.holdout_fraction * kept) if kept else 0
     cutoff = math.inf
     if window:
         cutoff = kth_largest(index, window, ts_range[0], float(np.nextafter(ts_range[1], np.inf)))
-    counts = _train_counts(index, cutoff)
+    counts = _train_counts(index, cutoff, after)
     holdout = top_rows(index, {HOLDOUT_GROUP: config.holdout_max}, lambda c: c["ts"] >= cutoff, _by_rand)
-    quotas = {s: {"hard": _hard_quota(config, n), "rollback": config.max_rollback_per_slice} for s, n in counts.items()}
+    # Every slice with earlier traffic is served (replay keeps it), whether or not it has focus traffic.
+    served = _train_counts(index, cutoff, -math.inf) if after > -math.inf else counts
+    quotas = {s: {"hard": _hard_quota(config, counts.get(s, 0)), "rollback": config.max_rollback_per_slice}
+              for s in served}
     threshold = config.hard_threshold if config.hard_threshold is not None else 1.0
     hard = top_rows(index, {s: OVERSAMPLE * q["hard"] for s, q in quotas.items()},
-                    lambda c: (c["ts"] < cutoff) & (c["rate"] <= threshold), _by_rate)
+                    lambda c: _focus(c, cutoff, after) & (c["rate"] <= threshold), _by_rate)
     # Only the head of a list (its quota) is expected to be kept; the over-sampled tail stays available to
     # the next category, and curation skips a request a previous category already took.
     taken = _row_ids(hard, quotas, "hard")
     rollback = top_rows(index, {s: OVERSAMPLE * q["rollback"] for s, q in quotas.items()},
-                        lambda c: (c["ts"] < cutoff) & (c["depth"] >= config.min_rollback_depth)
+                        lambda c: _focus(c, cutoff, after) & (c["depth"] >= config.min_rollback_depth)
                         & ~np.isin(c["row"], taken), _by_depth)
     taken = np.concatenate([taken, _row_ids(rollback, quotas, "rollback")])
     for s, q in quotas.items():
         q["uniform"] = math.ceil(config.uniform_ratio * (q["hard"] + q["rollback"]))
     uniform = top_rows(index, {s: OVERSAMPLE * q["uniform"] for s, q in quotas.items()},
-                       lambda c: (c["ts"] < cutoff) & ~np.isin(c["row"], taken), _by_rand)
+                       lambda c: _focus(c, cutoff, after) & ~np.isin(c["row"], taken), _by_rand)
     taken = np.concatenate([taken, _row_ids(uniform, quotas, "uniform")])
     focus = sum(q["hard"] + q["rollback"] + q["uniform"] for q in quotas.values())
     for s, quota in replay_quotas(config, focus, sorted(quotas), boost or {}).items():

@@ -66,7 +66,8 @@ def run_flywheel(world, trainer=TRAINER, source="good", extra=(), shadow=tuple(S
         override("train_overrides", train if train is not None else [f"source={world['dirs'][source]}", *extra]),
         override("mining_overrides", list(mining)),
         override("shadow_overrides", list(shadow)),
-        *settings,
+        # The module's rounds share one state dir and mine the same logs again and again.
+        "focus_new_traffic=false", *settings,
     ], return_state=return_state)
 
 
@@ -392,6 +393,40 @@ def test_monitor_holds_its_trigger_after_a_rejected_round_until_new_traffic(worl
     assert monitor(None, common + ["retrigger_after_requests=0"])["decision"]["trigger"]
     serve(6, seed=6)
     assert monitor(None, common)["decision"]["trigger"]
+
+
+def test_each_round_focuses_on_the_traffic_served_since_the_last_round(world, tmp_path):
+    """The corpus remembers the newest request a round mined; the next round's hard, rollback and uniform
+    samples and its hold-out come only from later traffic (earlier rounds' rows join through the corpus);
+    with nothing served since, the round stops at mining. With `focus_new_traffic` off a round mines every
+    request again."""
+    make_champion(world["versions"]["bad"])
+    logs = tmp_path / "logs"
+
+    def serve(n, seed):
+        with JsonlSink(logs) as sink:
+            engine = engine_from_specs(world["dirs"]["target"], CHAMPION_URI, sink=sink)
+            for row in word_salads(n, seed=seed):
+                engine.generate([row["prompt"]], SamplingParams(max_new_tokens=12, k=4), slice=row["slice"], chat=True)
+
+    def mined(result):
+        manifest = json.loads(Path(result["manifest_path"]).read_text())
+        return manifest, sum(entry["train_pool"] for entry in manifest["slices"].values())
+
+    settings = [f"corpus_dir={tmp_path / 'corpus'}", "promote=false", "max_retries=0", "focus_new_traffic=true"]
+    world = {**world, "logs": logs}
+    serve(12, seed=11)
+    first, pool = mined(run_flywheel(world, source="bad", settings=settings))
+    assert first["focus_after_ts"] is None and pool == 12 - first["counts"]["holdout_window"]
+    assert corpus.mined_until(tmp_path / "corpus") == first["newest_ts"]
+    with pytest.raises(StageError, match="no requests served since the last round mined") as failed:
+        run_flywheel(world, source="bad", settings=settings)  # nothing served since: nothing new to learn
+    assert failed.value.stage == "mine" and corpus.mined_until(tmp_path / "corpus") == first["newest_ts"]
+    serve(8, seed=12)
+    later, pool = mined(run_flywheel(world, source="bad", settings=settings))
+    assert later["focus_after_ts"] == first["newest_ts"] and 0 < pool <= 8
+    again, pool = mined(run_flywheel(world, source="bad", settings=[*settings, "focus_new_traffic=false"]))
+    assert again["focus_after_ts"] is None and pool == 20 - again["counts"]["holdout_window"]
 
 
 def test_training_prediction_sits_beside_what_the_gate_measured():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from datasets import Dataset, load_from_disk
 
-from draftwheel.mining.corpus import ADDED, CorpusPolicy, mix_into, retain, sizes
+from draftwheel.mining.corpus import ADDED, CorpusPolicy, mined_until, mix_into, retain, sizes
 from draftwheel.mining.outputs import DISTILL
 
 
@@ -50,3 +50,15 @@ def test_bad_bounds_name_the_field():
         CorpusPolicy(max_per_slice=0)
     with pytest.raises(ValueError, match="corpus_ratio"):
         CorpusPolicy(ratio=-1.0)
+
+
+def test_the_corpus_remembers_the_newest_request_mined_and_never_moves_it_back(tmp_path):
+    policy = CorpusPolicy()
+    assert mined_until(tmp_path / "corpus") is None  # no round yet: the next one mines all the logs
+    retain(tmp_path / "corpus", distill(tmp_path / "r1", ["a"]), policy, now=1.0, newest_ts=500.0)
+    assert mined_until(tmp_path / "corpus") == 500.0
+    retain(tmp_path / "corpus", distill(tmp_path / "r2", ["b"]), policy, now=2.0, newest_ts=400.0)
+    assert mined_until(tmp_path / "corpus") == 500.0  # an older window (a re-mine) keeps the mark
+    retain(tmp_path / "corpus", distill(tmp_path / "r3", ["c"]), policy, now=3.0, newest_ts=800.5)
+    assert mined_until(tmp_path / "corpus") == 800.5
+    assert sizes(tmp_path / "corpus") == {"code": 3}  # the mark does not disturb the dataset

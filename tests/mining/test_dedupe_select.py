@@ -114,3 +114,39 @@ def test_index_round_trips_in_chunks(tmp_path):
     chunks = list(index.chunks())
     assert len(chunks) == 2 and sum(len(c) for c in chunks) == 70_000 and chunks[0].dtype == ROW
     assert chunks[1][-1]["row"] == 69_999
+
+
+def test_focus_samples_come_only_from_traffic_after_focus_after(tmp_path):
+    """The flywheel's round mines the traffic since its last round: hard, rollback and uniform candidates
+    all come after `focus_after`, their quotas count only that traffic, while replay still reads earlier
+    requests and keeps a slice that had no new traffic."""
+    rows = _rows(1200)  # ts 1000..1599, slices 0..2
+    rows += [(1200 + i, 0, i + 1, i * 100, 900.0 + i, 3, 0.5, 3, 5000 + i, i) for i in range(40)]  # slice 3: old only
+    index = _index(tmp_path, rows)
+    after = 1400.0
+    config = MiningConfig(holdout_fraction=0.0, hard_quantile=0.25, max_hard_per_slice=1000,
+                          max_rollback_per_slice=20, focus_after=str(after))
+    selection = select(index, len(rows), (900.0, 1600.0), config)
+    for category in ("hard", "rollback", "uniform"):
+        for cands in selection.candidates[category].values():
+            assert (cands["ts"] > after).all(), category
+    for slice_id in range(3):
+        focus = sum(1 for r in rows if r[5] == slice_id and r[4] > after)
+        assert selection.train_counts[slice_id] == focus
+        assert selection.quotas[slice_id]["hard"] == math.ceil(0.25 * focus)
+    assert 3 not in selection.train_counts and selection.quotas[3]["hard"] == 0
+    replay = selection.candidates["replay"]
+    assert len(replay[3]) > 0 and (replay[3]["ts"] < after).all()  # the old slice is still replayed
+    everything = select(index, len(rows), (900.0, 1600.0), MiningConfig(
+        holdout_fraction=0.0, hard_quantile=0.25, max_hard_per_slice=1000, max_rollback_per_slice=20))
+    assert (everything.candidates["hard"][0]["ts"] <= after).any()  # without a focus, earlier traffic too
+    # The hold-out is the latest fraction of the focus traffic, not of all the logs.
+    held = select(index, len(rows), (900.0, 1600.0), MiningConfig(holdout_fraction=0.5, focus_after=str(after)))
+    focus_ts = np.sort([r[4] for r in rows if r[4] > after])
+    assert held.cutoff == focus_ts[::-1][math.ceil(0.5 * len(focus_ts)) - 1]
+    assert sum(held.train_counts.values()) == int((focus_ts < held.cutoff).sum()) > 0
+
+
+def test_focus_after_must_be_a_time():
+    with pytest.raises(ValueError, match="focus_after"):
+        MiningConfig(focus_after="last tuesday")
