@@ -132,7 +132,12 @@ def test_status_shows_the_retained_corpus(home, capsys):
     Dataset.from_list(rows, features=DISTILL).save_to_disk(str(state_dir() / "mined"))
     retain(state_dir() / "corpus", state_dir() / "mined", CorpusPolicy())
     assert run("status") == 0
-    assert "retained corpus: 3 rows (code 2, sql 1)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "retained corpus: 3 rows (code 2, sql 1)\n" in out  # no round has recorded its traffic's end
+    retain(state_dir() / "corpus", state_dir() / "mined", CorpusPolicy(), newest_ts=1796558400.0)
+    assert run("status") == 0
+    assert "retained corpus: 3 rows (code 2, sql 1); the next round mines the traffic logged after " \
+           "2026-12-06T12:00:00+00:00" in capsys.readouterr().out
 
 
 def test_status_shows_the_suffix_index_the_server_wrote(home, capsys):
