@@ -57,6 +57,11 @@ class DemoConfig:
     """Serve the traffic as `draftwheel serve` does by default (mode hybrid: each step drafts from an index of
     earlier requests and the request itself when that promises more than the draft), and measure both
     champions that way too, beside each draft alone."""
+    max_batch: int = 4
+    """The served traffic is queued at once and decoded by the batch engine this many requests at a time,
+    as `draftwheel serve` serves that many concurrent clients (1 = one request at a time). At 4 rows the
+    hybrid still drafts most steps (at 16 its governor turns most of them plain, and the logs would say
+    little about the draft); the before/after table measures one request at a time either way."""
     dtype: str = "auto"
     """Serving precision (draftwheel.serving.engine.precision): auto = bfloat16 on AMX-BF16 CPUs, else float32. The flywheel's
     shadow replay uses configs/shadow.yaml's own `dtype` (also auto)."""
@@ -101,7 +106,7 @@ class DemoConfig:
     """Logs and results of this run go to <out_dir>/<UTC time>/ ("" = <state dir>/demo)."""
 
     def __post_init__(self) -> None:
-        for name in ("chat_requests", "code_requests", "eval_requests", "max_new_tokens", "k"):
+        for name in ("chat_requests", "code_requests", "eval_requests", "max_new_tokens", "k", "max_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.after_requests < 0:
@@ -203,9 +208,10 @@ class DemoRun:
         return self.run_dir / "logs"
 
     def serve(self, rows: list[dict[str, str]]) -> dict[str, Any]:
-        from draftwheel.mining.replay_workload import run_traffic
+        from draftwheel.mining.replay_workload import run_traffic, serving
 
-        summary = run_traffic(self.engine, rows, self.logs_dir, self.params, progress=True)
+        with serving(self.engine, self.config.max_batch) as served:
+            summary = run_traffic(served, rows, self.logs_dir, self.params, progress=True)
         rates = {name: s["acceptance_rate"] for name, s in summary["by_slice"].items()}
         print(f"served {summary['requests']} requests in {summary['seconds']:.0f}s; acceptance {rates}", flush=True)
         return summary

@@ -9,7 +9,6 @@ run failed).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import sys
@@ -77,7 +76,7 @@ def register(subparsers: Any) -> None:
 
 def _traffic_command(args: argparse.Namespace) -> int:
     from draftwheel.home import logs_dir
-    from draftwheel.mining.replay_workload import run_traffic
+    from draftwheel.mining.replay_workload import run_traffic, serving
     from draftwheel.mining.workloads import load_workload
     from draftwheel.serving.loading import engine_from_specs, resolve_target
     from draftwheel.serving.engine.params import SamplingParams
@@ -95,12 +94,7 @@ def _traffic_command(args: argparse.Namespace) -> int:
                                    dtype=resolve_dtype(args.dtype, device), min_path_prob=args.min_path_prob)
     except (ValueError, OSError, RuntimeError) as exc:
         return fail("traffic", exc)
-    serving = contextlib.nullcontext(engine)
-    if args.max_batch > 1:
-        from draftwheel.serving.engine.batching import BatchConfig, BatchEngine
-
-        serving = BatchEngine(engine, BatchConfig(max_batch=args.max_batch))
-    with serving as served:
+    with serving(engine, args.max_batch) as served:
         summary = run_traffic(served, workload, args.log_dir or logs_dir(), params, chat=True,
                               progress=not args.no_progress)
     print(json.dumps(summary, indent=2))

@@ -11,6 +11,7 @@ workloads (`draftwheel.mining.workloads`) or models.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -19,6 +20,18 @@ from typing import Any
 
 from draftwheel.serving.engine.acceptance import acceptance_rate, mean_accepted_length
 from draftwheel.serving.engine.params import SamplingParams
+
+
+def serving(engine: Any, max_batch: int) -> contextlib.AbstractContextManager:
+    """What serves the traffic: `engine` itself, one request at a time, for `max_batch` 1, else a
+    `BatchEngine` over it decoding up to `max_batch` requests at once (stopped on exit)."""
+    if max_batch < 1:
+        raise ValueError(f"max_batch: must be >= 1, got {max_batch}")
+    if max_batch == 1:
+        return contextlib.nullcontext(engine)
+    from draftwheel.serving.engine.batching import BatchConfig, BatchEngine
+
+    return BatchEngine(engine, BatchConfig(max_batch=max_batch))
 
 
 def _summary(totals: list[int]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from draftwheel.flows import report
 from draftwheel.flows.artifacts import DEMO_KEY, DEMO_TABLE_KEY
 from draftwheel.flows.demo import DemoConfig, demo, workloads
 from draftwheel.flows.flywheel import override
+from draftwheel.flows.monitor import read_records
 from draftwheel.serving.engine.engine import Engine
 from draftwheel.serving.engine.models import weights_sha256
 from draftwheel.serving.loading import load_model
@@ -77,6 +78,8 @@ def test_demo_runs_the_whole_story_on_tiny_models(tmp_path, monkeypatch, capsys,
     assert meta["promoted"] and not any(reason.startswith("FAIL") for reason in meta["decision"])
     assert meta["champion_before"] == v0 != meta["champion_after"] == tracking.aliases()["champion"]
     assert decisions[2] == "monitor: no trigger", decisions  # step 6: the new champion on code
+    # Served by the batch engine, 4 requests at a time (max_batch), yet every request is logged, in order.
+    assert [record.slice for record in read_records(meta["logs_dir"])] == ["chat"] * 6 + ["code"] * 12
 
     # The figures, each column measured on held-out prompts: code is drafted better, chat as well as before.
     before, after = results["before"], results["after"]

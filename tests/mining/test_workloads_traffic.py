@@ -136,3 +136,17 @@ def test_batched_traffic_writes_the_same_records_in_workload_order(tmp_path, toy
             for name in ("serial", "batched")}
     assert [r.prompt for r in logs["batched"]] == [r.prompt for r in logs["serial"]]
     assert [r.output_token_ids for r in logs["batched"]] == [r.output_token_ids for r in logs["serial"]]
+
+
+def test_serving_picks_the_engine_itself_or_a_batch_engine_over_it(toy_models):
+    from draftwheel.mining.replay_workload import serving
+    from draftwheel.serving.engine.batching import BatchEngine
+    from draftwheel.serving.loading import engine_from_specs
+
+    engine = engine_from_specs(*toy_models)
+    with serving(engine, 1) as served:
+        assert served is engine  # one request at a time
+    with serving(engine, 3) as served:
+        assert isinstance(served, BatchEngine) and served.engine is engine and served.config.max_batch == 3
+    with pytest.raises(ValueError, match="max_batch"):
+        serving(engine, 0)
