@@ -15,7 +15,8 @@ Rehearsal (against forgetting): a warm-started draft also trains on a fixed, see
 its warm start learned from (`rehearsal: auto` follows its training info back to the bootstrap data,
 whose features are already cached), `rehearsal_ratio` sequences per mined one, so a round on one new
 slice does not overwrite what the champion does well elsewhere. `mined_passes` repeats the mined
-sequences within each epoch (the rehearsal sample is seen once), up to `max_mined_per_epoch` in all.
+sequences within each epoch (the rehearsal sample is seen once), up to `max_mined_per_epoch` in all; a
+capped epoch shrinks the rehearsal sample in proportion (`rehearsal_count`).
 Epoch selection (against forgetting too): before training and after each epoch, the implied mean
 accepted length at k = `eval_k` is measured per slice on a probe -- the round's hold-out, the warm
 start's own hold-out and the canary prompts -- and the saved weights are those of the epoch best for
@@ -423,15 +424,24 @@ def mined_epoch(mined: torch.utils.data.Dataset, passes: int, cap: int,
     return torch.utils.data.ConcatDataset(parts or [mined]), list(range(n)) * whole + sample
 
 
+def rehearsal_count(config: EagleConfig, n_requests: int, n_sequences: int, n_seen: int) -> int:
+    """Rehearsal sequences for `n_requests` mined requests: `rehearsal_ratio` per request, scaled by the
+    share of the mined set's passes an epoch sees (`n_seen` of `n_sequences` x `mined_passes`). Under
+    `max_mined_per_epoch` the old data then shrinks with the new: their balance stays as configured, and
+    an epoch stays bounded however much traffic a round mined."""
+    share = min(1.0, n_seen / max(1, n_sequences * config.mined_passes))
+    return round(config.rehearsal_ratio * n_requests * share)
+
+
 def rehearsal_sample(config: EagleConfig, source: tuple[Path, int], seqs: Sequences, target: Any,
                      aux_layer_ids: list[int], cache_root: Path,
-                     n_mined: int) -> tuple[torch.utils.data.Dataset, dict[str, Any]]:
-    """A fixed seeded sample of `rehearsal_ratio * n_mined` of the source's sequences `seqs`, with their
+                     count: int) -> tuple[torch.utils.data.Dataset, dict[str, Any]]:
+    """A fixed seeded sample of `count` of the source's sequences `seqs` (all, if fewer), with their
     features (computed, and cached, for the whole source)."""
     path, max_length = source
     features, hit = cached_features(target.model, seqs.ids, aux_layer_ids, target.model_id.sha256, cache_root,
                                     bf16=config.bf16)
-    n = min(len(seqs.ids), round(config.rehearsal_ratio * n_mined))
+    n = min(len(seqs.ids), count)
     picked = seeded_sample(len(seqs.ids), n, config.seed)
     tokens = sum(len(seqs.ids[i]) for i in picked)
     subset = torch.utils.data.Subset(EagleDataset(seqs, features, config.prompt_loss), picked)
@@ -749,8 +759,9 @@ def prepare(config: EagleConfig) -> Prepared:
     train_tokens = sum(len(train_seqs.ids[i]) for i in picked)
     info["mined_passes_effective"] = round(len(picked) / max(1, len(train_seqs.ids)), 3)
     if rehearsing:
+        count = rehearsal_count(config, n_requests, len(train_seqs.ids), len(picked))
         rehearsal, rehearsal_info = rehearsal_sample(config, source, rehearsal_seqs, target, draft.c.aux_layer_ids,
-                                                     cache_root, n_requests)
+                                                     cache_root, count)
         train_set, train_tokens = torch.utils.data.ConcatDataset([train_set, rehearsal]), \
             train_tokens + rehearsal_info["rehearsal_tokens"]
         info.update(rehearsal_info)

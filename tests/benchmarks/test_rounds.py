@@ -43,9 +43,9 @@ def test_gate_summary_and_table(rounds, tmp_path):
     figs = {"served_speedup": 2.0, "alone_speedup": 1.0, "served_mal": 3.0, "alone_mal": 1.2,
             "identical": "8/8 served, 8/8 alone", "n": 8}
     row = {"round": 1, "champion": "2", "slices": {"code": figs, "chat": {**figs, "served_speedup": 1.0}},
-           "outcome": "promoted", "gate": gate, "seconds": 300.0}
+           "outcome": "promoted", "gate": gate, "seconds": 300.0, "loop_seconds": 240.0}
     text = rounds.table([row])
-    assert "promoted; its challenger in the gate: as served +5.0% [+1.0%, +9.0%], draft alone MAL +25.0%" in text
+    assert "(300 s, 240 s before the held-out measurement: promoted; its challenger in the gate: as served +5.0% [+1.0%, +9.0%], draft alone MAL +25.0%" in text
     assert rounds.pooled(row["slices"], "served_speedup") == 1.5
 
 

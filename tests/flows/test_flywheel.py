@@ -71,6 +71,14 @@ def run_flywheel(world, trainer=TRAINER, source="good", extra=(), shadow=tuple(S
     ], return_state=return_state)
 
 
+def serve_salads(world, logs, n, seed):
+    """Serve `n` word-salad requests with the champion, logged to `logs`."""
+    with JsonlSink(logs) as sink:
+        engine = engine_from_specs(world["dirs"]["target"], CHAMPION_URI, sink=sink)
+        for row in word_salads(n, seed=seed):
+            engine.generate([row["prompt"]], SamplingParams(max_new_tokens=12, k=4), slice=row["slice"], chat=True)
+
+
 def last_run(world, name):
     """(status, tags, {descendant name: status}) of the newest MLflow run called `name`, read straight from
     the sqlite store; descendants are the attempts and, under them, the stages (names unique per attempt)."""
@@ -339,12 +347,9 @@ def test_monitor_reports_the_delivered_gain_after_a_promotion(world, tmp_path, c
     from draftwheel.flows.monitor import monitor
 
     logs = tmp_path / "logs"
-    with JsonlSink(logs) as sink:
-        for champion in ("bad", "good"):  # bad served, then good was promoted and served
-            make_champion(world["versions"][champion])
-            engine = engine_from_specs(world["dirs"]["target"], CHAMPION_URI, sink=sink)
-            for row in word_salads(6, seed=3):
-                engine.generate([row["prompt"]], SamplingParams(max_new_tokens=12, k=4), slice=row["slice"], chat=True)
+    for champion in ("bad", "good"):  # bad served, then good was promoted and served
+        make_champion(world["versions"][champion])
+        serve_salads(world, logs, 6, seed=3)
     assert tracking.aliases()["previous"] == world["versions"]["bad"]
     result = monitor(None, [f"logs_dir={logs}", f"target={world['dirs']['target']}", "run_flywheel=false",
                             "window_requests=16", "min_requests=4"])
@@ -375,15 +380,9 @@ def test_monitor_holds_its_trigger_after_a_rejected_round_until_new_traffic(worl
     make_champion(world["versions"]["bad"])
     logs = tmp_path / "logs"
 
-    def serve(n, seed):
-        with JsonlSink(logs) as sink:
-            engine = engine_from_specs(world["dirs"]["target"], CHAMPION_URI, sink=sink)
-            for row in word_salads(n, seed=seed):
-                engine.generate([row["prompt"]], SamplingParams(max_new_tokens=12, k=4), slice=row["slice"], chat=True)
-
     common = [f"logs_dir={logs}", f"target={world['dirs']['target']}", "run_flywheel=false", "window_requests=16",
               "min_requests=4", "min_acceptance=0.5", "retrigger_after_requests=6"]
-    serve(8, seed=5)
+    serve_salads(world, logs, 8, seed=5)
     assert monitor(None, common)["decision"]["trigger"]
     rejected = run_flywheel(world, source="bad")  # the champion's own weights: no gain, rejected
     assert not rejected["promoted"]
@@ -391,7 +390,7 @@ def test_monitor_holds_its_trigger_after_a_rejected_round_until_new_traffic(worl
     assert not held["trigger"] and held["reasons"]  # still low, but no new evidence
     assert held["held"].startswith(f"v{rejected['challenger_version']} was rejected") and "0 of 6" in held["held"]
     assert monitor(None, common + ["retrigger_after_requests=0"])["decision"]["trigger"]
-    serve(6, seed=6)
+    serve_salads(world, logs, 6, seed=6)
     assert monitor(None, common)["decision"]["trigger"]
 
 
@@ -403,26 +402,20 @@ def test_each_round_focuses_on_the_traffic_served_since_the_last_round(world, tm
     make_champion(world["versions"]["bad"])
     logs = tmp_path / "logs"
 
-    def serve(n, seed):
-        with JsonlSink(logs) as sink:
-            engine = engine_from_specs(world["dirs"]["target"], CHAMPION_URI, sink=sink)
-            for row in word_salads(n, seed=seed):
-                engine.generate([row["prompt"]], SamplingParams(max_new_tokens=12, k=4), slice=row["slice"], chat=True)
-
     def mined(result):
         manifest = json.loads(Path(result["manifest_path"]).read_text())
         return manifest, sum(entry["train_pool"] for entry in manifest["slices"].values())
 
     settings = [f"corpus_dir={tmp_path / 'corpus'}", "promote=false", "max_retries=0", "focus_new_traffic=true"]
     world = {**world, "logs": logs}
-    serve(12, seed=11)
+    serve_salads(world, logs, 12, seed=11)
     first, pool = mined(run_flywheel(world, source="bad", settings=settings))
     assert first["focus_after_ts"] is None and pool == 12 - first["counts"]["holdout_window"]
     assert corpus.mined_until(tmp_path / "corpus") == first["newest_ts"]
     with pytest.raises(StageError, match="no requests served since the last round mined") as failed:
         run_flywheel(world, source="bad", settings=settings)  # nothing served since: nothing new to learn
     assert failed.value.stage == "mine" and corpus.mined_until(tmp_path / "corpus") == first["newest_ts"]
-    serve(8, seed=12)
+    serve_salads(world, logs, 8, seed=12)
     later, pool = mined(run_flywheel(world, source="bad", settings=settings))
     assert later["focus_after_ts"] == first["newest_ts"] and 0 < pool <= 8
     again, pool = mined(run_flywheel(world, source="bad", settings=[*settings, "focus_new_traffic=false"]))

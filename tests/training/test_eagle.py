@@ -22,7 +22,8 @@ from draftwheel.serving.loading import load_model
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.testing import build_tokenizer, tiny_llama
 from draftwheel.training import common
-from draftwheel.training.eagle_train import EagleConfig, load_sequences, mined_epoch, rehearsal_source, train_eagle
+from draftwheel.training.eagle_train import (EagleConfig, load_sequences, mined_epoch, rehearsal_count,
+                                             rehearsal_source, train_eagle)
 from draftwheel.training.eagle_ttt import (_SoftCrossEntropy, chain_acceptance, chain_slots, implied_mal, served_walk, ttt_attention,
                                 ttt_loss, ttt_mask, unroll)
 
@@ -779,6 +780,17 @@ def test_an_epoch_sees_the_mined_set_passes_times_up_to_the_cap():
     assert mined_epoch(mined, passes=4, cap=32, seed=0)[1] == picked  # a fixed sample: every epoch the same
     small, picked = mined_epoch(mined, passes=4, cap=6, seed=1)
     assert len(small) == 6 and len(set(picked)) == 6  # more traffic than the cap: a sample of it, each once
+
+
+def test_a_capped_epoch_shrinks_the_rehearsal_sample_alike():
+    """Rehearsal is `rehearsal_ratio` per mined request while every pass fits under the cap; past it, the
+    old data shrinks with the share of the passes an epoch sees, so an epoch stays bounded."""
+    config = EagleConfig(rehearsal_ratio=2.0, mined_passes=5, max_mined_per_epoch=320)
+    assert rehearsal_count(config, 60, 60, len(mined_epoch(list(range(60)), 5, 320, 0)[1])) == 120  # 300: uncapped
+    seen = len(mined_epoch(list(range(128)), 5, 320, 0)[1])
+    assert seen == 320 and rehearsal_count(config, 128, 128, seen) == 128  # half the passes: half of 2 x 128
+    # Sequences per request (prompt variants) count in the share, not in the per-request ratio.
+    assert rehearsal_count(config, 20, 100, 320) == round(2.0 * 20 * 320 / 500)
 
 
 def test_ttt_loss_weighs_positions_and_a_zero_weight_is_a_masked_position():
