@@ -54,3 +54,11 @@ def test_plot_draws_both_panels(rounds, tmp_path):
     rounds_ = [{"round": r, "champion": "1", "slices": {name: figs for name in rounds.SLICES}} for r in (0, 1)]
     path = rounds.plot(rounds_, tmp_path / "rounds.png")
     assert path.stat().st_size > 1000
+
+
+def test_a_rounds_traffic_is_one_mixed_stream(rounds):
+    streams = [[{"slice": "chat", "prompt": f"c{i}"} for i in range(2)],
+               [{"slice": "code", "prompt": f"k{i}"} for i in range(3)], []]
+    assert [row["prompt"] for row in rounds.interleave(streams)] == ["c0", "k0", "c1", "k1", "k2"]
+    assert rounds.interleave([]) == []
+
