@@ -34,8 +34,9 @@ class MiningConfig:
     focus_after: str | None = None
     """Draw the hard, rollback and uniform samples only from requests with ts > focus_after (unix seconds
     or ISO 8601; None = from all). The flywheel sets it to the newest request its last round mined, so a
-    round learns the traffic served since while earlier rounds' rows come from the retained corpus; the
-    hold-out and the replay share still read every kept request."""
+    round learns the traffic served since while earlier rounds' rows come from the retained corpus. The
+    hold-out is then the latest `holdout_fraction` of that traffic; the replay share still reads every
+    kept request."""
     slices: list[str] = field(default_factory=list)
     """Keep only these slices (empty = all)."""
     skip_suffix_served_above: float | None = None
