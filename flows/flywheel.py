@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as dt
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -328,11 +327,13 @@ def _turn(config: FlywheelConfig, tracker: Any, work: Path) -> dict[str, Any]:
 def _require_new_traffic(manifest: dict[str, Any]) -> None:
     """A round that focuses on the traffic since the last round needs some: with none, it stops before
     training on nothing new (and the champion stays)."""
+    from draftwheel.mining.config import format_time
+
     after = manifest.get("focus_after_ts")
     focus = sum(entry.get("train_pool", 0) for entry in manifest.get("slices", {}).values())
     if after is not None and not focus + manifest["counts"].get("holdout_window", 0):
-        logged = dt.datetime.fromtimestamp(after, dt.timezone.utc).isoformat(timespec="seconds")
-        raise ValueError(f"no requests served since the last round mined (its newest was logged {logged}): "
+        raise ValueError(f"no requests served since the last round mined (its newest was logged "
+                         f"{format_time(after)}): "
                          "serve traffic first, or set focus_new_traffic=false to mine all the logs again")
 
 

@@ -13,7 +13,6 @@ stats file `draftwheel serve` writes. Heavy imports happen inside the commands s
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import logging
 import sys
@@ -212,6 +211,7 @@ def suffix_index_line(root: str | Path | None = None) -> str:
 def corpus_line() -> str:
     """One line on the flywheel's retained corpus (draftwheel.mining.corpus): rows per slice, and where the
     next round's traffic starts."""
+    from draftwheel.mining.config import format_time
     from draftwheel.mining.corpus import mined_until, sizes
 
     rows = sizes(home.state_dir() / "corpus")
@@ -220,8 +220,7 @@ def corpus_line() -> str:
     line = f"retained corpus: {sum(rows.values())} rows (" + ", ".join(f"{k} {v}" for k, v in rows.items()) + ")"
     newest = mined_until(home.state_dir() / "corpus")
     if newest is not None:
-        logged = dt.datetime.fromtimestamp(newest, dt.timezone.utc).isoformat(timespec="seconds")
-        line += f"; the next round mines the traffic logged after {logged}"
+        line += f"; the next round mines the traffic logged after {format_time(newest)}"
     return line
 
 

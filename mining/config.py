@@ -25,6 +25,11 @@ def parse_time(value: str | None) -> float | None:
     return stamp.timestamp()
 
 
+def format_time(ts: float) -> str:
+    """Unix seconds -> ISO 8601 in UTC to the second (`"2026-11-30T09:00:00+00:00"`): what `parse_time` reads."""
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="seconds")
+
+
 @dataclass
 class MiningConfig:
     since: str | None = None
