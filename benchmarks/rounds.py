@@ -8,8 +8,9 @@ Each round r = 1..R:
    mine -> train -> shadow, as served -> promote, retry included);
 3. measures the champion it ends with on fixed held-out prompts per slice, never served and never
    trained on: plain decoding, as served (hybrid beside a read-only index of all the traffic served so
-   far) and the draft alone, prompt by prompt in turn, so every speedup is against plain decoding of the
-   same prompts in the same run. Greedy outputs are compared with plain decoding's.
+   far), the draft alone and the index alone (mode suffix), prompt by prompt in turn, so every speedup is
+   against plain decoding of the same prompts in the same run; `served/best` is as served over the better
+   of its two parts. Greedy outputs are compared with plain decoding's.
 Round 0 is the bootstrap v0 before any round. The per-round table is printed, saved as rounds.json under
 the state dir and logged to MLflow (metrics per round and slice, a plot).
 
@@ -104,22 +105,28 @@ def interleave(streams: list[list[dict[str, str]]]) -> list[dict[str, str]]:
 
 
 def figures(runs: dict[str, list[Any]]) -> dict[str, Any]:
-    """One slice's row: the champion as served and alone, each against plain decoding of the same prompts."""
+    """One slice's row: the champion as served, the draft alone and the suffix index alone, each against
+    plain decoding of the same prompts; and as served over the better of its two parts."""
     from draftwheel.flows import report
     from draftwheel.flows.demo import identical
 
     plain = [c.stats for c in runs["plain"]]
-    served, alone = (report.figures([c.stats for c in runs[arm]], plain) for arm in ("served", "alone"))
+    served, alone, suffix = (report.figures([c.stats for c in runs[arm]], plain)
+                             for arm in ("served", "alone", "suffix"))
+    best_part = max(alone["speedup_vs_plain"], suffix["speedup_vs_plain"])
     return {"served_speedup": served["speedup_vs_plain"], "served_mal": served["mean_accepted_length"],
             "alone_speedup": alone["speedup_vs_plain"], "alone_mal": alone["mean_accepted_length"],
-            "identical": f"{identical(runs['served'], runs['plain'])} served, "
-                         f"{identical(runs['alone'], runs['plain'])} alone", "n": len(plain)}
+            "suffix_speedup": suffix["speedup_vs_plain"], "suffix_mal": suffix["mean_accepted_length"],
+            "served_over_best_part": served["speedup_vs_plain"] / best_part,
+            "identical": ", ".join(f"{identical(runs[arm], runs['plain'])} {arm}" for arm in ("served", "alone", "suffix")),
+            "n": len(plain)}
 
 
 def measure_round(plain: Any, champion: Any, logs: Path, rows: dict[str, Any], params: Any,
                   cut: float) -> dict[str, dict[str, Any]]:
-    """Per slice: the champion as served (beside a read-only index of the logs) and alone, against plain
-    decoding, on the held-out prompts, taking the three in turn prompt by prompt (draftwheel.flows.demo.measure)."""
+    """Per slice: the champion as served (beside a read-only index of the logs), the draft alone and the
+    index alone, against plain decoding, on the held-out prompts, taking the four in turn prompt by prompt
+    (draftwheel.flows.demo.measure)."""
     from draftwheel.flows.demo import measure
     from draftwheel.serving.engine.engine import Engine
     from draftwheel.serving.engine.suffix import ReadOnlyIndex, SuffixIndex, target_key
@@ -128,7 +135,8 @@ def measure_round(plain: Any, champion: Any, logs: Path, rows: dict[str, Any], p
     index = ReadOnlyIndex(SuffixIndex.from_logs(logs, target_key(target.model_id)))
     engines = {"plain": (plain, "autoregressive"),
                "served": (Engine(target, champion, min_path_prob=cut, suffix_index=index), "hybrid"),
-               "alone": (Engine(target, champion, min_path_prob=cut), "draft")}
+               "alone": (Engine(target, champion, min_path_prob=cut), "draft"),
+               "suffix": (Engine(target, suffix_index=index), "suffix")}
     return {name: figures(measure(engines, rows[f"eval/{name}"], params)) for name in SLICES}
 
 
@@ -152,12 +160,13 @@ def pooled(row: dict[str, dict[str, Any]], key: str) -> float:
 
 
 def table(rounds: list[dict[str, Any]]) -> str:
-    lines = [f"{'round':>5} {'champion':>8} {'slice':<7} {'served':>7} {'alone':>7} {'served MAL':>10} "
-             f"{'alone MAL':>9}  greedy identical"]
+    lines = [f"{'round':>5} {'champion':>8} {'slice':<7} {'served':>7} {'alone':>7} {'suffix':>7} {'served/best':>11} "
+             f"{'served MAL':>10} {'alone MAL':>9} {'suffix MAL':>10}  greedy identical"]
     for r in rounds:
         for name, f in r["slices"].items():
             lines.append(f"{r['round']:>5} {r['champion']:>8} {name:<7} {f['served_speedup']:>6.2f}x "
-                         f"{f['alone_speedup']:>6.2f}x {f['served_mal']:>10.2f} {f['alone_mal']:>9.2f}  {f['identical']}")
+                         f"{f['alone_speedup']:>6.2f}x {f['suffix_speedup']:>6.2f}x {f['served_over_best_part']:>10.2f}x "
+                         f"{f['served_mal']:>10.2f} {f['alone_mal']:>9.2f} {f['suffix_mal']:>10.2f}  {f['identical']}")
         gate = r.get("gate") or {}
         challenger = (f"; its challenger in the gate: as served {gate['served_change']:+.1%} "
                       f"[{gate['served_ci'][0]:+.1%}, {gate['served_ci'][1]:+.1%}], draft alone MAL "
@@ -268,7 +277,8 @@ def _log(args: argparse.Namespace, rounds: list[dict[str, Any]], files: list[Pat
         tracker.log_params({k: str(v) for k, v in vars(args).items()})
         for r in rounds:
             metrics = {f"{name}.{key}": figs[key] for name, figs in r["slices"].items()
-                       for key in ("served_speedup", "alone_speedup", "served_mal", "alone_mal")}
+                       for key in ("served_speedup", "alone_speedup", "suffix_speedup", "served_over_best_part",
+                                   "served_mal", "alone_mal", "suffix_mal")}
             metrics["pooled.served_speedup"] = pooled(r["slices"], "served_speedup")
             metrics.update({key: r[key] for key in ("seconds", "loop_seconds") if key in r})
             tracker.log_metrics(metrics, step=r["round"])

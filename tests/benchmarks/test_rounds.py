@@ -40,13 +40,15 @@ def test_gate_summary_and_table(rounds, tmp_path):
     assert gate["served_change"] == 0.05 and gate["served_ci"] == [0.01, 0.09]
     assert gate["alone_mal_change"] == pytest.approx(0.25)
     assert rounds.gate_summary(None) == {} and rounds.gate_summary(str(tmp_path / "none.json")) == {}
-    figs = {"served_speedup": 2.0, "alone_speedup": 1.0, "served_mal": 3.0, "alone_mal": 1.2,
-            "identical": "8/8 served, 8/8 alone", "n": 8}
+    figs = {"served_speedup": 2.0, "alone_speedup": 1.0, "suffix_speedup": 1.6, "served_over_best_part": 1.25,
+            "served_mal": 3.0, "alone_mal": 1.2, "suffix_mal": 2.5, "identical": "8/8 served, 8/8 alone, 8/8 suffix",
+            "n": 8}
     row = {"round": 1, "champion": "2", "slices": {"code": figs, "chat": {**figs, "served_speedup": 1.0}},
            "outcome": "promoted", "gate": gate, "seconds": 300.0, "loop_seconds": 240.0}
     text = rounds.table([row])
     assert "(300 s, 240 s before the held-out measurement: promoted; its challenger in the gate: as served +5.0% [+1.0%, +9.0%], draft alone MAL +25.0%" in text
     assert rounds.pooled(row["slices"], "served_speedup") == 1.5
+    assert "   2.00x   1.00x   1.60x       1.25x" in text  # served, alone, suffix, served over the better part
 
 
 def test_plot_draws_both_panels(rounds, tmp_path):
@@ -62,3 +64,19 @@ def test_a_rounds_traffic_is_one_mixed_stream(rounds):
     assert [row["prompt"] for row in rounds.interleave(streams)] == ["c0", "k0", "c1", "k1", "k2"]
     assert rounds.interleave([]) == []
 
+
+
+def test_figures_compare_as_served_with_the_better_of_its_parts(rounds):
+    from types import SimpleNamespace
+
+    def completion(tokens, seconds, steps, accepted, ids=(1, 2)):
+        stats = SimpleNamespace(generated_tokens=tokens, latency_s=seconds, verify_steps=steps,
+                                drafted_tokens=accepted + steps, accepted_tokens=accepted)
+        return SimpleNamespace(stats=stats, token_ids=list(ids))
+
+    runs = {"plain": [completion(40, 4.0, 40, 0)], "served": [completion(40, 2.0, 16, 24)],
+            "alone": [completion(40, 3.0, 30, 10)], "suffix": [completion(40, 2.5, 20, 20, ids=(9,))]}
+    figs = rounds.figures(runs)
+    assert figs["served_speedup"] == pytest.approx(2.0) and figs["suffix_speedup"] == pytest.approx(1.6)
+    assert figs["served_over_best_part"] == pytest.approx(2.0 / 1.6)  # the index alone is the better part here
+    assert figs["identical"] == "1/1 served, 1/1 alone, 0/1 suffix"
