@@ -116,7 +116,8 @@ def figures(runs: dict[str, list[Any]]) -> dict[str, Any]:
     best_part = max(alone["speedup_vs_plain"], suffix["speedup_vs_plain"])
     return {"served_speedup": served["speedup_vs_plain"], "served_mal": served["mean_accepted_length"],
             "alone_speedup": alone["speedup_vs_plain"], "alone_mal": alone["mean_accepted_length"],
-            "suffix_speedup": suffix["speedup_vs_plain"], "suffix_mal": suffix["mean_accepted_length"],
+            # (no MAL for the index alone: its loop records the prompt's forward as a step, the others do not)
+            "suffix_speedup": suffix["speedup_vs_plain"],
             "served_over_best_part": served["speedup_vs_plain"] / best_part,
             "identical": ", ".join(f"{identical(runs[arm], runs['plain'])} {arm}" for arm in ("served", "alone", "suffix")),
             "n": len(plain)}
@@ -161,12 +162,12 @@ def pooled(row: dict[str, dict[str, Any]], key: str) -> float:
 
 def table(rounds: list[dict[str, Any]]) -> str:
     lines = [f"{'round':>5} {'champion':>8} {'slice':<7} {'served':>7} {'alone':>7} {'suffix':>7} {'served/best':>11} "
-             f"{'served MAL':>10} {'alone MAL':>9} {'suffix MAL':>10}  greedy identical"]
+             f"{'served MAL':>10} {'alone MAL':>9}  greedy identical"]
     for r in rounds:
         for name, f in r["slices"].items():
             lines.append(f"{r['round']:>5} {r['champion']:>8} {name:<7} {f['served_speedup']:>6.2f}x "
                          f"{f['alone_speedup']:>6.2f}x {f['suffix_speedup']:>6.2f}x {f['served_over_best_part']:>10.2f}x "
-                         f"{f['served_mal']:>10.2f} {f['alone_mal']:>9.2f} {f['suffix_mal']:>10.2f}  {f['identical']}")
+                         f"{f['served_mal']:>10.2f} {f['alone_mal']:>9.2f}  {f['identical']}")
         gate = r.get("gate") or {}
         challenger = (f"; its challenger in the gate: as served {gate['served_change']:+.1%} "
                       f"[{gate['served_ci'][0]:+.1%}, {gate['served_ci'][1]:+.1%}], draft alone MAL "
@@ -278,7 +279,7 @@ def _log(args: argparse.Namespace, rounds: list[dict[str, Any]], files: list[Pat
         for r in rounds:
             metrics = {f"{name}.{key}": figs[key] for name, figs in r["slices"].items()
                        for key in ("served_speedup", "alone_speedup", "suffix_speedup", "served_over_best_part",
-                                   "served_mal", "alone_mal", "suffix_mal")}
+                                   "served_mal", "alone_mal")}
             metrics["pooled.served_speedup"] = pooled(r["slices"], "served_speedup")
             metrics.update({key: r[key] for key in ("seconds", "loop_seconds") if key in r})
             tracker.log_metrics(metrics, step=r["round"])

@@ -41,7 +41,7 @@ def test_gate_summary_and_table(rounds, tmp_path):
     assert gate["alone_mal_change"] == pytest.approx(0.25)
     assert rounds.gate_summary(None) == {} and rounds.gate_summary(str(tmp_path / "none.json")) == {}
     figs = {"served_speedup": 2.0, "alone_speedup": 1.0, "suffix_speedup": 1.6, "served_over_best_part": 1.25,
-            "served_mal": 3.0, "alone_mal": 1.2, "suffix_mal": 2.5, "identical": "8/8 served, 8/8 alone, 8/8 suffix",
+            "served_mal": 3.0, "alone_mal": 1.2, "identical": "8/8 served, 8/8 alone, 8/8 suffix",
             "n": 8}
     row = {"round": 1, "champion": "2", "slices": {"code": figs, "chat": {**figs, "served_speedup": 1.0}},
            "outcome": "promoted", "gate": gate, "seconds": 300.0, "loop_seconds": 240.0}
