@@ -290,18 +290,20 @@ def test_near_duplicates_collapse_in_training_and_never_shadow_the_holdout(tmp_p
 
 
 def test_distill_rows_carry_the_served_residual_per_completion_token(mined):
-    """Each distill row's `served_residual` lines up with its completion tokens, and is 0 on the tokens
-    the logged steps drafted and had accepted (draftwheel.mining.residual)."""
+    """Each distill row's `served_residual` lines up with its completion tokens, and is 0 exactly on the
+    tokens the logged steps drafted and had accepted (draftwheel.mining.residual; the synthetic records are
+    an `lm` draft's in mode draft, whose first step emits the first token)."""
     out, _, records, _ = mined
     by_prompt = {tuple(r["prompt_token_ids"]): r for r in records}
     dataset = load_from_disk(str(out / "distill"))
     drafted_somewhere = False
     for row in dataset:
         assert len(row["served_residual"]) == len(row["completion_token_ids"])
-        assert set(row["served_residual"]) <= {0.0, 1.0} and row["served_residual"][0] == 1.0
+        assert set(row["served_residual"]) <= {0.0, 1.0}
         source = by_prompt.get(tuple(row["prompt_token_ids"]))
         if source is not None and row["completion_token_ids"] == source["output_token_ids"]:
-            accepted = sum(step["accepted"] for step in source["steps"])
-            assert row["served_residual"].count(0.0) == min(accepted, len(row["completion_token_ids"]) - 1)
-            drafted_somewhere |= accepted > 0
+            copied = [t for t, r in zip(row["completion_token_ids"], row["served_residual"]) if r == 0.0]
+            drafted = [t for step in source["steps"] for t in step["draft_token_ids"][:step["accepted"]]]
+            assert copied == drafted[:len(copied)] and len(copied) >= len(drafted) - 4  # (the last step may be cut)
+            drafted_somewhere |= bool(drafted)
     assert drafted_somewhere

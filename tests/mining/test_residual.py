@@ -45,3 +45,25 @@ def test_a_record_from_another_engine_counts_its_reported_totals():
     assert served_share(record([], 0, accepted=12, verify_steps=4)) == pytest.approx(12 / 17)
     assert served_share(record([], 30, accepted=12, verify_steps=4)) == pytest.approx(12 / 30)
     assert served_residual(record([], 5, accepted=3, verify_steps=1)) == [1.0] * 5  # which ones: unknown
+
+
+def test_the_loops_that_step_their_first_token_are_aligned_from_it():
+    """Mode suffix (and an `lm` draft's hybrid) records the prompt's forward as its first step, and an
+    `lm` draft in mode draft verifies its first drafts there: their steps hold the first token. The eagle3
+    loop's steps start after it; a hybrid step list with neither mark is told by its token count."""
+    def as_mode(mode, steps, n_output):
+        rec = record(steps, n_output)
+        rec.mode = mode
+        return rec
+
+    suffix = as_mode("suffix", [step(0, 0, None), step(3, 3, "suffix"), step(2, 0, "suffix")], 1 + 4 + 1)
+    assert served_residual(suffix) == [1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
+    lm_draft = as_mode("draft", [step(3, 2, None), step(3, 0, None)], 3 + 1)
+    assert served_residual(lm_draft) == [0.0, 0.0, 1.0, 1.0]
+    lm_hybrid = as_mode("hybrid", [step(0, 0, None), step(3, 1, "draft"), step(2, 2, "suffix")], 1 + 2 + 3)
+    assert served_residual(lm_hybrid) == [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
+    eagle_draft = as_mode("draft", [step(3, 2, "eagle3")], 1 + 3)
+    assert served_residual(eagle_draft) == [1.0, 0.0, 0.0, 1.0]
+    index_only_hybrid = [step(0, 0, None), step(2, 2, "suffix")]  # which loop: 4 tokens or 5?
+    assert served_residual(as_mode("hybrid", index_only_hybrid, 4)) == [1.0, 0.0, 0.0, 1.0]
+    assert served_residual(as_mode("hybrid", index_only_hybrid, 5)) == [1.0, 1.0, 0.0, 0.0, 1.0]

@@ -143,6 +143,18 @@ def hybrid_engine(pair, sequences, **kwargs):
     return Engine(loaded, from_objects(draft, tokenizer, "eagle"), suffix_index=index, **kwargs)
 
 
+@pytest.mark.parametrize("mode", ["draft", "hybrid"])
+def test_the_served_residual_starts_after_the_prompts_token(pair, monkeypatch, mode):
+    from tests.serving.test_suffix_engine import assert_residual_aligned, emitted_tokens
+
+    tokenizer, target, _ = pair
+    known = [ids + corrupted(hf_greedy(target, ids, 60)) for ids in (tokenizer(p)["input_ids"] for p in PROMPTS)]
+    emitted = emitted_tokens(monkeypatch)
+    completions = hybrid_engine(pair, known).generate(PROMPTS, SamplingParams(max_new_tokens=30, k=3), mode=mode)
+    assert any(step.accepted for c in completions for step in c.record.steps)
+    assert_residual_aligned(completions, emitted)
+
+
 @pytest.mark.parametrize("min_path_prob", [0.0, 0.1])
 def test_hybrid_with_suffix_index_greedy_identical(pair, min_path_prob):
     """The suffix index drafts where it knows the continuation, the eagle draft elsewhere; the eagle

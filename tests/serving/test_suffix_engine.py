@@ -180,6 +180,43 @@ def test_hybrid_requests_carry_the_pace_per_slice_and_draft(pair):
     assert engine.paces.resume(("chat", "draft-v2", "", "")).draft_steps == 0
 
 
+def emitted_tokens(monkeypatch) -> dict[int, list]:
+    """What each request's decoding loop emitted, in all (tokens cut by EOS included), by request in the
+    order they first emitted: the truth a record's steps are read against."""
+    from draftwheel.serving.engine.decoding import Request
+
+    emitted: dict[int, list] = {}  # id(request) -> [request (kept alive, so ids stay unique), tokens]
+    emit = Request.emit
+
+    def counting(self, tokens):
+        emitted.setdefault(id(self), [self, 0])[1] += len(tokens)
+        return emit(self, tokens)
+
+    monkeypatch.setattr(Request, "emit", counting)
+    return emitted
+
+
+def assert_residual_aligned(completions, emitted) -> None:
+    """The served residual reads each record's steps from the right token: from the first when the
+    loop's steps emitted every token, else from the second (the first came from the prompt's forward)."""
+    from draftwheel.mining.residual import served_residual, steps_hold_first_token
+
+    assert len(completions) == len(emitted)
+    for completion, (_, n_emitted) in zip(completions, emitted.values()):
+        record = completion.record
+        from_steps = sum(step.accepted + 1 for step in record.steps)
+        assert steps_hold_first_token(record) == (from_steps == n_emitted), (record.mode, from_steps, n_emitted)
+        assert len(served_residual(record)) == len(record.output_token_ids)
+
+
+@pytest.mark.parametrize("mode", ["suffix", "draft", "hybrid"])
+def test_the_served_residual_starts_where_each_loops_steps_start(pair, monkeypatch, mode):
+    emitted = emitted_tokens(monkeypatch)
+    completions = seeded_engine(pair).generate(PROMPTS, SamplingParams(max_new_tokens=30, k=3), mode=mode)
+    assert any(step.accepted for c in completions for step in c.record.steps)
+    assert_residual_aligned(completions, emitted)
+
+
 def test_stretch_length_keeps_tokens_worth_their_rows():
     from draftwheel.serving.engine.adaptive import stretch_length
 
