@@ -8,7 +8,9 @@ Each round r = 1..R:
    mine -> train -> shadow, as served -> promote, retry included);
 3. measures the champion it ends with on fixed held-out prompts per slice, never served and never
    trained on: plain decoding, as served (hybrid beside a read-only index of all the traffic served so
-   far), the draft alone and the index alone (mode suffix), prompt by prompt in turn, so every speedup is
+   far, and from the serving engine's step paces: whether drafting pays per slice, as the serving process
+   has measured it on the traffic, a copy), the draft alone and the index alone (mode suffix), prompt by
+   prompt in turn, so every speedup is
    against plain decoding of the same prompts in the same run; `served/best` is as served over the better
    of its two parts. Greedy outputs are compared with plain decoding's.
 Round 0 is the bootstrap v0 before any round. The per-round table is printed, saved as rounds.json under
@@ -124,10 +126,11 @@ def figures(runs: dict[str, list[Any]]) -> dict[str, Any]:
 
 
 def measure_round(plain: Any, champion: Any, logs: Path, rows: dict[str, Any], params: Any,
-                  cut: float) -> dict[str, dict[str, Any]]:
-    """Per slice: the champion as served (beside a read-only index of the logs), the draft alone and the
-    index alone, against plain decoding, on the held-out prompts, taking the four in turn prompt by prompt
-    (draftwheel.flows.demo.measure)."""
+                  cut: float, paces: Any = None) -> dict[str, dict[str, Any]]:
+    """Per slice: the champion as served (beside a read-only index of the logs, and from a copy of
+    `paces`, the serving engine's step paces, as the serving process would decode the next request),
+    the draft alone and the index alone, against plain decoding, on the held-out prompts, taking the four
+    in turn prompt by prompt (draftwheel.flows.demo.measure)."""
     from draftwheel.flows.demo import measure
     from draftwheel.serving.engine.engine import Engine
     from draftwheel.serving.engine.suffix import ReadOnlyIndex, SuffixIndex, target_key
@@ -138,6 +141,8 @@ def measure_round(plain: Any, champion: Any, logs: Path, rows: dict[str, Any], p
                "served": (Engine(target, champion, min_path_prob=cut, suffix_index=index), "hybrid"),
                "alone": (Engine(target, champion, min_path_prob=cut), "draft"),
                "suffix": (Engine(target, suffix_index=index), "suffix")}
+    if paces is not None:
+        engines["served"][0].paces = paces.copy()
     return {name: figures(measure(engines, rows[f"eval/{name}"], params)) for name in SLICES}
 
 
@@ -248,7 +253,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                        "decision": (result.get("decision") or {}).get("reasons"),
                        "gate": gate_summary(result.get("report_path")),
                        "slices": measure_round(plain, serving.draft, run_.logs_dir, rows, run_.params,
-                                               config.min_path_prob)})
+                                               config.min_path_prob, serving.paces)})
         rounds[-1].update(seconds=time.perf_counter() - started, loop_seconds=looped)
         print(table(rounds), flush=True)
     return rounds

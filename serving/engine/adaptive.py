@@ -383,6 +383,14 @@ class PaceMemory:
             while len(self._paces) > self.max_keys:
                 self._paces.popitem(last=False)
 
+    def copy(self) -> "PaceMemory":
+        """An independent copy, every pace copied: a measurement starts where serving stands without
+        moving it."""
+        other = PaceMemory(self.max_keys, self.factory)
+        with self._lock:
+            other._paces = OrderedDict((key, copy.deepcopy(pace)) for key, pace in self._paces.items())
+        return other
+
     def __len__(self) -> int:
         return len(self._paces)
 

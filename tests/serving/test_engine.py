@@ -459,6 +459,25 @@ def test_pace_memory_resumes_a_copy_per_key_and_keeps_the_newest_keys():
     assert custom.resume("chat").warmup == 7
 
 
+def test_a_copy_of_the_pace_memory_starts_where_it_stands_and_never_moves_it():
+    from draftwheel.serving.engine.adaptive import PaceMemory, StepPace
+
+    memory = PaceMemory(max_keys=3, factory=lambda: StepPace(warmup=5))
+    pace = memory.resume("code")
+    pace.drafted(1, 5, 0.1, 1.0)
+    memory.keep("code", pace)
+    copied = memory.copy()
+    assert copied.resume("code").draft_steps == 1 and copied.resume("chat").warmup == 5
+    measured = copied.resume("code")
+    measured.drafted(1, 5, 0.1, 1.0)
+    copied.keep("code", measured)
+    copied.keep("chat", copied.resume("chat"))
+    assert copied.resume("code").draft_steps == 2 and len(copied) == 2
+    assert memory.resume("code").draft_steps == 1 and len(memory) == 1  # the original is where it was
+    pace.drafted(1, 5, 0.1, 1.0)  # the kept pace itself is not shared either
+    assert copied.resume("code").draft_steps == 2
+
+
 def test_adaptive_k_in_engine_logs_each_step_k(engine, pair):
     _, target, _ = pair
     completion, = engine.generate(["The quick brown"], SamplingParams(max_new_tokens=40, k=6, adaptive_k=True))
