@@ -10,9 +10,9 @@ Each round r = 1..R:
    trained on: plain decoding, as served (hybrid beside a read-only index of all the traffic served so
    far, and from the serving engine's step paces: whether drafting pays per slice, as the serving process
    has measured it on the traffic, a copy), the draft alone and the index alone (mode suffix), prompt by
-   prompt in turn, so every speedup is
-   against plain decoding of the same prompts in the same run; `served/best` is as served over the better
-   of its two parts. Greedy outputs are compared with plain decoding's.
+   prompt in turn, so every speedup is against plain decoding of the same prompts in the same run;
+   `served/best` is as served over the better of its two parts. Greedy outputs are compared with plain
+   decoding's.
 Round 0 is the bootstrap v0 before any round. The per-round table is printed, saved as rounds.json under
 the state dir and logged to MLflow (metrics per round and slice, a plot).
 
