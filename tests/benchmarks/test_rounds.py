@@ -65,7 +65,6 @@ def test_a_rounds_traffic_is_one_mixed_stream(rounds):
     assert rounds.interleave([]) == []
 
 
-
 def test_figures_compare_as_served_with_the_better_of_its_parts(rounds):
     from types import SimpleNamespace
 
