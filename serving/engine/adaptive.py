@@ -359,24 +359,51 @@ class StepPace:
         self.draft_steps += 1
 
 
+class LoadPaces:
+    """One (slice, draft)'s `StepPace` per load: one pace per batch-size bucket (`SpecGovernor.bucket`:
+    a request alone, 2 rows, 3-4, 5-8, ...), chosen each step by the rows of the forward the request last
+    took part in (`at`). Whether drafting pays depends on the load: in a batch of B a row's share of the
+    verify forward shrinks (`ForwardClock`) while its drafting time stays whole, so a pace learned under
+    batched traffic turns to plain steps that one request alone would have drafted through. One pace over
+    all loads carried that verdict to the next lone request (chat as served fell below the draft alone).
+    `factory` builds each bucket's fresh pace."""
+
+    def __init__(self, factory: Callable[[], StepPace] = StepPace):
+        self.factory = factory
+        self._paces: dict[int, StepPace] = {}
+
+    def at(self, rows: int) -> StepPace:
+        """The pace for a step at this batch size (rows of the last forward; 1 for a request alone)."""
+        bucket = SpecGovernor.bucket(max(rows, 1))
+        if bucket not in self._paces:
+            self._paces[bucket] = self.factory()
+        return self._paces[bucket]
+
+    @property
+    def draft_steps(self) -> int:
+        """Draft steps measured, over every load."""
+        return sum(pace.draft_steps for pace in self._paces.values())
+
+
 class PaceMemory:
-    """The hybrid's `StepPace` per (slice, draft), carried from one request to the next: each request
+    """The hybrid's `LoadPaces` per (slice, draft), carried from one request to the next: each request
     starts from a copy of the last finished one's (`resume`) and leaves its own (`keep`). A new draft
     (champion change) has a new key, so it starts fresh. Holds the `max_keys` most recently kept.
-    `factory` builds a fresh pace (default `StepPace()`; another factory tries other pace settings)."""
+    `factory` builds a fresh pace for one load (default `StepPace()`; another factory tries other pace
+    settings)."""
 
     def __init__(self, max_keys: int = 256, factory: Callable[[], StepPace] | None = None):
         self.max_keys = max_keys
         self.factory = factory or StepPace
-        self._paces: OrderedDict[Hashable, StepPace] = OrderedDict()
+        self._paces: OrderedDict[Hashable, LoadPaces] = OrderedDict()
         self._lock = threading.Lock()
 
-    def resume(self, key: Hashable) -> StepPace:
+    def resume(self, key: Hashable) -> LoadPaces:
         with self._lock:
             last = self._paces.get(key)
-            return copy.deepcopy(last) if last is not None else self.factory()
+            return copy.deepcopy(last) if last is not None else LoadPaces(self.factory)
 
-    def keep(self, key: Hashable, pace: StepPace) -> None:
+    def keep(self, key: Hashable, pace: LoadPaces) -> None:
         with self._lock:
             self._paces[key] = pace
             self._paces.move_to_end(key)

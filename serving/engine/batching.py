@@ -365,6 +365,7 @@ class BatchEngine:
             seq.pending -= n
             handle.parts.append(chunk.result)
             handle.row.last_forward_s = self.clock.share(n, len(plan), tokens, seconds)
+            handle.run.req.batch_rows = len(plan)  # the load its hybrid pace reads (adaptive.LoadPaces)
             if seq.pending == 0:
                 result, handle.parts = _combine(handle.call, handle.parts), []
                 if seq.prefilling and seq.prompt is not None:

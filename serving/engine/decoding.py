@@ -40,6 +40,7 @@ class Request:
     draft_s: float = 0.0  # seconds spent drafting, summed over steps (the measured draft cost)
     verify_s: float = 0.0  # seconds spent in the target's verification forwards
     k_cap: int | None = None  # at most this many drafted tokens per step (the batch engine's; 0: plain steps)
+    batch_rows: int = 1  # rows of the last forward it took part in (the batch engine's; 1: alone)
     modelled_time: Any = None  # an adaptive.ModelledTime: the hybrid's choices read it instead of the clock
 
     @property

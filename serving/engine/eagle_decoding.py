@@ -13,7 +13,7 @@ the target's p (draftwheel.serving.engine.verify) stays exact. Greedy output equ
 
 Hybrid (mode `hybrid` with an eagle3 draft): each step first asks `propose` (the suffix index,
 draftwheel.serving.engine.suffix_decoding) for a proposal and verifies it instead of drafting when its score beats the
-draft's expected accepted length, or whenever drafting does not pay in this slice
+draft's expected accepted length, or whenever drafting does not pay in this slice at this load
 (`draftwheel.serving.engine.adaptive.StepPace`: its tokens per unit of verify cost, weighed with their uncertainty); with
 no proposal worth its verify rows then, the step is a plain target step. Such steps leave
 the draft cache alone; the positions they confirm join the pending slots, so the draft's next step
@@ -30,9 +30,9 @@ from typing import Any, Callable, Iterator
 import torch
 
 from draftwheel.serving.engine.acceptance import common_prefix
-from draftwheel.serving.engine.adaptive import (AdaptiveK, ScoreCalibration, StepPace, branch_length, index_stretch,
-                                                learn_index_step, stretch_calibration, suffix_drafts,
-                                                tree_beats_index)
+from draftwheel.serving.engine.adaptive import (AdaptiveK, LoadPaces, ScoreCalibration, branch_length,
+                                                index_stretch, learn_index_step, stretch_calibration,
+                                                suffix_drafts, tree_beats_index)
 from draftwheel.serving.engine.decoding import Request, choose
 from draftwheel.serving.engine.eagle import DraftCall, DraftKV, Eagle3Draft
 from draftwheel.serving.engine.kv import CachedLM
@@ -122,9 +122,10 @@ def _tree_step(chain: Step, chain_accepted: int, branch: list[int], emitted: lis
 def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, controller: AdaptiveK | None,
            min_path_prob: float = 0.0,
            propose: Callable[[list[int], int], Proposal] | None = None,
-           pace: StepPace | None = None, branches: bool = True) -> Iterator[None]:
+           paces: LoadPaces | None = None, branches: bool = True) -> Iterator[None]:
     """Decode one request; with `propose` (context, max_k) -> Proposal, as the hybrid (module docstring),
-    timing its steps into `pace` (a fresh `StepPace` when None); with `branches`, a greedy draft step
+    timing its steps into `paces`, the pace of each step's load (fresh `LoadPaces` when None); with
+    `branches`, a greedy draft step
     verifies the index's proposal beside the chain as one tree. `draft`: the model (its forwards run
     here) or a drafter that runs them (the batch engine's)."""
     drafter = draft if isinstance(draft, EagleDrafter) else EagleDrafter(draft)
@@ -135,8 +136,8 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
     estimate = controller or AdaptiveK(params.k)  # the draft's acceptance estimate, for the hybrid choice
     calibration = ScoreCalibration()  # how far the index's scores come true in this request
     stretch = stretch_calibration()  # ...and the tokens it offers past its cap (Proposal.stretch)
-    if propose and pace is None:
-        pace = StepPace()  # the hybrid's "is drafting worth a step here?"
+    if propose and paces is None:
+        paces = LoadPaces()  # the hybrid's "is drafting worth a step here?", per load
     # greedy hybrid steps may verify the index's proposal beside the draft's chain (draftwheel.serving.engine.tree)
     trees = bool(propose and branches and params.greedy and getattr(target, "supports_trees", False))
     logits, features = yield from target.step(req.prompt_ids, keep=1, aux=aux_ids)  # [1, V], [P, 3H]
@@ -149,6 +150,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
     while not req.out.finished:
         k = controller.next_k() if controller else params.k
         k = min(k, req.draft_room)
+        pace = paces.at(req.batch_rows) if paces else None
         if req.out.remaining <= 1:  # the last token: nothing to draft, and no feature needed after it
             last = choose((yield from target.step(torch.tensor([last]), keep=1))[-1], params, req.generator)
             req.steps.append(Step(k=0, accepted=0, draft_token_ids=[], target_token_id=last))
@@ -208,8 +210,10 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
             accepted = len(path) - 1
             target.keep_path(rows, path)
             new_features = new_features[path]
-        # what this step's choices learn from: its measured times, or the request's modelled ones
+        # what this step's choices learn from: its measured times, or the request's modelled ones, at the
+        # load the verify ran under
         decide_draft_s, decide_verify_s = req.decision_times(draft_s, target.last_forward_s, rows, k if by_model else 0)
+        pace = paces.at(req.batch_rows) if paces else None
         if pace:
             pace.clock.observe(rows, decide_verify_s)
         # new_features[:a+1]: positions of `last` and the accepted drafts; `emitted` follows them.

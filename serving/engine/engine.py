@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 import torch
 
-from draftwheel.serving.engine.adaptive import AdaptiveK, PaceMemory, StepPace
+from draftwheel.serving.engine.adaptive import AdaptiveK, LoadPaces, PaceMemory
 from draftwheel.serving.engine.decoding import Request, autoregressive, medusa, speculative
 from draftwheel.serving.engine.eagle_decoding import eagle3
 from draftwheel.serving.engine.kv import CachedLM
@@ -70,7 +70,7 @@ class RequestRun:
     seed: int | None
     pick: Any  # the router's pick, if it chose the mode
     pace_key: tuple | None
-    pace: StepPace | None
+    pace: LoadPaces | None  # the hybrid's step paces, by load
     ts: float  # wall clock at the start
     start: float  # perf_counter at the start: TTFT and latency count from here
 

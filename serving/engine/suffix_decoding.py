@@ -31,7 +31,7 @@ from typing import Iterator
 
 import torch
 
-from draftwheel.serving.engine.adaptive import (AdaptiveK, ScoreCalibration, StepPace, VerifyClock, index_stretch,
+from draftwheel.serving.engine.adaptive import (AdaptiveK, LoadPaces, ScoreCalibration, VerifyClock, index_stretch,
                                                 learn_index_step, stretch_calibration, suffix_drafts)
 from draftwheel.serving.engine.decoding import Request, _draft_tokens
 from draftwheel.serving.engine.eagle_decoding import EagleDrafter, eagle3
@@ -44,12 +44,12 @@ from draftwheel.serving.engine.verify import point_mass_q, verify_greedy, verify
 
 
 def suffix_loop(target: CachedLM, draft: LoadedModel | None, index: SuffixIndex | None,
-                req: Request, min_path_prob: float = 0.0, pace: StepPace | None = None,
+                req: Request, min_path_prob: float = 0.0, paces: LoadPaces | None = None,
                 drafter: EagleDrafter | None = None, index_branch: bool = False) -> Iterator[None]:
     """The loop for mode `suffix` (draft None) or `hybrid` (an `lm` or `eagle3` draft); without a
     shared index only the request's own part proposes. An eagle3 hybrid runs in the eagle3 loop, which
-    asks the index first each step (draftwheel.serving.engine.eagle_decoding). The hybrid times its steps into `pace`
-    (the engine's `PaceMemory` carries it across requests; a fresh one when None). An eagle3 draft's
+    asks the index first each step (draftwheel.serving.engine.eagle_decoding). The hybrid times its steps into `paces`,
+    the pace of each step's load (the engine's `PaceMemory` carries them across requests; fresh when None). An eagle3 draft's
     forwards run through `drafter` when given (the batch engine's), else in the loop."""
     if draft is not None and draft.kind == "eagle3":
         local = RequestIndex(req.prompt_ids.tolist(), index.config if index is not None else SuffixConfig())
@@ -61,8 +61,8 @@ def suffix_loop(target: CachedLM, draft: LoadedModel | None, index: SuffixIndex 
             return best_proposal(context, max_k, local, index)
 
         controller = AdaptiveK(req.params.k) if req.params.adaptive_k else None
-        return eagle3(target, drafter or draft.model, req, controller, min_path_prob, propose, pace, index_branch)
-    return _decode(target, CachedLM(draft.model) if draft is not None else None, index, req, pace)
+        return eagle3(target, drafter or draft.model, req, controller, min_path_prob, propose, paces, index_branch)
+    return _decode(target, CachedLM(draft.model) if draft is not None else None, index, req, paces)
 
 
 def _pending(cache: CachedLM, context: list[int]) -> torch.Tensor:
@@ -71,17 +71,19 @@ def _pending(cache: CachedLM, context: list[int]) -> torch.Tensor:
 
 
 def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None, req: Request,
-            pace: StepPace | None) -> Iterator[None]:
+            paces: LoadPaces | None) -> Iterator[None]:
     params = req.params
     context = req.prompt_ids.tolist()  # prompt + emitted tokens
     local = RequestIndex(context, index.config if index is not None else SuffixConfig())
     model_a = AdaptiveK(params.k)  # the draft model's acceptance estimate (and its k when adaptive)
     calibration = ScoreCalibration()  # how far the index's scores come true in this request
     stretch = stretch_calibration()  # ...and the tokens it offers past its cap (Proposal.stretch)
-    if draft is not None and pace is None:
-        pace = StepPace()  # whether drafting with the model pays (hybrid only)
-    clock = pace.clock if pace else VerifyClock()  # verify cost by rows: what a stretch token must pay for
+    if draft is not None and paces is None:
+        paces = LoadPaces()  # whether drafting with the model pays, per load (hybrid only)
+    index_clock = VerifyClock()  # mode suffix: verify cost by rows, what a stretch token must pay for
     while not req.out.finished:
+        pace = paces.at(req.batch_rows) if paces else None
+        clock = pace.clock if pace else index_clock
         # Drafts past max_new_tokens would be thrown away. The first forward is the prompt alone, as in
         # plain decoding: a prefill that also verifies drafts runs other kernel shapes, and in bfloat16
         # its rows then differ from plain decoding's (4 of 8 reference prompts diverged).
@@ -113,9 +115,12 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
                 q = point_mass_q(drafted, logits.shape[-1])  # [k, V]
             emitted, accepted = verify_sampled(drafted, q, warp(logits, params), req.generator)
         target.rollback(k - accepted)
-        # what this step's choices learn from: its measured times, or the request's modelled ones
+        # what this step's choices learn from: its measured times, or the request's modelled ones, at the
+        # load the verify ran under
         decide_draft_s, decide_verify_s = req.decision_times(draft_s, target.last_forward_s, k + 1,
                                                              k if use_model else 0)
+        pace = paces.at(req.batch_rows) if paces else None
+        clock = pace.clock if pace else index_clock
         if pending.shape[0] == 1:  # a verify over k + 1 rows (not the prefill)
             clock.observe(k + 1, decide_verify_s)
         if use_model:

@@ -326,3 +326,15 @@ def test_steps_the_governor_caps_are_recorded_as_load_and_not_judged_as_the_draf
                and s.source != "suffix"]
         assert steps == len(own) and steps <= record.verify_steps - load_steps
         assert (drafted, accepted) == (sum(s.k for s in own), sum(s.accepted for s in own))
+
+
+def test_hybrid_rows_in_a_batch_time_their_steps_into_the_pace_of_that_load(pair, monkeypatch):
+    """In a batch a row's verify share shrinks while its drafting stays whole, so whether drafting pays
+    is learned per load (adaptive.LoadPaces): four requests decoding together time their draft steps
+    into the pace for 3-4 rows, not into the one a request alone will resume."""
+    with BatchEngine(make_engine(pair)) as batch:
+        monkeypatch.setattr(batch.governor, "allow", lambda rows: True)  # the rows may draft at any load
+        batch.generate(PROMPTS[:4], SamplingParams(max_new_tokens=16, k=3), slice="chat", mode="hybrid")
+        paces = batch.engine.paces.resume(("chat", "draft", "", ""))
+    assert paces.at(4).draft_steps > 0
+    assert paces.at(1).draft_steps < paces.draft_steps

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from draftwheel.serving.engine.eagle import Eagle3Config, Eagle3Draft, Eagle3FormatError, load_eagle3, save_eagle3, vocab_from_counts
-from draftwheel.serving.engine.adaptive import StepPace
+from draftwheel.serving.engine.adaptive import LoadPaces, StepPace
 from draftwheel.serving.engine.engine import Engine
 from draftwheel.serving.engine.kv import CachedLM
 from draftwheel.serving.engine.models import IncompatibleModelsError, from_objects
@@ -235,7 +235,7 @@ def test_hybrid_takes_plain_steps_when_drafting_does_not_pay(pair, monkeypatch):
     for the draft like suffix-drafted ones, and greedy output stays the target's."""
     tokenizer, target, _ = pair
     engine = hybrid_engine(pair, [])  # an empty index: the request's own part only
-    monkeypatch.setattr(engine.paces, "resume", lambda key: EveryThirdStepDrafts())
+    monkeypatch.setattr(engine.paces, "resume", lambda key: LoadPaces(EveryThirdStepDrafts))
     completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=30, k=3), mode="hybrid")
     for completion in completions:
         assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 30), completion.prompt

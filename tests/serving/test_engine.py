@@ -444,19 +444,19 @@ def test_pace_memory_resumes_a_copy_per_key_and_keeps_the_newest_keys():
     first = memory.resume("chat")
     assert first.draft_steps == 0
     for _ in range(4):
-        first.draft_pays()
-        first.drafted(1, 5, 0.1, 1.0)
+        first.at(1).draft_pays()
+        first.at(1).drafted(1, 5, 0.1, 1.0)
     memory.keep("chat", first)
     again = memory.resume("chat")
-    assert again is not first and again.draft_steps == 4 and again.ratio == first.ratio  # no warm-up again
-    again.drafted(5, 5, 0.1, 1.0)
+    assert again is not first and again.draft_steps == 4 and again.at(1).ratio == first.at(1).ratio  # no warm-up
+    again.at(1).drafted(5, 5, 0.1, 1.0)
     assert memory.resume("chat").draft_steps == 4  # a resumed copy changes nothing until it is kept
     assert memory.resume("sql").draft_steps == 0
     memory.keep("sql", memory.resume("sql"))
     memory.keep("code", memory.resume("code"))
     assert len(memory) == 2 and memory.resume("chat").draft_steps == 0  # the oldest key was dropped
     custom = PaceMemory(factory=lambda: StepPace(warmup=7))
-    assert custom.resume("chat").warmup == 7
+    assert custom.resume("chat").at(1).warmup == 7 and custom.resume("chat").at(8).warmup == 7
 
 
 def test_a_copy_of_the_pace_memory_starts_where_it_stands_and_never_moves_it():
@@ -464,18 +464,35 @@ def test_a_copy_of_the_pace_memory_starts_where_it_stands_and_never_moves_it():
 
     memory = PaceMemory(max_keys=3, factory=lambda: StepPace(warmup=5))
     pace = memory.resume("code")
-    pace.drafted(1, 5, 0.1, 1.0)
+    pace.at(1).drafted(1, 5, 0.1, 1.0)
     memory.keep("code", pace)
     copied = memory.copy()
-    assert copied.resume("code").draft_steps == 1 and copied.resume("chat").warmup == 5
+    assert copied.resume("code").draft_steps == 1 and copied.resume("chat").at(1).warmup == 5
     measured = copied.resume("code")
-    measured.drafted(1, 5, 0.1, 1.0)
+    measured.at(1).drafted(1, 5, 0.1, 1.0)
     copied.keep("code", measured)
     copied.keep("chat", copied.resume("chat"))
     assert copied.resume("code").draft_steps == 2 and len(copied) == 2
     assert memory.resume("code").draft_steps == 1 and len(memory) == 1  # the original is where it was
-    pace.drafted(1, 5, 0.1, 1.0)  # the kept pace itself is not shared either
+    pace.at(1).drafted(1, 5, 0.1, 1.0)  # the kept pace itself is not shared either
     assert copied.resume("code").draft_steps == 2
+
+
+def test_a_pace_learned_under_batched_load_leaves_a_lone_request_s_pace_alone():
+    """In a batch a row's verify share shrinks while its drafting stays whole: there, drafting stops
+    paying. That verdict belongs to the load it was measured at: a request alone still drafts."""
+    from draftwheel.serving.engine.adaptive import LoadPaces
+
+    paces = LoadPaces()
+    assert paces.at(3) is paces.at(4) and paces.at(4) is not paces.at(5) and paces.at(0) is paces.at(1)
+    alone, batched = paces.at(1), paces.at(4)
+    feed(alone, 100, lambda i: 2)  # 2 tokens a step for 1.2 * (1 + 0.1 / 1.0) units: 1.5 a unit
+    # the row's share of a batched verify is a fifth of the forward, the drafting as long as alone:
+    # 1.2 * (1 + 0.3 / 0.2) = 3 units, 0.67 tokens a unit
+    batched_choices = feed(batched, 300, lambda i: 2, draft_s=0.3, verify_s=0.2)
+    assert sum(batched_choices[100:]) < 0.05 * 200  # under load, plain steps
+    assert all(feed(alone, 50, lambda i: 2)) and alone.ratio == pytest.approx(2 / 1.32, rel=0.05)
+    assert paces.draft_steps == alone.draft_steps + batched.draft_steps
 
 
 def test_adaptive_k_in_engine_logs_each_step_k(engine, pair):

@@ -66,11 +66,12 @@ def test_greedy_identical_to_hf_generate(seeded, pair, mode):
 
 
 def test_hybrid_takes_plain_steps_when_drafting_does_not_pay(pair, monkeypatch):
+    from draftwheel.serving.engine.adaptive import LoadPaces
     from tests.serving.test_eagle import EveryThirdStepDrafts
 
     _, target, _ = pair
     engine = make_engine(pair)  # an empty shared index: the request's own part only
-    monkeypatch.setattr(engine.paces, "resume", lambda key: EveryThirdStepDrafts())
+    monkeypatch.setattr(engine.paces, "resume", lambda key: LoadPaces(EveryThirdStepDrafts))
     completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=30, k=3), mode="hybrid")
     for completion in completions:
         assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 30), completion.prompt
@@ -174,6 +175,7 @@ def test_hybrid_requests_carry_the_pace_per_slice_and_draft(pair):
     engine.generate(PROMPTS[:1], params, slice="chat", mode="hybrid")
     key = ("chat", "draft", "", "")
     assert len(engine.paces) == 1 and engine.paces.resume(key).draft_steps > 0
+    assert engine.paces.resume(key).at(1).draft_steps == engine.paces.resume(key).draft_steps  # a request alone
     engine.generate(PROMPTS[1:2], params, slice="sql", mode="hybrid")
     assert len(engine.paces) == 2
     engine.swap_draft(from_objects(draft, tokenizer, "draft-v2"))
