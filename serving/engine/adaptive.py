@@ -303,11 +303,13 @@ class StepPace:
     matches the odds it pays. Evidence ages: each step the draft sits out discounts it by `age_decay`,
     and the error never falls below `prior_se / sqrt(weight of evidence)`, so a draft shut out for long
     is tried again now and then (about one step in 30 for one whose every token is rejected), which is
-    how a draft that recovers is noticed. The first `warmup` draft steps of a pace always draft. The
-    draws use the pace's own seeded generator, never the request's, so sampled output is unaffected.
+    how a draft that recovers is noticed. The first `warmup` draft steps of a pace (a seed's included)
+    always draft. The draws use the pace's own seeded generator, never the request's, so sampled output
+    is unaffected.
 
-    One `StepPace` follows one (slice, draft) pair across requests (`PaceMemory`), so a new request
-    starts from what the last one measured instead of paying the warm-up again.
+    One `StepPace` follows one (slice, draft) pair at one load across requests (`LoadPaces`,
+    `PaceMemory`), so a new request starts from what the last one measured instead of paying the warm-up
+    again; a load not seen yet starts from another load's evidence (`seed_from`).
     """
 
     def __init__(self, warmup: int = 3, decay: float = 0.95, age_decay: float = 0.99, prior_se: float = 0.2,
@@ -315,7 +317,10 @@ class StepPace:
         self.warmup, self.decay, self.age_decay, self.prior_se = warmup, decay, age_decay, prior_se
         # discounted sums over draft steps: weight, weight^2, tokens, units, tokens^2, units^2, tokens*units
         self._sums = [0.0] * 7
-        self.draft_steps = 0
+        # ...and of each draft step's verify rows: rows, rows^2, tokens*rows (what `seed_from` prices)
+        self._row_sums = [0.0] * 3
+        self.draft_steps = 0  # measured here
+        self.seed_steps = 0  # measured at another load, this pace's starting evidence (`seed_from`)
         self.clock = VerifyClock()  # verify cost by rows: the unit of every comparison here
         self._rng = random.Random(seed)
 
@@ -338,11 +343,35 @@ class StepPace:
 
     def draft_pays(self) -> bool:
         """Draft with the model this step? A "no" ages the evidence."""
-        pays = self.draft_steps < self.warmup or self._rng.gauss(self.ratio, self.standard_error) > 1.0
+        warming_up = self.draft_steps + self.seed_steps < self.warmup
+        pays = warming_up or self._rng.gauss(self.ratio, self.standard_error) > 1.0
         if not pays:  # the evidence ages: the ratio stays, its weight (and so its certainty) shrinks
             a = self.age_decay
             self._sums = [x * f for x, f in zip(self._sums, (a, a * a, a, a, a, a, a))]
+            self._row_sums = [x * a for x in self._row_sums]
         return pays
+
+    @property
+    def evidence(self) -> float:
+        """The discounted weight of the draft steps measured."""
+        return self._sums[0]
+
+    def seed_from(self, other: "StepPace") -> None:
+        """Start from `other`'s evidence, measured at another load, priced for the best case at this one:
+        each of its draft steps' tokens against its verify rows alone (by this pace's clock), the drafting
+        counted free. The load moves what drafting costs against a verify, never the tokens a draft step
+        emits, so a draft whose tokens do not pay even for their verify rows pays at no load: it is spared
+        this load's warm-up, while one that may pay drafts and measures its real cost here, which
+        outweighs the seed within a few steps (`decay`)."""
+        w, w2, tokens, _, tt, _, _ = other._sums
+        rows, rows2, token_rows = other._row_sums
+        slope = self.clock.slope
+        base = 1.0 - slope  # cost(r) = 1 + slope (r - 1) = base + slope r, so its sums follow the rows'
+        units = base * w + slope * rows
+        units2 = base * base * w + 2 * base * slope * rows + slope * slope * rows2
+        self._sums = [w, w2, tokens, units, tt, units2, base * tokens + slope * token_rows]
+        self._row_sums = list(other._row_sums)
+        self.seed_steps = other.draft_steps + other.seed_steps
 
     def units(self, rows: int, draft_s: float, verify_s: float) -> float:
         """What a draft step cost, in 1-row target forwards (class docstring)."""
@@ -356,6 +385,7 @@ class StepPace:
         w, w2, t, un, tt, uu, tu = self._sums
         self._sums = [d * w + 1, d2 * w2 + 1, d * t + tokens, d * un + u, d * tt + tokens * tokens,
                       d * uu + u * u, d * tu + tokens * u]
+        self._row_sums = [d * x + new for x, new in zip(self._row_sums, (rows, rows * rows, tokens * rows))]
         self.draft_steps += 1
 
 
@@ -366,7 +396,8 @@ class LoadPaces:
     verify forward shrinks (`ForwardClock`) while its drafting time stays whole, so a pace learned under
     batched traffic turns to plain steps that one request alone would have drafted through. One pace over
     all loads carried that verdict to the next lone request (chat as served fell below the draft alone).
-    `factory` builds each bucket's fresh pace."""
+    A load met for the first time starts from the best-measured other load's evidence, priced for the
+    best case (`StepPace.seed_from`). `factory` builds each bucket's fresh pace."""
 
     def __init__(self, factory: Callable[[], StepPace] = StepPace):
         self.factory = factory
@@ -376,12 +407,16 @@ class LoadPaces:
         """The pace for a step at this batch size (rows of the last forward; 1 for a request alone)."""
         bucket = SpecGovernor.bucket(max(rows, 1))
         if bucket not in self._paces:
-            self._paces[bucket] = self.factory()
+            pace = self.factory()
+            measured = [other for other in self._paces.values() if other.draft_steps]
+            if measured:
+                pace.seed_from(max(measured, key=lambda other: other.evidence))
+            self._paces[bucket] = pace
         return self._paces[bucket]
 
     @property
     def draft_steps(self) -> int:
-        """Draft steps measured, over every load."""
+        """Draft steps measured, over every load (a seed counts where it was measured)."""
         return sum(pace.draft_steps for pace in self._paces.values())
 
 

@@ -542,3 +542,28 @@ def test_the_verify_clock_fits_the_cost_of_a_row():
     for rows in (2, 4, 6, 17):
         clock.observe(rows, 0.020 + 0.002 * (rows - 1))
     assert clock.slope == pytest.approx(0.1, rel=1e-6) and clock.cost(11) == pytest.approx(2.0)
+
+
+def test_a_load_met_first_starts_from_another_load_s_tokens_priced_for_the_best_case():
+    """The load moves what drafting costs, never the tokens a draft step emits. A draft whose steps
+    emit one token cannot pay at any load (1 token for a 5-row verify's 1.2 units, drafting free): a
+    lone request after batched traffic is spared the warm-up. One whose steps emit 3 tokens may pay
+    alone though batching priced it out: it drafts at once and its real cost there takes over."""
+    from draftwheel.serving.engine.adaptive import LoadPaces
+
+    hopeless = LoadPaces()
+    for _ in range(30):  # 30 draft steps measured in a batch of 4
+        hopeless.at(4).drafted(1, 5, 0.3, 0.2)
+    alone = hopeless.at(1)
+    assert (alone.draft_steps, alone.seed_steps) == (0, 30) and alone.ratio == pytest.approx(1 / 1.2)
+    assert sum(feed(alone, 30, lambda i: 1)) == 0  # a fresh pace drafts its first 3 steps whatever they bring
+
+    priced_out = LoadPaces()
+    batched = feed(priced_out.at(4), 200, lambda i: 3, draft_s=0.6, verify_s=0.2)  # 3 tokens for 4.8 units
+    assert sum(batched[100:]) < 10
+    alone = priced_out.at(1)
+    assert alone.ratio == pytest.approx(3 / 1.2)  # the best case: drafting free
+    assert all(feed(alone, 100, lambda i: 3))  # alone, drafting costs a tenth of the verify: it pays
+    assert alone.ratio == pytest.approx(3 / 1.32, rel=0.02)  # the real cost has replaced the seed's
+    assert priced_out.at(4).ratio == pytest.approx(3 / 4.8, rel=0.02)  # and the batched load keeps its own
+    assert LoadPaces().at(1).draft_steps == 0  # nothing measured anywhere: a fresh pace
