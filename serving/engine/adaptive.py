@@ -360,9 +360,8 @@ class StepPace:
         """Start from `other`'s evidence, measured at another load, priced for the best case at this one:
         each of its draft steps' tokens against its verify rows alone (by this pace's clock), the drafting
         counted free. The load moves what drafting costs against a verify, never the tokens a draft step
-        emits, so a draft whose tokens do not pay even for their verify rows pays at no load: it is spared
-        this load's warm-up, while one that may pay drafts and measures its real cost here, which
-        outweighs the seed within a few steps (`decay`)."""
+        emits, so a draft whose tokens do not pay even for their verify rows pays at no load, and needs no
+        warm-up at this one to show it (`LoadPaces` seeds only then)."""
         w, w2, tokens, _, tt, _, _ = other._sums
         rows, rows2, token_rows = other._row_sums
         slope = self.clock.slope
@@ -397,7 +396,9 @@ class LoadPaces:
     batched traffic turns to plain steps that one request alone would have drafted through. One pace over
     all loads carried that verdict to the next lone request (chat as served fell below the draft alone).
     A load met for the first time starts from the best-measured other load's evidence, priced for the
-    best case (`StepPace.seed_from`). `factory` builds each bucket's fresh pace."""
+    best case (`StepPace.seed_from`), when even that says drafting cannot pay; else it starts fresh and
+    measures (an optimistic seed would hold a marginal draft in for many steps, the fresh pace's warm-up
+    for three). `factory` builds each bucket's fresh pace."""
 
     def __init__(self, factory: Callable[[], StepPace] = StepPace):
         self.factory = factory
@@ -410,7 +411,10 @@ class LoadPaces:
             pace = self.factory()
             measured = [other for other in self._paces.values() if other.draft_steps]
             if measured:
-                pace.seed_from(max(measured, key=lambda other: other.evidence))
+                seeded = self.factory()
+                seeded.seed_from(max(measured, key=lambda other: other.evidence))
+                if seeded.ratio < 1.0:  # cannot pay even with drafting free: no warm-up needed to see it
+                    pace = seeded
             self._paces[bucket] = pace
         return self._paces[bucket]
 
