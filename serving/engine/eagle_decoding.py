@@ -125,9 +125,8 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
            paces: LoadPaces | None = None, branches: bool = True) -> Iterator[None]:
     """Decode one request; with `propose` (context, max_k) -> Proposal, as the hybrid (module docstring),
     timing its steps into `paces`, the pace of each step's load (fresh `LoadPaces` when None); with
-    `branches`, a greedy draft step
-    verifies the index's proposal beside the chain as one tree. `draft`: the model (its forwards run
-    here) or a drafter that runs them (the batch engine's)."""
+    `branches`, a greedy draft step verifies the index's proposal beside the chain as one tree. `draft`:
+    the model (its forwards run here) or a drafter that runs them (the batch engine's)."""
     drafter = draft if isinstance(draft, EagleDrafter) else EagleDrafter(draft)
     draft = drafter.model
     params = req.params
