@@ -4,8 +4,8 @@ As `draftwheel serve` runs it, a request's output tokens come from three places:
 target accepted (from the suffix index's proposals -- copied spans -- or from the draft model's chain),
 and the target's own token at the end of each verification step (the correction at the first rejection,
 the bonus token after a fully accepted chain, the token of a plain step, and the first token, from the
-prompt's forward, whether a loop records that as a step or not). Speculation paid nowhere on the latter: serving would only get faster there if the draft
-learned them. So each output token gets a residual of
+prompt's forward, whether a loop records that as a step or not). Speculation paid nowhere on the latter:
+serving would only get faster there if the draft learned them. So each output token gets a residual of
 
     0.0  drafted by the index or the draft model and accepted (the served stack already has it),
     1.0  emitted by the target itself (nobody drafted it, or what was drafted there was rejected).
@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from draftwheel.serving.engine.records import EAGLE3, LM_DRAFT
+
 
 def steps_hold_first_token(record: Any) -> bool:
     """Whether a record's steps account for its first output token. The eagle3 and Medusa loops take it
@@ -31,9 +33,9 @@ def steps_hold_first_token(record: Any) -> bool:
     hybrid `draft`, in mode draft nothing); a hybrid request the draft never drafted in carries neither,
     and there the token count decides (exact unless EOS or a stop string cut a step's tokens)."""
     sources = {step.source for step in record.steps}
-    if "eagle3" in sources or not record.steps:  # no steps: a loop whose only token came from the prompt's forward
+    if EAGLE3 in sources or not record.steps:  # no steps: a loop whose only token came from the prompt's forward
         return False
-    if record.mode in ("suffix", "draft") or "draft" in sources:
+    if record.mode in ("suffix", "draft") or LM_DRAFT in sources:
         return True
     if record.mode == "hybrid":
         return sum(step.accepted + 1 for step in record.steps) == len(record.output_token_ids)

@@ -36,13 +36,11 @@ from draftwheel.serving.engine.adaptive import (AdaptiveK, LoadPaces, ScoreCalib
 from draftwheel.serving.engine.decoding import Request, choose
 from draftwheel.serving.engine.eagle import DraftCall, DraftKV, Eagle3Draft
 from draftwheel.serving.engine.kv import CachedLM
-from draftwheel.serving.engine.records import Beside, Step
+from draftwheel.serving.engine.records import EAGLE3, Beside, Step
 from draftwheel.serving.engine.sampling import sample, warp
 from draftwheel.serving.engine.suffix import Proposal
 from draftwheel.serving.engine.tree import chain_with_branch, verify_tree_greedy
 from draftwheel.serving.engine.verify import point_mass_q, verify_greedy, verify_sampled
-
-SOURCE = "eagle3"
 
 
 class EagleDrafter:
@@ -233,7 +231,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
                 calibration.update(sum(proposal.probs[:len(branch)]), common_prefix(branch, emitted.tolist()))
         last = int(emitted[-1])
         req.timed_step(draft_s, target.last_forward_s)
-        source = SOURCE if by_model else "suffix" if from_suffix else None
+        source = EAGLE3 if by_model else "suffix" if from_suffix else None
         step = Step(k=k, accepted=accepted, draft_token_ids=drafted.tolist(), target_token_id=last, source=source)
         req.steps.append(_tree_step(step, chain_accepted, branch, emitted.tolist()) if branch else step)
         context.extend(emitted.tolist())

@@ -70,7 +70,7 @@ class RequestRun:
     seed: int | None
     pick: Any  # the router's pick, if it chose the mode
     pace_key: tuple | None
-    pace: LoadPaces | None  # the hybrid's step paces, by load
+    paces: LoadPaces | None  # the hybrid's step paces, by load
     ts: float  # wall clock at the start
     start: float  # perf_counter at the start: TTFT and latency count from here
 
@@ -201,7 +201,7 @@ class Engine:
         mode, draft, req, params = run.mode, run.draft, run.req, run.req.params
         if mode in ("suffix", "hybrid"):
             return suffix_loop(target, draft if mode == "hybrid" else None, self.suffix_index, req,
-                               self.min_path_prob, run.pace, drafter, self.index_branch)
+                               self.min_path_prob, run.paces, drafter, self.index_branch)
         if mode == "draft":
             controller = AdaptiveK(params.k) if params.adaptive_k else None
             if draft.kind == "eagle3":
@@ -231,9 +231,9 @@ class Engine:
         # The hybrid's "does drafting pay?" carries over from the slice's last request with this draft.
         pace_key = (slice, draft.model_id.name, draft.model_id.version, draft.model_id.sha256) \
             if mode == "hybrid" else None
-        pace = self.paces.resume(pace_key) if pace_key else None
+        paces = self.paces.resume(pace_key) if pace_key else None
         return RequestRun(prompt=prompt, req=req, mode=mode, draft=draft, slice=slice, text_in=text_in, seed=seed,
-                          pick=pick, pace_key=pace_key, pace=pace, ts=time.time(), start=time.perf_counter())
+                          pick=pick, pace_key=pace_key, paces=paces, ts=time.time(), start=time.perf_counter())
 
     def decode(self, run: RequestRun, target: Any = None, drafter: Any = None) -> Iterator[Any]:
         """The request's decoding loop (draftwheel.serving.engine.decoding and friends) over `target`, by default
@@ -246,7 +246,7 @@ class Engine:
         """The finished request's record (published to the sink, metrics and suffix index) and `Completion`."""
         latency = time.perf_counter() - run.start
         if run.pace_key:
-            self.paces.keep(run.pace_key, run.pace)
+            self.paces.keep(run.pace_key, run.paces)
         record = self._record(run.req, run.mode, run.draft, run.slice, run.text_in, run.seed, run.ts, run.start,
                               latency)
         self._publish(record)

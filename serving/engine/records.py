@@ -142,6 +142,10 @@ class AcceptanceRecord:
         return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
 
 
+EAGLE3 = "eagle3"
+"""The `source` of a step whose tokens an eagle3 draft's chain drafted (draftwheel.serving.engine.eagle_decoding)."""
+LM_DRAFT = "draft"
+"""The `source` of a hybrid step whose tokens an `lm` draft drafted (draftwheel.serving.engine.suffix_decoding)."""
 LOAD = "load"
 """The `source` of a plain step the batch engine's governor imposed (speculation off at that batch size,
 draftwheel.serving.engine.adaptive.SpecGovernor): nobody was allowed to draft, so it says nothing about the draft."""

@@ -37,7 +37,7 @@ from draftwheel.serving.engine.decoding import Request, _draft_tokens
 from draftwheel.serving.engine.eagle_decoding import EagleDrafter, eagle3
 from draftwheel.serving.engine.kv import CachedLM
 from draftwheel.serving.engine.models import LoadedModel
-from draftwheel.serving.engine.records import Step
+from draftwheel.serving.engine.records import LM_DRAFT, Step
 from draftwheel.serving.engine.sampling import warp
 from draftwheel.serving.engine.suffix import Proposal, RequestIndex, SuffixConfig, SuffixIndex, best_proposal
 from draftwheel.serving.engine.verify import point_mass_q, verify_greedy, verify_sampled
@@ -48,9 +48,10 @@ def suffix_loop(target: CachedLM, draft: LoadedModel | None, index: SuffixIndex 
                 drafter: EagleDrafter | None = None, index_branch: bool = False) -> Iterator[None]:
     """The loop for mode `suffix` (draft None) or `hybrid` (an `lm` or `eagle3` draft); without a
     shared index only the request's own part proposes. An eagle3 hybrid runs in the eagle3 loop, which
-    asks the index first each step (draftwheel.serving.engine.eagle_decoding). The hybrid times its steps into `paces`,
-    the pace of each step's load (the engine's `PaceMemory` carries them across requests; fresh when None). An eagle3 draft's
-    forwards run through `drafter` when given (the batch engine's), else in the loop."""
+    asks the index first each step (draftwheel.serving.engine.eagle_decoding). The hybrid times its steps
+    into `paces`, the pace of each step's load (the engine's `PaceMemory` carries them across requests;
+    fresh when None). An eagle3 draft's forwards run through `drafter` when given (the batch engine's),
+    else in the loop."""
     if draft is not None and draft.kind == "eagle3":
         local = RequestIndex(req.prompt_ids.tolist(), index.config if index is not None else SuffixConfig())
         seen = [req.prompt_ids.shape[0]]  # how much of the context `local` holds
@@ -101,7 +102,7 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
             prefills_draft = draft.length == 0  # this forward takes in the whole prompt: not a step's usual cost
             start = time.perf_counter()
             drafted, q = _draft_tokens(draft, _pending(draft, context), k_model, req)  # [k], [k, V] | None
-            draft_s, source = time.perf_counter() - start, "draft"
+            draft_s, source = time.perf_counter() - start, LM_DRAFT
         else:
             stretched = index_stretch(proposal, calibration, stretch, clock.slope)
             drafted, q = torch.tensor(proposal.stretched(stretched).tokens, dtype=torch.long), None  # [k]
