@@ -217,17 +217,27 @@ class SpecGovernor:
     2, 3-4, 5-8, ... rows), the tokens per second of spans of steps with drafting allowed against spans
     with every row on plain steps (discounted sums over the spans of `span` steps measured, each span's
     seconds the whole step: forward, verification and the next drafts). Each span keeps the regime that
-    emits more, except that the other is tried on one span in `1 / explore` (and until both have
-    `warmup` spans), so a change in traffic is noticed. The rows' own choices (each request's pace, the
-    index's proposals) still decide how they draft when allowed: this is the guard that makes speculation
-    never slower than batched plain decoding at a batch size, whatever those choices cost together.
-    A batch of one row is not governed (one request alone decides as `Engine` does). Pure Python; its
-    draws use its own seeded generator."""
+    emits more, except that the other is tried now and then (and until both have `warmup` spans), so a
+    change in traffic is noticed: on one span in `1 / explore` while the two regimes' rates are not told
+    apart, on one in `1 / explore_clear` once they are (their difference at least `clear_z` standard
+    errors, from the spread of the spans' own rates). Exploring the loser costs what it loses on each
+    span tried: at 16 rows drafting emits ~0.7 of plain's tokens per second on an AMX CPU, so one span in
+    ten cost the batch ~3 % against batched plain decoding, paid for evidence that was already clear.
+    The rows' own choices (each request's pace, the index's proposals) still decide how they draft when
+    allowed: this is the guard that makes speculation never slower than batched plain decoding at a
+    batch size, whatever those choices cost together. A batch of one row is not governed (one request
+    alone decides as `Engine` does). Pure Python; its draws use its own seeded generator."""
 
-    def __init__(self, span: int = 4, explore: float = 0.1, warmup: int = 2, decay: float = 0.9, seed: int = 0):
-        self.span, self.explore, self.warmup, self.decay = span, explore, warmup, decay
+    def __init__(self, span: int = 4, explore: float = 0.1, explore_clear: float = 0.02, clear_z: float = 2.0,
+                 warmup: int = 2, decay: float = 0.9, seed: int = 0):
+        if not 0.0 <= explore_clear <= explore <= 1.0:
+            raise ValueError(f"explore_clear and explore: need 0 <= explore_clear <= explore <= 1, got "
+                             f"{explore_clear!r} and {explore!r}")
+        self.span, self.explore, self.explore_clear, self.clear_z = span, explore, explore_clear, clear_z
+        self.warmup, self.decay = warmup, decay
         self._random = random.Random(seed)
-        self._sums: dict[tuple[int, bool], list[float]] = {}  # (bucket, allowed) -> spans, discounted tokens, seconds
+        # (bucket, allowed) -> spans, then discounted: tokens, seconds; weight, weight^2, sum of span rates, of their squares
+        self._sums: dict[tuple[int, bool], list[float]] = {}
 
     @staticmethod
     def bucket(rows: int) -> int:
@@ -235,8 +245,24 @@ class SpecGovernor:
 
     def rate(self, rows: int, allowed: bool) -> float | None:
         """Tokens per second measured with drafting allowed (or not) at this batch size; None if unmeasured."""
-        spans, tokens, seconds = self._sums.get((self.bucket(rows), allowed), (0.0, 0.0, 0.0))
+        spans, tokens, seconds, *_ = self._sums.get((self.bucket(rows), allowed), [0.0] * 7)
         return tokens / seconds if spans and seconds > 0 else None
+
+    def standard_error(self, rows: int, allowed: bool) -> float:
+        """Of `rate`: the discounted spread of the spans' own rates by their effective number (inf below two spans)."""
+        spans, _, _, w, w2, total, squares = self._sums.get((self.bucket(rows), allowed), [0.0] * 7)
+        if spans < 2 or w2 <= 0:
+            return float("inf")
+        mean = total / w
+        return (max(squares / w - mean * mean, 0.0) / (w * w / w2)) ** 0.5
+
+    def clear(self, rows: int) -> bool:
+        """Are the two regimes' rates at this batch size told apart (`clear_z` standard errors)?"""
+        rates = [self.rate(rows, regime) for regime in (False, True)]
+        if None in rates:
+            return False
+        error = (self.standard_error(rows, False) ** 2 + self.standard_error(rows, True) ** 2) ** 0.5
+        return abs(rates[True] - rates[False]) >= self.clear_z * error
 
     def allow(self, rows: int) -> bool:
         """The regime of the next span at this batch size."""
@@ -246,12 +272,16 @@ class SpecGovernor:
         if min(counts) < self.warmup:
             return counts[True] <= counts[False]  # measure both, drafting first
         better = self.rate(rows, True) >= self.rate(rows, False)
-        return (not better) if self._random.random() < self.explore else better
+        explore = self.explore_clear if self.clear(rows) else self.explore
+        return (not better) if self._random.random() < explore else better
 
     def observe(self, rows: int, allowed: bool, tokens: int, seconds: float) -> None:
         """One span of steps at about `rows` rows emitted `tokens` in `seconds`."""
-        sums = self._sums.setdefault((self.bucket(rows), allowed), [0.0, 0.0, 0.0])
-        sums[:] = [sums[0] + 1.0, self.decay * sums[1] + tokens, self.decay * sums[2] + seconds]
+        sums = self._sums.setdefault((self.bucket(rows), allowed), [0.0] * 7)
+        d = self.decay
+        span_rate = tokens / seconds if seconds > 0 else 0.0
+        sums[:] = [sums[0] + 1.0, d * sums[1] + tokens, d * sums[2] + seconds, d * sums[3] + 1.0,
+                   d * d * sums[4] + 1.0, d * sums[5] + span_rate, d * sums[6] + span_rate * span_rate]
 
 
 class ScoreCalibration:

@@ -60,6 +60,8 @@ class BatchConfig:
     kv_block_size: int = 16  # token positions per block
     max_waiting: int = 256  # queued requests beyond which new ones are refused
     prefix_caching: bool = False  # requests share the KV blocks of a prompt prefix computed before (blocks.py)
+    spec_explore: float = 0.1  # share of spans the governor tries the losing regime while the two are not told apart
+    spec_explore_clear: float = 0.02  # ...and once they are (adaptive.SpecGovernor)
 
 
 class PagedRow:
@@ -186,7 +188,7 @@ class BatchEngine:
         self.rows_per_draft_forward: Counter[int] = Counter()  # the same for the eagle3 drafts' forwards
         self._drafting: list[Handle] = []  # rows waiting on a draft forward
         self.clock = ForwardClock()  # each row's share of a forward: what its loop's pace sees as its verify time
-        self.governor = SpecGovernor()  # whether the rows may draft at the current batch size
+        self.governor = SpecGovernor(explore=c.spec_explore, explore_clear=c.spec_explore_clear)  # may the rows draft?
         self._span = _Span(rows=1, allowed=True)
         self._thread = threading.Thread(target=self._run, name="draftwheel-batch", daemon=True)
         self._thread.start()

@@ -120,6 +120,13 @@ class ServeConfig:
     template, a few-shot preamble) shares those blocks instead of computing them again; unused ones stay
     cached until the pool needs them (LRU). Off by default: a shared prefix's keys come from another
     request's forward, so greedy output is no longer bitwise one-at-a-time decoding's (float rounding)."""
+    spec_explore: float = 0.1
+    """batched: per batch size, the governor keeps drafting allowed or every row on plain steps, whichever
+    emits more tokens per second (draftwheel.serving.engine.adaptive.SpecGovernor); it tries the other on
+    this share of its spans while the two rates are not told apart..."""
+    spec_explore_clear: float = 0.02
+    """...and on this share once they are (2 standard errors apart): each span tried costs what the loser
+    loses, and a change in traffic is still noticed. Equal to spec_explore: one share throughout."""
 
     def batch_config(self):
         """The batch engine's sizes (draftwheel.serving.engine.batching.BatchConfig)."""
@@ -127,7 +134,8 @@ class ServeConfig:
 
         return BatchConfig(max_batch=self.max_batch, max_batch_tokens=self.max_batch_tokens,
                            kv_blocks=self.kv_blocks, kv_block_size=self.kv_block_size, max_waiting=self.max_waiting,
-                           prefix_caching=self.prefix_caching)
+                           prefix_caching=self.prefix_caching, spec_explore=self.spec_explore,
+                           spec_explore_clear=self.spec_explore_clear)
 
     def __post_init__(self) -> None:
         checks = {"port": 0 <= self.port <= 65535, "log_max_bytes": self.log_max_bytes > 0,
@@ -141,7 +149,9 @@ class ServeConfig:
                   "suffix_startup_max_bytes": self.suffix_startup_max_bytes >= 0, "state_save_s": self.state_save_s > 0,
                   "max_batch": self.max_batch >= 1,
                   "max_batch_tokens": self.max_batch_tokens >= 1, "kv_blocks": self.kv_blocks >= 1,
-                  "kv_block_size": self.kv_block_size >= 1, "max_waiting": self.max_waiting >= 1}
+                  "kv_block_size": self.kv_block_size >= 1, "max_waiting": self.max_waiting >= 1,
+                  "spec_explore": 0.0 <= self.spec_explore <= 1.0,
+                  "spec_explore_clear": 0.0 <= self.spec_explore_clear <= self.spec_explore}
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"{name}: invalid value {getattr(self, name)!r}")
