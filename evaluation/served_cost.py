@@ -29,11 +29,7 @@ import torch
 from draftwheel.serving.engine.acceptance import draft_cost_ratio
 from draftwheel.serving.engine.adaptive import ModelledTime
 from draftwheel.serving.engine.kv import CachedLM
-from draftwheel.serving.engine.records import verify_rows
-
-MODEL_SOURCES = ("eagle3", "draft", "lm", "medusa")
-"""Step sources drafted by a model (its per-token cost c applies); `suffix` and plain steps cost nothing extra.
-Records of mode `draft` without a per-step source count as model-drafted too (`StepCost.of`)."""
+from draftwheel.serving.engine.records import MODEL_SOURCES, verify_rows
 
 
 @torch.inference_mode()

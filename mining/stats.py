@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from draftwheel.serving.engine.acceptance import acceptance_rate, mean_accepted_length
-from draftwheel.serving.engine.records import draft_counts, draft_steps
+from draftwheel.serving.engine.records import SUFFIX, draft_counts, draft_steps
 
 BINS = 100
 MAX_DEPTH = 255  # rollback depths are stored as uint8; k is at most 32 in serving.
@@ -45,7 +45,7 @@ def request_stats(record: Any) -> tuple[float, float, int, list[int]]:
 def suffix_served_length(record: Any) -> float:
     """Mean accepted length (bonus included) of the record's steps the suffix index drafted
     (`source == "suffix"`); 0.0 when it drafted none."""
-    suffix = [s for s in record.steps if s.source == "suffix"]
+    suffix = [s for s in record.steps if s.source == SUFFIX]
     return mean_accepted_length(sum(s.accepted for s in suffix), len(suffix))
 
 

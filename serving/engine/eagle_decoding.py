@@ -36,7 +36,7 @@ from draftwheel.serving.engine.adaptive import (AdaptiveK, LoadPaces, ScoreCalib
 from draftwheel.serving.engine.decoding import Request, choose
 from draftwheel.serving.engine.eagle import DraftCall, DraftKV, Eagle3Draft
 from draftwheel.serving.engine.kv import CachedLM
-from draftwheel.serving.engine.records import EAGLE3, Beside, Step
+from draftwheel.serving.engine.records import EAGLE3, SUFFIX, Beside, Step
 from draftwheel.serving.engine.sampling import sample, warp
 from draftwheel.serving.engine.suffix import Proposal
 from draftwheel.serving.engine.tree import chain_with_branch, verify_tree_greedy
@@ -108,13 +108,13 @@ def _run_ahead(drafter: EagleDrafter, hidden: torch.Tensor, logits: torch.Tensor
 def _tree_step(chain: Step, chain_accepted: int, branch: list[int], emitted: list[int]) -> Step:
     """A token-tree step's record: the proposal the target accepted further is the step, the other is
     `beside` it. `chain`: the step as the draft's chain (its `accepted` the whole step's)."""
-    index = Beside(k=len(branch), accepted=common_prefix(branch, emitted), draft_token_ids=branch, source="suffix")
+    index = Beside(k=len(branch), accepted=common_prefix(branch, emitted), draft_token_ids=branch, source=SUFFIX)
     if index.accepted <= chain_accepted:
         chain.beside = index
         return chain
     own = Beside(k=chain.k, accepted=chain_accepted, draft_token_ids=chain.draft_token_ids, source=chain.source)
     return Step(k=index.k, accepted=chain.accepted, draft_token_ids=branch, target_token_id=chain.target_token_id,
-                source="suffix", beside=own)
+                source=SUFFIX, beside=own)
 
 
 def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, controller: AdaptiveK | None,
@@ -231,7 +231,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
                 calibration.update(sum(proposal.probs[:len(branch)]), common_prefix(branch, emitted.tolist()))
         last = int(emitted[-1])
         req.timed_step(draft_s, target.last_forward_s)
-        source = EAGLE3 if by_model else "suffix" if from_suffix else None
+        source = EAGLE3 if by_model else SUFFIX if from_suffix else None
         step = Step(k=k, accepted=accepted, draft_token_ids=drafted.tolist(), target_token_id=last, source=source)
         req.steps.append(_tree_step(step, chain_accepted, branch, emitted.tolist()) if branch else step)
         context.extend(emitted.tolist())

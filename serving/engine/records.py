@@ -146,6 +146,12 @@ EAGLE3 = "eagle3"
 """The `source` of a step whose tokens an eagle3 draft's chain drafted (draftwheel.serving.engine.eagle_decoding)."""
 LM_DRAFT = "draft"
 """The `source` of a hybrid step whose tokens an `lm` draft drafted (draftwheel.serving.engine.suffix_decoding)."""
+SUFFIX = "suffix"
+"""The `source` of a step whose tokens the suffix index proposed (draftwheel.serving.engine.suffix), and of a
+token tree's index branch (`Beside`)."""
+MODEL_SOURCES = (EAGLE3, LM_DRAFT)
+"""The sources of steps a draft model drafted, at its per-token cost (draftwheel.evaluation.served_cost);
+steps of mode draft or medusa carry no source and are the model's too (`draft_steps`)."""
 LOAD = "load"
 """The `source` of a plain step the batch engine's governor imposed (speculation off at that batch size,
 draftwheel.serving.engine.adaptive.SpecGovernor): nobody was allowed to draft, so it says nothing about the draft."""
@@ -160,8 +166,8 @@ def draft_steps(record: Any) -> list[Any]:
     if record.mode != "hybrid":
         return steps
     # a token-tree step the index's branch won: the draft's chain beside it is the draft's step
-    return [step.beside if step.source == "suffix" and step.beside is not None else step for step in steps
-            if (step.source != "suffix" or step.beside is not None) and (step.source or step.k)]
+    return [step.beside if step.source == SUFFIX and step.beside is not None else step for step in steps
+            if (step.source != SUFFIX or step.beside is not None) and (step.source or step.k)]
 
 
 def draft_counts(record: Any) -> tuple[int, int, int]:

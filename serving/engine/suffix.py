@@ -46,7 +46,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from draftwheel.serving.engine.acceptance import acceptance_rate
-from draftwheel.serving.engine.records import AcceptanceRecord, ModelId
+from draftwheel.serving.engine.records import SUFFIX, AcceptanceRecord, ModelId
 
 _KEY_BITS = 21  # a token id must fit in 21 bits (vocabularies up to 2M) to pack 3 of them in one int64
 _SEP = -1  # between sequences and after the end of the buffer: never equal to a token
@@ -353,7 +353,7 @@ class SuffixIndex:
             return False
         self.add(record.prompt_token_ids + record.output_token_ids)
         if record.mode in ("suffix", "hybrid"):
-            suffix_steps = [s for s in record.steps if s.source == "suffix"]
+            suffix_steps = [s for s in record.steps if s.source == SUFFIX]
             with self._lock:
                 self.served.update(requests=1, steps=len(record.steps), suffix_steps=len(suffix_steps),
                                    suffix_drafted=sum(s.k for s in suffix_steps),

@@ -37,7 +37,7 @@ from draftwheel.serving.engine.decoding import Request, _draft_tokens
 from draftwheel.serving.engine.eagle_decoding import EagleDrafter, eagle3
 from draftwheel.serving.engine.kv import CachedLM
 from draftwheel.serving.engine.models import LoadedModel
-from draftwheel.serving.engine.records import LM_DRAFT, Step
+from draftwheel.serving.engine.records import LM_DRAFT, SUFFIX, Step
 from draftwheel.serving.engine.sampling import warp
 from draftwheel.serving.engine.suffix import Proposal, RequestIndex, SuffixConfig, SuffixIndex, best_proposal
 from draftwheel.serving.engine.verify import point_mass_q, verify_greedy, verify_sampled
@@ -106,7 +106,7 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
         else:
             stretched = index_stretch(proposal, calibration, stretch, clock.slope)
             drafted, q = torch.tensor(proposal.stretched(stretched).tokens, dtype=torch.long), None  # [k]
-            source = "suffix" if proposal.tokens else None
+            source = SUFFIX if proposal.tokens else None
         k = len(drafted)
         logits = yield from target.step(torch.cat([pending, drafted]), keep=k + 1)  # [k+1, V]
         if params.greedy:
