@@ -328,6 +328,26 @@ def test_steps_the_governor_caps_are_recorded_as_load_and_not_judged_as_the_draf
         assert (drafted, accepted) == (sum(s.k for s in own), sum(s.accepted for s in own))
 
 
+@pytest.mark.parametrize("mode", ["hybrid", "suffix"])
+def test_the_governor_caps_drafting_with_a_model_and_leaves_the_index_its_proposals(pair, mode, monkeypatch):
+    """Speculation off at every load stops the draft model, not the suffix index: an index proposal costs
+    only its verify rows, which each row's own rule prices at its load. Capped throughout, the rows still
+    verify the index's proposals (for the prompts it holds) after the cap has made a plain step, never a
+    model's draft, and the output stays the target's."""
+    from draftwheel.serving.engine.records import LM_DRAFT, LOAD, SUFFIX
+
+    sink = Records()
+    params = SamplingParams(max_new_tokens=16, k=3)
+    expected = [c.token_ids for c in make_engine(pair).generate(PROMPTS[:4], params, mode="autoregressive")]
+    with BatchEngine(make_engine(pair, sink)) as batch:
+        monkeypatch.setattr(batch.governor, "allow", lambda rows: False)
+        got = batch.generate(PROMPTS[:4], params, mode=mode)
+    assert [c.token_ids for c in got] == expected
+    sources = [[s.source for s in r.steps if s.k or s.source == LOAD] for r in sink.records]
+    assert any(SUFFIX in steps[steps.index(LOAD):] for steps in sources if LOAD in steps)
+    assert not any(LM_DRAFT in steps for steps in sources)
+
+
 def test_hybrid_rows_in_a_batch_time_their_steps_into_the_pace_of_that_load(pair, monkeypatch):
     """In a batch a row's verify share shrinks while its drafting stays whole, so whether drafting pays
     is learned per load (adaptive.LoadPaces): four requests decoding together time their draft steps
