@@ -26,8 +26,10 @@ DEFAULT_CONFIG = SHIPPED_CONFIGS / "mining.yaml"
 def register(subparsers: Any) -> None:
     traffic = subparsers.add_parser("traffic", help="replay a prompt workload through the engine, writing serving logs",
                                     description="Generate every workload prompt (chat template applied) and "
-                                                "write one acceptance record per request to --log-dir. Flags "
-                                                "only: it reads no config file.",
+                                                "write one acceptance record per request to --log-dir, served "
+                                                "as `draftwheel serve` serves by default (mode hybrid beside a "
+                                                "suffix index built from --log-dir's logs, k 4, min_path_prob "
+                                                "0.25). Flags only: it reads no config file.",
                                     **examples("draftwheel traffic --workload code --n 48",
                                                "draftwheel traffic --workload mixed --n 30 --seed 1 --k 5 "
                                                "--log-dir /tmp/draftwheel-logs",
@@ -44,7 +46,11 @@ def register(subparsers: Any) -> None:
     traffic.add_argument("--max-new-tokens", type=int, default=64)
     traffic.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     add_k(traffic, 4)
-    add_min_path_prob(traffic, 0.0)
+    add_min_path_prob(traffic, 0.25)
+    traffic.add_argument("--suffix-tier", action=argparse.BooleanOptionalAction, default=True,
+                         help="serve as `draftwheel serve` does by default: mode hybrid, beside a suffix index "
+                              "built from --log-dir's logs that learns from every finished request "
+                              "(--no-suffix-tier: the draft alone, mode draft)")
     add_dtype(traffic, "auto")
     add_device(traffic, "auto")
     traffic.add_argument("--max-batch", type=int, default=1,
@@ -82,6 +88,8 @@ def _traffic_command(args: argparse.Namespace) -> int:
     from draftwheel.serving.engine.params import SamplingParams
     from draftwheel.serving.engine.precision import resolve_device, resolve_dtype
     from draftwheel.serving.engine.reference import DEFAULT_DRAFT_URI
+    from draftwheel.serving.server.serve_config import ServeConfig
+    from draftwheel.serving.server.serving_state import startup_index
 
     try:
         if args.max_batch < 1:
@@ -92,11 +100,13 @@ def _traffic_command(args: argparse.Namespace) -> int:
         device = resolve_device(args.device)
         engine = engine_from_specs(resolve_target(args.target, draft), draft, device=device,
                                    dtype=resolve_dtype(args.dtype, device), min_path_prob=args.min_path_prob)
+        log_dir = args.log_dir or logs_dir()
+        if args.suffix_tier:  # the logs then say what the served stack missed (draftwheel.mining.residual)
+            engine.suffix_index = startup_index(ServeConfig(), log_dir, engine.target.model_id)
     except (ValueError, OSError, RuntimeError) as exc:
         return fail("traffic", exc)
     with serving(engine, args.max_batch) as served:
-        summary = run_traffic(served, workload, args.log_dir or logs_dir(), params, chat=True,
-                              progress=not args.no_progress)
+        summary = run_traffic(served, workload, log_dir, params, chat=True, progress=not args.no_progress)
     print(json.dumps(summary, indent=2))
     return 0 if summary["requests"] else FAILURE
 

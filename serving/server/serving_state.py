@@ -95,22 +95,29 @@ class StateSaver:
         self.save()
 
 
+def startup_index(config: Any, log_dir: str | Path, model_id: Any) -> Any:
+    """The suffix index serving starts with under `config` (a ServeConfig): built from `log_dir`'s records of
+    this target (`model_id`), the newest `suffix_startup_max_bytes` of files, within its size bounds."""
+    from draftwheel.serving.engine.suffix import SuffixConfig, SuffixIndex, target_key
+
+    started = time.perf_counter()
+    suffix = SuffixConfig(max_requests=config.suffix_max_requests, max_tokens=config.suffix_max_tokens)
+    index = SuffixIndex.from_logs(log_dir, target_key(model_id), suffix, max_bytes=config.suffix_startup_max_bytes)
+    log.info("suffix index: %d requests, %d tokens from %s in %.1f s", index.requests, index.tokens, log_dir,
+             time.perf_counter() - started)
+    return index
+
+
 def attach_tier(engine: Any, config: Any, log_dir: str | Path, root: str | Path | None = None) -> StateSaver | None:
     """Give `engine` the suffix index and router `config` (a ServeConfig) turns on; a saver (not yet
     started) for their state, or None when both are off. The index is built from `log_dir` (records of
     this target only, the newest `suffix_startup_max_bytes` of files) and written once to the stats file."""
     from draftwheel.serving.engine.routing import RequestRouter
-    from draftwheel.serving.engine.suffix import SuffixConfig, SuffixIndex, target_key
 
     if not (config.suffix_tier or config.router):
         return None
     if config.suffix_tier:
-        started = time.perf_counter()
-        suffix = SuffixConfig(max_requests=config.suffix_max_requests, max_tokens=config.suffix_max_tokens)
-        engine.suffix_index = SuffixIndex.from_logs(log_dir, target_key(engine.target.model_id), suffix,
-                                                    max_bytes=config.suffix_startup_max_bytes)
-        log.info("suffix index: %d requests, %d tokens from %s in %.1f s", engine.suffix_index.requests,
-                 engine.suffix_index.tokens, log_dir, time.perf_counter() - started)
+        engine.suffix_index = startup_index(config, log_dir, engine.target.model_id)
     if config.router:
         engine.router = RequestRouter(state_path=serving_dir(root) / ROUTER_FILE)
     saver = StateSaver(engine.suffix_index, engine.router, root, config.state_save_s)

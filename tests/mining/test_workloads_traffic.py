@@ -109,6 +109,19 @@ def test_traffic_and_mine_commands(tmp_path, toy_models, capsys):
     code = main(["traffic", "--workload", str(workload), "--target", str(target), "--draft", str(draft),
                  "--log-dir", str(tmp_path / "batched"), "--max-new-tokens", "6", "--no-progress", "--max-batch", "3"])
     assert code == 0 and json.loads(capsys.readouterr().out)["requests"] == 3
+    modes = {r["mode"] for r in map(json.loads, (tmp_path / "logs" / "acceptance.jsonl").read_text().splitlines())}
+    assert modes == {"hybrid"}  # as `draftwheel serve` serves by default
+    again = ["traffic", "--workload", str(workload), "--target", str(target), "--draft", str(draft),
+             "--max-new-tokens", "6", "--no-progress", "--min-path-prob", "0"]
+    for _ in range(2):  # the second pass starts from an index of the first one's logs: its prompts recur
+        assert main([*again, "--log-dir", str(tmp_path / "twice")]) == 0
+    capsys.readouterr()
+    records = [json.loads(line) for line in (tmp_path / "twice" / "acceptance.jsonl").read_text().splitlines()]
+    assert any(step.get("source") == "suffix" for r in records[3:] for step in r["steps"])
+    assert main([*again, "--log-dir", str(tmp_path / "alone"), "--no-suffix-tier"]) == 0
+    capsys.readouterr()
+    assert {json.loads(line)["mode"] for line in (tmp_path / "alone" / "acceptance.jsonl").read_text().splitlines()} \
+        == {"draft"}
     assert main(["traffic", "--workload", str(workload), "--max-batch", "0"]) != 0
     assert "--max-batch" in capsys.readouterr().err
     code = main(["mine", "--log-dir", str(tmp_path / "logs"), "--out", str(tmp_path / "out"), "--tokenizer", str(target),

@@ -83,13 +83,18 @@ def test_a_bad_bench_setting_is_one_config_error_line(tmp_path, capsys):
     assert "no_such_field" in capsys.readouterr().err
 
 
-def test_generate_and_traffic_keep_their_own_defaults():
-    """Flag-only commands: their defaults are unchanged (k 4, min_path_prob 0, dtype auto)."""
+def test_generate_keeps_its_own_defaults_and_traffic_serves_as_serve_does():
+    """Flag-only commands: `generate` keeps k 4, min_path_prob 0, dtype auto; `traffic` writes serving logs,
+    so it serves as `draftwheel serve` does by default (ServeConfig: k 4, min_path_prob 0.25, the suffix tier)."""
+    from draftwheel.serving.server.serve_config import ServeConfig
+
     gen = _args("generate", "--prompt", "x")
+    assert (gen.k, gen.min_path_prob, gen.dtype) == (4, 0.0, "auto")
     traffic = _args("traffic", "--workload", "code")
-    for args in (gen, traffic):
-        assert (args.k, args.min_path_prob, args.dtype) == (4, 0.0, "auto")
+    serve = ServeConfig()
+    assert (traffic.k, traffic.min_path_prob, traffic.suffix_tier) == (serve.k, serve.min_path_prob, serve.suffix_tier)
     assert _args("traffic", "--workload", "code", "--min-path-prob", "0.2").min_path_prob == 0.2
+    assert not _args("traffic", "--workload", "code", "--no-suffix-tier").suffix_tier
 
 
 def test_shadow_flags_are_its_config_fields_and_win_over_overrides():
