@@ -212,21 +212,31 @@ class ForwardClock:
         return seconds * (1.0 / rows + r * tokens) / (1.0 + r * total_tokens)
 
 
+PLAIN, INDEX, ALL = "plain", "index", "all"
+"""The batch engine's speculation regimes (`SpecGovernor`): every row on plain steps; the suffix index's
+proposals only (no draft model); everything each row's own rules choose."""
+REGIMES = (ALL, INDEX, PLAIN)  # in the order a new batch size measures them
+
+
 class SpecGovernor:
-    """Whether the rows of a batch may draft, decided by what the batch emits: per batch size (buckets
-    2, 3-4, 5-8, ... rows), the tokens per second of spans of steps with drafting allowed against spans
-    with every row on plain steps (discounted sums over the spans of `span` steps measured, each span's
-    seconds the whole step: forward, verification and the next drafts). Each span keeps the regime that
-    emits more, except that the other is tried now and then (and until both have `warmup` spans), so a
-    change in traffic is noticed: on one span in `1 / explore` while the two regimes' rates are not told
-    apart, on one in `1 / explore_clear` once they are (their difference at least `clear_z` standard
-    errors, from the spread of the spans' own rates). Exploring the loser costs what it loses on each
-    span tried: at 16 rows drafting emits ~0.7 of plain's tokens per second on an AMX CPU, so one span in
-    ten cost the batch ~3 % against batched plain decoding, paid for evidence that was already clear.
-    The rows' own choices (each request's pace, the index's proposals) still decide how they draft when
-    allowed: this is the guard that makes speculation never slower than batched plain decoding at a
-    batch size, whatever those choices cost together. A batch of one row is not governed (one request
-    alone decides as `Engine` does). Pure Python; its draws use its own seeded generator."""
+    """How much the rows of a batch may speculate, decided by what the batch emits: per batch size
+    (buckets 2, 3-4, 5-8, ... rows), the tokens per second of spans of steps under each regime (discounted
+    sums over the spans of `span` steps measured, each span's seconds the whole step: forward,
+    verification and the next drafts): `ALL` (the rows draft as their own rules choose), `INDEX` (the draft
+    model capped, the suffix index's proposals still verified where a row's rule prices them above a plain
+    step) and `PLAIN`. Three, not two: an index proposal costs verify rows but no drafting, so a load where
+    drafting with the model loses may still gain from the index (a templated slice served 4 at a time, its
+    draft useless there: with the model and the index capped together, every step was plain, mean accepted
+    length 1.00, where the index alone reaches ~4), and a load where the index loses too still has plain.
+
+    Each span keeps the regime that emits most, except that another is tried now and then (and until each
+    has `warmup` spans, `ALL` first), so a change in traffic is noticed: on one span in `1 / explore` while
+    the best's rate is not told apart from every other's, on one in `1 / explore_clear` once it is (at
+    least `clear_z` standard errors from each, from the spread of the spans' own rates). Exploring a loser
+    costs what it loses on each span tried: at 16 rows drafting emits ~0.7 of plain's tokens per second on
+    an AMX CPU, so one span in ten cost the batch ~3 % against batched plain decoding, paid for evidence that
+    was already clear. A batch of one row is not governed (one request alone decides as `Engine` does).
+    Pure Python; its draws use its own seeded generator."""
 
     def __init__(self, span: int = 4, explore: float = 0.1, explore_clear: float = 0.02, clear_z: float = 2.0,
                  warmup: int = 2, decay: float = 0.9, seed: int = 0):
@@ -236,48 +246,65 @@ class SpecGovernor:
         self.span, self.explore, self.explore_clear, self.clear_z = span, explore, explore_clear, clear_z
         self.warmup, self.decay = warmup, decay
         self._random = random.Random(seed)
-        # (bucket, allowed) -> spans, then discounted: tokens, seconds; weight, weight^2, sum of span rates, of their squares
-        self._sums: dict[tuple[int, bool], list[float]] = {}
+        # (bucket, regime) -> spans, then discounted: tokens, seconds; weight, weight^2, sum of span rates, of their squares
+        self._sums: dict[tuple[int, str], list[float]] = {}
 
     @staticmethod
     def bucket(rows: int) -> int:
         return (rows - 1).bit_length()  # 2 -> 1, 3-4 -> 2, 5-8 -> 3, ...
 
-    def rate(self, rows: int, allowed: bool) -> float | None:
-        """Tokens per second measured with drafting allowed (or not) at this batch size; None if unmeasured."""
-        spans, tokens, seconds, *_ = self._sums.get((self.bucket(rows), allowed), [0.0] * 7)
+    def _of(self, rows: int, regime: str) -> list[float]:
+        return self._sums.get((self.bucket(rows), regime), [0.0] * 7)
+
+    def rate(self, rows: int, regime: str) -> float | None:
+        """Tokens per second measured under `regime` at this batch size; None if unmeasured."""
+        spans, tokens, seconds, *_ = self._of(rows, regime)
         return tokens / seconds if spans and seconds > 0 else None
 
-    def standard_error(self, rows: int, allowed: bool) -> float:
+    def standard_error(self, rows: int, regime: str) -> float:
         """Of `rate`: the discounted spread of the spans' own rates by their effective number (inf below two spans)."""
-        spans, _, _, w, w2, total, squares = self._sums.get((self.bucket(rows), allowed), [0.0] * 7)
+        spans, _, _, w, w2, total, squares = self._of(rows, regime)
         if spans < 2 or w2 <= 0:
             return float("inf")
         mean = total / w
         return (max(squares / w - mean * mean, 0.0) / (w * w / w2)) ** 0.5
 
-    def clear(self, rows: int) -> bool:
-        """Are the two regimes' rates at this batch size told apart (`clear_z` standard errors)?"""
-        rates = [self.rate(rows, regime) for regime in (False, True)]
-        if None in rates:
-            return False
-        error = (self.standard_error(rows, False) ** 2 + self.standard_error(rows, True) ** 2) ** 0.5
-        return abs(rates[True] - rates[False]) >= self.clear_z * error
+    def best(self, rows: int) -> str:
+        """The regime measured to emit most at this batch size (the first measured of `REGIMES` on a tie)."""
+        measured = [regime for regime in REGIMES if self.rate(rows, regime) is not None]
+        return max(measured, key=lambda regime: self.rate(rows, regime)) if measured else ALL
 
-    def allow(self, rows: int) -> bool:
+    def clear(self, rows: int) -> bool:
+        """Is the best regime's rate at this batch size told apart (`clear_z` standard errors) from every other's?"""
+        best = self.best(rows)
+        for other in REGIMES:
+            if other == best:
+                continue
+            if self.rate(rows, other) is None:
+                return False
+            error = (self.standard_error(rows, best) ** 2 + self.standard_error(rows, other) ** 2) ** 0.5
+            if self.rate(rows, best) - self.rate(rows, other) < self.clear_z * error:
+                return False
+        return True
+
+    def regime(self, rows: int) -> str:
         """The regime of the next span at this batch size."""
         if rows <= 1:
-            return True
-        counts = [self._sums.get((self.bucket(rows), regime), [0.0])[0] for regime in (False, True)]
-        if min(counts) < self.warmup:
-            return counts[True] <= counts[False]  # measure both, drafting first
-        better = self.rate(rows, True) >= self.rate(rows, False)
+            return ALL
+        for regime in REGIMES:  # measure each, drafting first
+            if self._of(rows, regime)[0] < self.warmup:
+                return regime
+        best = self.best(rows)
         explore = self.explore_clear if self.clear(rows) else self.explore
-        return (not better) if self._random.random() < explore else better
+        if self._random.random() < explore:
+            return self._random.choice([regime for regime in REGIMES if regime != best])
+        return best
 
-    def observe(self, rows: int, allowed: bool, tokens: int, seconds: float) -> None:
-        """One span of steps at about `rows` rows emitted `tokens` in `seconds`."""
-        sums = self._sums.setdefault((self.bucket(rows), allowed), [0.0] * 7)
+    def observe(self, rows: int, regime: str, tokens: int, seconds: float) -> None:
+        """One span of steps at about `rows` rows under `regime` emitted `tokens` in `seconds`."""
+        if regime not in REGIMES:
+            raise ValueError(f"regime: {regime!r} not one of {', '.join(REGIMES)}")
+        sums = self._sums.setdefault((self.bucket(rows), regime), [0.0] * 7)
         d = self.decay
         span_rate = tokens / seconds if seconds > 0 else 0.0
         sums[:] = [sums[0] + 1.0, d * sums[1] + tokens, d * sums[2] + seconds, d * sums[3] + 1.0,

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from draftwheel.serving.engine.adaptive import ForwardClock, SpecGovernor
+from draftwheel.serving.engine.adaptive import ALL, ForwardClock, SpecGovernor
 from draftwheel.serving.engine.batch_kv import KVPool, PagedRunner, RowCall
 from draftwheel.serving.engine.blocks import BlockManager
 from draftwheel.serving.engine.eagle import DraftCall
@@ -60,7 +60,7 @@ class BatchConfig:
     kv_block_size: int = 16  # token positions per block
     max_waiting: int = 256  # queued requests beyond which new ones are refused
     prefix_caching: bool = False  # requests share the KV blocks of a prompt prefix computed before (blocks.py)
-    spec_explore: float = 0.1  # share of spans the governor tries the losing regime while the two are not told apart
+    spec_explore: float = 0.1  # share of spans the governor tries a losing regime while the best is not told apart
     spec_explore_clear: float = 0.02  # ...and once they are (adaptive.SpecGovernor)
 
 
@@ -150,7 +150,7 @@ class _Span:
     A step counts for the regime its rows drafted under, catching up included (an eagle3 draft reads the
     features of the plain steps before); the first step's forward verifies the previous regime's drafts."""
     rows: int
-    allowed: bool
+    regime: str  # adaptive.REGIMES
     steps: int = 0
     tokens: int = 0
     seconds: float = 0.0
@@ -188,8 +188,8 @@ class BatchEngine:
         self.rows_per_draft_forward: Counter[int] = Counter()  # the same for the eagle3 drafts' forwards
         self._drafting: list[Handle] = []  # rows waiting on a draft forward
         self.clock = ForwardClock()  # each row's share of a forward: what its loop's pace sees as its verify time
-        self.governor = SpecGovernor(explore=c.spec_explore, explore_clear=c.spec_explore_clear)  # may the rows draft?
-        self._span = _Span(rows=1, allowed=True)
+        self.governor = SpecGovernor(explore=c.spec_explore, explore_clear=c.spec_explore_clear)  # how far rows speculate
+        self._span = _Span(rows=1, regime=ALL)
         self._thread = threading.Thread(target=self._run, name="draftwheel-batch", daemon=True)
         self._thread.start()
 
@@ -282,7 +282,7 @@ class BatchEngine:
             self._observe("observe_queue", handle.queued_s)
             if seq.prompt is not None and self.config.prefix_caching:
                 self._observe("observe_prefix", len(seq.prompt), seq.cached)
-            handle.run.req.k_cap = None if self._span.allowed else 0
+            handle.run.req.speculate(self._span.regime)
             run = handle.run
             drafter = BatchDrafter(run.draft.model) if run.mode in ("draft", "hybrid") and run.draft is not None \
                 and run.draft.kind == "eagle3" else None
@@ -386,10 +386,10 @@ class BatchEngine:
         if span.steps < self.governor.span and self.governor.bucket(span.rows) == self.governor.bucket(rows):
             return
         if span.steps and span.rows > 1:
-            self.governor.observe(span.rows, span.allowed, span.tokens, span.seconds)
-        self._span = _Span(rows, self.governor.allow(rows))
+            self.governor.observe(span.rows, span.regime, span.tokens, span.seconds)
+        self._span = _Span(rows, self.governor.regime(rows))
         for seq in self.scheduler.running:
-            seq.payload.run.req.k_cap = None if self._span.allowed else 0
+            seq.payload.run.req.speculate(self._span.regime)
 
     def _advance(self, handle: Handle, value: Any) -> None:
         """Resume the request's loop with `value` until it asks for the next forward or ends."""

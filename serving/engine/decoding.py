@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import torch
 
-from draftwheel.serving.engine.adaptive import AdaptiveK
+from draftwheel.serving.engine.adaptive import ALL, PLAIN, AdaptiveK
 from draftwheel.serving.engine.kv import CachedLM
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.engine.records import Step
@@ -40,6 +40,7 @@ class Request:
     draft_s: float = 0.0  # seconds spent drafting, summed over steps (the measured draft cost)
     verify_s: float = 0.0  # seconds spent in the target's verification forwards
     k_cap: int | None = None  # at most this many tokens a draft model drafts per step (the batch engine's; 0: none)
+    index_allowed: bool = True  # may the suffix index propose (the batch engine's; `speculate`)
     batch_rows: int = 1  # rows of the last forward it took part in (the batch engine's; 1: alone)
     modelled_time: Any = None  # an adaptive.ModelledTime: the hybrid's choices read it instead of the clock
 
@@ -47,18 +48,21 @@ class Request:
     def draft_room(self) -> int:
         """Tokens a draft model may draft in a step: drafts past max_new_tokens would be thrown away; at
         most `k_cap`."""
-        room = self.index_room
+        room = self.out.remaining - 1
         return room if self.k_cap is None else min(room, self.k_cap)
 
     @property
     def index_room(self) -> int:
-        """Tokens the suffix index may propose in a step: drafts past max_new_tokens would be thrown away.
-        `k_cap` does not bind it: the batch engine caps drafting with a model where that stops paying at its
-        load, while an index proposal costs only its verify rows, which the hybrid's own rule prices at the
-        row's load (`adaptive.suffix_drafts`, against a plain step). Capped with the model, a templated
-        slice served 4 at a time had decoded on plain steps alone (mean accepted length 1.00 where the
-        index alone reaches ~4)."""
-        return self.out.remaining - 1
+        """Tokens the suffix index may propose in a step: drafts past max_new_tokens would be thrown away;
+        none unless `index_allowed`. `k_cap` does not bind it: an index proposal costs verify rows but no
+        drafting (adaptive.SpecGovernor's `INDEX` regime)."""
+        return self.out.remaining - 1 if self.index_allowed else 0
+
+    def speculate(self, regime: str) -> None:
+        """Follow the batch engine's regime (adaptive.SpecGovernor): `all` lifts the caps, `index` caps
+        the draft model at 0, `plain` the index too."""
+        self.k_cap = None if regime == ALL else 0
+        self.index_allowed = regime != PLAIN
 
     def timed_step(self, draft_s: float, verify_s: float) -> None:
         self.draft_s += draft_s

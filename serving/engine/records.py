@@ -153,8 +153,9 @@ MODEL_SOURCES = (EAGLE3, LM_DRAFT)
 """The sources of steps a draft model drafted, at its per-token cost (draftwheel.evaluation.served_cost);
 steps of mode draft or medusa carry no source and are the model's too (`draft_steps`)."""
 LOAD = "load"
-"""The `source` of a plain step the batch engine's governor imposed (speculation off at that batch size,
-draftwheel.serving.engine.adaptive.SpecGovernor): nobody was allowed to draft, so it says nothing about the draft."""
+"""The `source` of a plain step taken while the batch engine's governor capped the draft model (regimes
+`index` and `plain` at that batch size, draftwheel.serving.engine.adaptive.SpecGovernor): the draft was not
+allowed to draft, so the step says nothing about it."""
 
 
 def draft_steps(record: Any) -> list[Any]:

@@ -121,11 +121,12 @@ class ServeConfig:
     cached until the pool needs them (LRU). Off by default: a shared prefix's keys come from another
     request's forward, so greedy output is no longer bitwise one-at-a-time decoding's (float rounding)."""
     spec_explore: float = 0.1
-    """batched: per batch size, the governor keeps drafting allowed or every row on plain steps, whichever
-    emits more tokens per second (draftwheel.serving.engine.adaptive.SpecGovernor); it tries the other on
-    this share of its spans while the two rates are not told apart..."""
+    """batched: per batch size, the governor keeps the regime that emits most tokens per second: the rows
+    speculating as they choose, the suffix index alone (the draft model capped) or plain steps
+    (draftwheel.serving.engine.adaptive.SpecGovernor); it tries another on this share of its spans while
+    the best's rate is not told apart from the others'..."""
     spec_explore_clear: float = 0.02
-    """...and on this share once they are (2 standard errors apart): each span tried costs what the loser
+    """...and on this share once it is (2 standard errors apart): each span tried costs what the loser
     loses, and a change in traffic is still noticed. Equal to spec_explore: one share throughout."""
 
     def batch_config(self):

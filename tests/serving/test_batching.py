@@ -15,6 +15,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from draftwheel.serving.engine.adaptive import ALL, INDEX, PLAIN
 from draftwheel.serving.engine.batch_kv import KVPool, PagedRunner, RowCall
 from draftwheel.serving.engine.batching import BatchConfig, BatchEngine, QueueFullError
 from draftwheel.serving.engine.engine import Engine
@@ -304,9 +305,9 @@ def test_eagle3_requests_compute_their_whole_prompt(eagle_engine):
 
 @pytest.mark.parametrize("mode", ["draft", "hybrid"])
 def test_steps_the_governor_caps_are_recorded_as_load_and_not_judged_as_the_drafts(pair, mode, monkeypatch):
-    """With speculation off at every batch size of two rows or more, requests running together take plain
-    steps: the record says `load` for each, the output stays the target's, and `draft_counts` (what the
-    monitor and mining judge the draft by) leaves them out."""
+    """With speculation off at every batch size of two rows or more (the governor's `plain` regime),
+    requests running together take plain steps: the record says `load` for each, the output stays the
+    target's, and `draft_counts` (what the monitor and mining judge the draft by) leaves them out."""
     from draftwheel.serving.engine.records import LOAD, draft_counts
 
     sink = Records()
@@ -314,7 +315,7 @@ def test_steps_the_governor_caps_are_recorded_as_load_and_not_judged_as_the_draf
     params = SamplingParams(max_new_tokens=12, k=3)
     expected = [c.token_ids for c in serial.generate(PROMPTS[:4], params, mode=mode)]
     with BatchEngine(make_engine(pair, sink)) as batch:
-        monkeypatch.setattr(batch.governor, "allow", lambda rows: rows < 2)
+        monkeypatch.setattr(batch.governor, "regime", lambda rows: ALL if rows < 2 else PLAIN)
         got = batch.generate(PROMPTS[:4], params, mode=mode)
     assert [c.token_ids for c in got] == expected
     capped = [s for r in sink.records for s in r.steps if s.source == LOAD]
@@ -329,18 +330,18 @@ def test_steps_the_governor_caps_are_recorded_as_load_and_not_judged_as_the_draf
 
 
 @pytest.mark.parametrize("mode", ["hybrid", "suffix"])
-def test_the_governor_caps_drafting_with_a_model_and_leaves_the_index_its_proposals(pair, mode, monkeypatch):
-    """Speculation off at every load stops the draft model, not the suffix index: an index proposal costs
-    only its verify rows, which each row's own rule prices at its load. Capped throughout, the rows still
-    verify the index's proposals (for the prompts it holds) after the cap has made a plain step, never a
-    model's draft, and the output stays the target's."""
+def test_the_governors_index_regime_caps_the_draft_model_and_leaves_the_index_its_proposals(pair, mode, monkeypatch):
+    """Under the governor's `index` regime at every load the draft model is capped, not the suffix index: an
+    index proposal costs only its verify rows, which each row's own rule prices at its load. The rows
+    still verify the index's proposals (for the prompts it holds) after the cap has made a plain step,
+    never a model's draft, and the output stays the target's."""
     from draftwheel.serving.engine.records import LM_DRAFT, LOAD, SUFFIX
 
     sink = Records()
     params = SamplingParams(max_new_tokens=16, k=3)
     expected = [c.token_ids for c in make_engine(pair).generate(PROMPTS[:4], params, mode="autoregressive")]
     with BatchEngine(make_engine(pair, sink)) as batch:
-        monkeypatch.setattr(batch.governor, "allow", lambda rows: False)
+        monkeypatch.setattr(batch.governor, "regime", lambda rows: INDEX)
         got = batch.generate(PROMPTS[:4], params, mode=mode)
     assert [c.token_ids for c in got] == expected
     sources = [[s.source for s in r.steps if s.k or s.source == LOAD] for r in sink.records]
@@ -353,7 +354,7 @@ def test_hybrid_rows_in_a_batch_time_their_steps_into_the_pace_of_that_load(pair
     is learned per load (adaptive.LoadPaces): four requests decoding together time their draft steps
     into the pace for 3-4 rows, not into the one a request alone will resume."""
     with BatchEngine(make_engine(pair)) as batch:
-        monkeypatch.setattr(batch.governor, "allow", lambda rows: True)  # the rows may draft at any load
+        monkeypatch.setattr(batch.governor, "regime", lambda rows: ALL)  # the rows may draft at any load
         batch.generate(PROMPTS[:4], SamplingParams(max_new_tokens=16, k=3), slice="chat", mode="hybrid")
         paces = batch.engine.paces.resume(("chat", "draft", "", ""))
     assert paces.at(4).draft_steps > 0

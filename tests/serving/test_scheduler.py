@@ -172,53 +172,58 @@ def test_a_shared_block_in_use_costs_a_new_request_nothing():
     assert blocks.free_blocks == 1  # the shared blocks are still held by the second request
 
 
-def test_spec_governor_keeps_the_regime_that_emits_more():
-    from draftwheel.serving.engine.adaptive import SpecGovernor
+def test_spec_governor_keeps_the_regime_that_emits_most():
+    from draftwheel.serving.engine.adaptive import ALL, INDEX, PLAIN, SpecGovernor
 
     governor = SpecGovernor(explore=0.1, explore_clear=0.02, warmup=2, seed=1)
-    assert governor.allow(1)  # one row alone is never governed
+    assert governor.regime(1) == ALL  # one row alone is never governed
+    emits = {ALL: 40, INDEX: 70, PLAIN: 60}  # the draft model loses here, the index gains
     tried = []
-    for _ in range(4):  # warm-up: both regimes measured, drafting first
-        allowed = governor.allow(12)
-        tried.append(allowed)
-        governor.observe(12, allowed, tokens=40 if allowed else 60, seconds=1.0)  # plain emits more here
-    assert tried.count(True) == 2 and tried.count(False) == 2 and tried[0]
-    assert governor.clear(12)  # every span alike: the rates are told apart at once
-    choices = [governor.allow(12) for _ in range(2000)]
-    assert 0.96 < choices.count(False) / 2000 < 0.995  # plain, drafting tried again one span in fifty
-    assert governor.rate(16, False) == 60.0 and governor.rate(3, False) is None  # 9-16 rows: one bucket
+    for _ in range(6):  # warm-up: each regime measured twice, drafting first
+        regime = governor.regime(12)
+        tried.append(regime)
+        governor.observe(12, regime, tokens=emits[regime], seconds=1.0)
+    assert tried == [ALL, ALL, INDEX, INDEX, PLAIN, PLAIN]
+    assert governor.best(12) == INDEX and governor.clear(12)  # every span alike: told apart at once
+    choices = [governor.regime(12) for _ in range(3000)]
+    assert 0.96 < choices.count(INDEX) / 3000 < 0.995  # the others tried one span in fifty, both of them
+    assert choices.count(ALL) > 10 and choices.count(PLAIN) > 10
+    assert governor.rate(16, PLAIN) == 60.0 and governor.rate(3, PLAIN) is None  # 9-16 rows: one bucket
+    with pytest.raises(ValueError, match="regime"):
+        governor.observe(12, "some", tokens=1, seconds=1.0)
 
 
 def test_spec_governor_explores_more_while_the_regimes_are_not_told_apart():
-    from draftwheel.serving.engine.adaptive import SpecGovernor
+    from draftwheel.serving.engine.adaptive import ALL, INDEX, PLAIN, SpecGovernor
 
     governor = SpecGovernor(explore=0.1, explore_clear=0.02, warmup=2, seed=1)
     for tokens in (30, 70, 40, 80):  # drafting: 55 a second on average, spans spread widely
-        governor.observe(12, True, tokens=tokens, seconds=1.0)
+        governor.observe(12, ALL, tokens=tokens, seconds=1.0)
+        governor.observe(12, INDEX, tokens=tokens - 5, seconds=1.0)
     for tokens in (50, 70, 45, 75):  # plain: 60
-        governor.observe(12, False, tokens=tokens, seconds=1.0)
-    assert not governor.clear(12)
-    choices = [governor.allow(12) for _ in range(2000)]
-    assert 0.87 < choices.count(False) / 2000 < 0.93  # still one span in ten on drafting
-    for _ in range(40):  # more spans of the same two regimes, now tightly spread: the evidence becomes clear
-        governor.observe(12, True, tokens=40, seconds=1.0)
-        governor.observe(12, False, tokens=60, seconds=1.0)
-    assert governor.clear(12) and governor.standard_error(12, True) < 5.0
-    choices = [governor.allow(12) for _ in range(2000)]
-    assert 0.96 < choices.count(False) / 2000 < 0.995
-    assert governor.standard_error(3, True) == float("inf")  # a bucket never measured
+        governor.observe(12, PLAIN, tokens=tokens, seconds=1.0)
+    assert governor.best(12) == PLAIN and not governor.clear(12)
+    choices = [governor.regime(12) for _ in range(2000)]
+    assert 0.87 < choices.count(PLAIN) / 2000 < 0.93  # still one span in ten elsewhere
+    for _ in range(40):  # more spans of the same regimes, now tightly spread: the evidence becomes clear
+        for regime, tokens in ((ALL, 40), (INDEX, 45), (PLAIN, 60)):
+            governor.observe(12, regime, tokens=tokens, seconds=1.0)
+    assert governor.clear(12) and governor.standard_error(12, ALL) < 5.0
+    choices = [governor.regime(12) for _ in range(2000)]
+    assert 0.96 < choices.count(PLAIN) / 2000 < 0.995
+    assert governor.standard_error(3, ALL) == float("inf")  # a bucket never measured
 
 
 def test_spec_governor_with_one_exploration_share_explores_alike_however_clear():
-    from draftwheel.serving.engine.adaptive import SpecGovernor
+    from draftwheel.serving.engine.adaptive import ALL, INDEX, PLAIN, SpecGovernor
 
     governor = SpecGovernor(explore=0.1, explore_clear=0.1, warmup=2, seed=3)
     for _ in range(4):
-        governor.observe(12, True, tokens=40, seconds=1.0)
-        governor.observe(12, False, tokens=60, seconds=1.0)
+        for regime, tokens in ((ALL, 40), (INDEX, 45), (PLAIN, 60)):
+            governor.observe(12, regime, tokens=tokens, seconds=1.0)
     assert governor.clear(12)
-    choices = [governor.allow(12) for _ in range(2000)]
-    assert 0.87 < choices.count(False) / 2000 < 0.93
+    choices = [governor.regime(12) for _ in range(2000)]
+    assert 0.87 < choices.count(PLAIN) / 2000 < 0.93
     with pytest.raises(ValueError, match="explore_clear"):
         SpecGovernor(explore=0.05, explore_clear=0.1)
     from draftwheel.serving.server.serve_config import ServeConfig
@@ -226,5 +231,3 @@ def test_spec_governor_with_one_exploration_share_explores_alike_however_clear()
     with pytest.raises(ValueError, match="spec_explore_clear"):  # the config names the field
         ServeConfig(spec_explore=0.05, spec_explore_clear=0.1)
     assert ServeConfig(scheduler="batched", spec_explore_clear=0.05).batch_config().spec_explore_clear == 0.05
-
-
