@@ -216,18 +216,20 @@ PLAIN, INDEX, ALL = "plain", "index", "all"
 """The batch engine's speculation regimes (`SpecGovernor`): every row on plain steps; the suffix index's
 proposals only (no draft model); everything each row's own rules choose."""
 REGIMES = (ALL, INDEX, PLAIN)  # in the order a new batch size measures them
+TWO_REGIMES = (ALL, PLAIN)  # the default: the draft model and the index capped together
 
 
 class SpecGovernor:
     """How much the rows of a batch may speculate, decided by what the batch emits: per batch size
-    (buckets 2, 3-4, 5-8, ... rows), the tokens per second of spans of steps under each regime (discounted
-    sums over the spans of `span` steps measured, each span's seconds the whole step: forward,
-    verification and the next drafts): `ALL` (the rows draft as their own rules choose), `INDEX` (the draft
-    model capped, the suffix index's proposals still verified where a row's rule prices them above a plain
-    step) and `PLAIN`. Three, not two: an index proposal costs verify rows but no drafting, so a load where
-    drafting with the model loses may still gain from the index (a templated slice served 4 at a time, its
-    draft useless there: with the model and the index capped together, every step was plain, mean accepted
-    length 1.00, where the index alone reaches ~4), and a load where the index loses too still has plain.
+    (buckets 2, 3-4, 5-8, ... rows), the tokens per second of spans of steps under each of its `regimes`
+    (discounted sums over the spans of `span` steps measured, each span's seconds the whole step: forward,
+    verification and the next drafts): `ALL` (the rows draft as their own rules choose) and `PLAIN`, and
+    with `REGIMES` also `INDEX` (the draft model capped, the suffix index's proposals still verified where
+    a row's rule prices them above a plain step). An index proposal costs verify rows but no drafting, so a
+    load where drafting with the model loses may still gain from the index: SQL traffic its draft could
+    not draft, served 4 at a time, emitted 3.39 tokens a step with `INDEX` against 2.38 without. On mixed
+    traffic at 16 rows the third regime's evidence gathering and its noisier spans cost more than it
+    brought (docs/results.md, "Serving under load"), so two is the default (`TWO_REGIMES`).
 
     Each span keeps the regime that emits most, except that another is tried now and then (and until each
     has `warmup` spans, `ALL` first), so a change in traffic is noticed: on one span in `1 / explore` while
@@ -239,7 +241,10 @@ class SpecGovernor:
     Pure Python; its draws use its own seeded generator."""
 
     def __init__(self, span: int = 4, explore: float = 0.1, explore_clear: float = 0.02, clear_z: float = 2.0,
-                 warmup: int = 2, decay: float = 0.9, seed: int = 0):
+                 warmup: int = 2, decay: float = 0.9, seed: int = 0, regimes: tuple[str, ...] = TWO_REGIMES):
+        if not (ALL in regimes and PLAIN in regimes and set(regimes) <= set(REGIMES)):
+            raise ValueError(f"regimes: need {ALL!r} and {PLAIN!r}, from {', '.join(REGIMES)}; got {regimes!r}")
+        self.regimes = tuple(regime for regime in REGIMES if regime in regimes)
         if not 0.0 <= explore_clear <= explore <= 1.0:
             raise ValueError(f"explore_clear and explore: need 0 <= explore_clear <= explore <= 1, got "
                              f"{explore_clear!r} and {explore!r}")
@@ -270,14 +275,14 @@ class SpecGovernor:
         return (max(squares / w - mean * mean, 0.0) / (w * w / w2)) ** 0.5
 
     def best(self, rows: int) -> str:
-        """The regime measured to emit most at this batch size (the first measured of `REGIMES` on a tie)."""
-        measured = [regime for regime in REGIMES if self.rate(rows, regime) is not None]
+        """The regime measured to emit most at this batch size (the first measured of `regimes` on a tie)."""
+        measured = [regime for regime in self.regimes if self.rate(rows, regime) is not None]
         return max(measured, key=lambda regime: self.rate(rows, regime)) if measured else ALL
 
     def clear(self, rows: int) -> bool:
         """Is the best regime's rate at this batch size told apart (`clear_z` standard errors) from every other's?"""
         best = self.best(rows)
-        for other in REGIMES:
+        for other in self.regimes:
             if other == best:
                 continue
             if self.rate(rows, other) is None:
@@ -291,19 +296,19 @@ class SpecGovernor:
         """The regime of the next span at this batch size."""
         if rows <= 1:
             return ALL
-        for regime in REGIMES:  # measure each, drafting first
+        for regime in self.regimes:  # measure each, drafting first
             if self._of(rows, regime)[0] < self.warmup:
                 return regime
         best = self.best(rows)
         explore = self.explore_clear if self.clear(rows) else self.explore
         if self._random.random() < explore:
-            return self._random.choice([regime for regime in REGIMES if regime != best])
+            return self._random.choice([regime for regime in self.regimes if regime != best])
         return best
 
     def observe(self, rows: int, regime: str, tokens: int, seconds: float) -> None:
         """One span of steps at about `rows` rows under `regime` emitted `tokens` in `seconds`."""
-        if regime not in REGIMES:
-            raise ValueError(f"regime: {regime!r} not one of {', '.join(REGIMES)}")
+        if regime not in self.regimes:
+            raise ValueError(f"regime: {regime!r} not one of {', '.join(self.regimes)}")
         sums = self._sums.setdefault((self.bucket(rows), regime), [0.0] * 7)
         d = self.decay
         span_rate = tokens / seconds if seconds > 0 else 0.0

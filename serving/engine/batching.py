@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from draftwheel.serving.engine.adaptive import ALL, ForwardClock, SpecGovernor
+from draftwheel.serving.engine.adaptive import ALL, REGIMES, TWO_REGIMES, ForwardClock, SpecGovernor
 from draftwheel.serving.engine.batch_kv import KVPool, PagedRunner, RowCall
 from draftwheel.serving.engine.blocks import BlockManager
 from draftwheel.serving.engine.eagle import DraftCall
@@ -61,7 +61,8 @@ class BatchConfig:
     max_waiting: int = 256  # queued requests beyond which new ones are refused
     prefix_caching: bool = False  # requests share the KV blocks of a prompt prefix computed before (blocks.py)
     spec_explore: float = 0.1  # share of spans the governor tries a losing regime while the best is not told apart
-    spec_explore_clear: float = 0.02  # ...and once they are (adaptive.SpecGovernor)
+    spec_explore_clear: float = 0.02  # ...and once it is (adaptive.SpecGovernor)
+    spec_index_regime: bool = False  # the governor also weighs the suffix index alone, the draft model capped
 
 
 class PagedRow:
@@ -188,7 +189,8 @@ class BatchEngine:
         self.rows_per_draft_forward: Counter[int] = Counter()  # the same for the eagle3 drafts' forwards
         self._drafting: list[Handle] = []  # rows waiting on a draft forward
         self.clock = ForwardClock()  # each row's share of a forward: what its loop's pace sees as its verify time
-        self.governor = SpecGovernor(explore=c.spec_explore, explore_clear=c.spec_explore_clear)  # how far rows speculate
+        self.governor = SpecGovernor(explore=c.spec_explore, explore_clear=c.spec_explore_clear,  # how far rows speculate
+                                     regimes=REGIMES if c.spec_index_regime else TWO_REGIMES)
         self._span = _Span(rows=1, regime=ALL)
         self._thread = threading.Thread(target=self._run, name="draftwheel-batch", daemon=True)
         self._thread.start()

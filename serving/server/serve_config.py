@@ -128,6 +128,10 @@ class ServeConfig:
     spec_explore_clear: float = 0.02
     """...and on this share once it is (2 standard errors apart): each span tried costs what the loser
     loses, and a change in traffic is still noticed. Equal to spec_explore: one share throughout."""
+    spec_index_regime: bool = False
+    """batched: the governor also weighs a third regime, the suffix index alone with the draft model capped.
+    On templated traffic the draft cannot draft, served 4 at a time, it emitted 3.39 tokens a step
+    against 2.38; on mixed traffic at 16 rows it cost 5-10 % (docs/results.md, "Serving under load")."""
 
     def batch_config(self):
         """The batch engine's sizes (draftwheel.serving.engine.batching.BatchConfig)."""
@@ -136,7 +140,7 @@ class ServeConfig:
         return BatchConfig(max_batch=self.max_batch, max_batch_tokens=self.max_batch_tokens,
                            kv_blocks=self.kv_blocks, kv_block_size=self.kv_block_size, max_waiting=self.max_waiting,
                            prefix_caching=self.prefix_caching, spec_explore=self.spec_explore,
-                           spec_explore_clear=self.spec_explore_clear)
+                           spec_explore_clear=self.spec_explore_clear, spec_index_regime=self.spec_index_regime)
 
     def __post_init__(self) -> None:
         checks = {"port": 0 <= self.port <= 65535, "log_max_bytes": self.log_max_bytes > 0,

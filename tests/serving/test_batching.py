@@ -340,7 +340,8 @@ def test_the_governors_index_regime_caps_the_draft_model_and_leaves_the_index_it
     sink = Records()
     params = SamplingParams(max_new_tokens=16, k=3)
     expected = [c.token_ids for c in make_engine(pair).generate(PROMPTS[:4], params, mode="autoregressive")]
-    with BatchEngine(make_engine(pair, sink)) as batch:
+    with BatchEngine(make_engine(pair, sink), BatchConfig(spec_index_regime=True)) as batch:
+        assert INDEX in batch.governor.regimes
         monkeypatch.setattr(batch.governor, "regime", lambda rows: INDEX)
         got = batch.generate(PROMPTS[:4], params, mode=mode)
     assert [c.token_ids for c in got] == expected

@@ -173,9 +173,9 @@ def test_a_shared_block_in_use_costs_a_new_request_nothing():
 
 
 def test_spec_governor_keeps_the_regime_that_emits_most():
-    from draftwheel.serving.engine.adaptive import ALL, INDEX, PLAIN, SpecGovernor
+    from draftwheel.serving.engine.adaptive import ALL, INDEX, PLAIN, REGIMES, SpecGovernor
 
-    governor = SpecGovernor(explore=0.1, explore_clear=0.02, warmup=2, seed=1)
+    governor = SpecGovernor(explore=0.1, explore_clear=0.02, warmup=2, seed=1, regimes=REGIMES)
     assert governor.regime(1) == ALL  # one row alone is never governed
     emits = {ALL: 40, INDEX: 70, PLAIN: 60}  # the draft model loses here, the index gains
     tried = []
@@ -194,9 +194,9 @@ def test_spec_governor_keeps_the_regime_that_emits_most():
 
 
 def test_spec_governor_explores_more_while_the_regimes_are_not_told_apart():
-    from draftwheel.serving.engine.adaptive import ALL, INDEX, PLAIN, SpecGovernor
+    from draftwheel.serving.engine.adaptive import ALL, INDEX, PLAIN, REGIMES, SpecGovernor
 
-    governor = SpecGovernor(explore=0.1, explore_clear=0.02, warmup=2, seed=1)
+    governor = SpecGovernor(explore=0.1, explore_clear=0.02, warmup=2, seed=1, regimes=REGIMES)
     for tokens in (30, 70, 40, 80):  # drafting: 55 a second on average, spans spread widely
         governor.observe(12, ALL, tokens=tokens, seconds=1.0)
         governor.observe(12, INDEX, tokens=tokens - 5, seconds=1.0)
@@ -215,9 +215,9 @@ def test_spec_governor_explores_more_while_the_regimes_are_not_told_apart():
 
 
 def test_spec_governor_with_one_exploration_share_explores_alike_however_clear():
-    from draftwheel.serving.engine.adaptive import ALL, INDEX, PLAIN, SpecGovernor
+    from draftwheel.serving.engine.adaptive import ALL, INDEX, PLAIN, REGIMES, SpecGovernor
 
-    governor = SpecGovernor(explore=0.1, explore_clear=0.1, warmup=2, seed=3)
+    governor = SpecGovernor(explore=0.1, explore_clear=0.1, warmup=2, seed=3, regimes=REGIMES)
     for _ in range(4):
         for regime, tokens in ((ALL, 40), (INDEX, 45), (PLAIN, 60)):
             governor.observe(12, regime, tokens=tokens, seconds=1.0)
@@ -231,3 +231,21 @@ def test_spec_governor_with_one_exploration_share_explores_alike_however_clear()
     with pytest.raises(ValueError, match="spec_explore_clear"):  # the config names the field
         ServeConfig(spec_explore=0.05, spec_explore_clear=0.1)
     assert ServeConfig(scheduler="batched", spec_explore_clear=0.05).batch_config().spec_explore_clear == 0.05
+
+
+def test_spec_governor_weighs_two_regimes_by_default():
+    from draftwheel.serving.engine.adaptive import ALL, INDEX, PLAIN, SpecGovernor
+
+    governor = SpecGovernor(seed=2)
+    assert governor.regimes == (ALL, PLAIN)
+    for _ in range(4):
+        governor.observe(12, ALL, tokens=40, seconds=1.0)
+        governor.observe(12, PLAIN, tokens=60, seconds=1.0)
+    assert INDEX not in {governor.regime(12) for _ in range(1000)}
+    with pytest.raises(ValueError, match="regime"):
+        governor.observe(12, INDEX, tokens=1, seconds=1.0)
+    with pytest.raises(ValueError, match="regimes"):
+        SpecGovernor(regimes=(ALL, INDEX))  # plain must stay among them: never slower than batched plain
+    from draftwheel.serving.server.serve_config import ServeConfig
+
+    assert ServeConfig(spec_index_regime=True).batch_config().spec_index_regime
