@@ -337,12 +337,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 proc.terminate()
                 proc.wait(timeout=120)
             logs[setting] = logged_outputs(log_dir)
+            sources = steps_by_source(logs[setting].values())
             result["settings"][setting] = {"overrides": SETTINGS[setting] + args.overrides, "levels": figures,
-                                           "steps_by_source": steps_by_source(logs[setting].values())}
-            if result["settings"][setting]["steps_by_source"]:  # plain decoding logs no steps
+                                           "steps_by_source": sources}
+            if sources:  # plain decoding logs no steps
                 print(f"{setting:15s} steps by source (share, tokens a step): " + ", ".join(
-                    f"{name} {v['share']:.0%} {v['tokens_per_step']:.2f}"
-                    for name, v in result["settings"][setting]["steps_by_source"].items()), flush=True)
+                    f"{name} {v['share']:.0%} {v['tokens_per_step']:.2f}" for name, v in sources.items()), flush=True)
         if args.prefix_burst:
             result["prefix_burst"] = prefix_burst(args.target, args.prefix_burst, args.system_words, Path(tmp),
                                                   ["default_temperature=0"] + args.overrides)

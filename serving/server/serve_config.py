@@ -122,8 +122,8 @@ class ServeConfig:
     request's forward, so greedy output is no longer bitwise one-at-a-time decoding's (float rounding)."""
     spec_explore: float = 0.1
     """batched: per batch size, the governor keeps the regime that emits most tokens per second: the rows
-    speculating as they choose, the suffix index alone (the draft model capped) or plain steps
-    (draftwheel.serving.engine.adaptive.SpecGovernor); it tries another on this share of its spans while
+    speculating as they choose or plain steps (with spec_index_regime, also the suffix index alone;
+    draftwheel.serving.engine.adaptive.SpecGovernor); it tries another on this share of its spans while
     the best's rate is not told apart from the others'..."""
     spec_explore_clear: float = 0.02
     """...and on this share once it is (2 standard errors apart): each span tried costs what the loser
