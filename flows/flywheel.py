@@ -290,6 +290,7 @@ def _turn(config: FlywheelConfig, tracker: Any, work: Path) -> dict[str, Any]:
         target = tasks.resolve_target(config.target, config.champion_uri)
         champion = tasks.resolve_champion(config.champion_uri)
         config = dataclasses.replace(config, trainer=trainer_for(config, champion["dir"]))
+        config = dataclasses.replace(config, train_overrides=[*_probe_settings(config), *config.train_overrides])
         tracker.log_params({"target": target["dir"], "champion_version": champion["version"],
                             "trainer": config.trainer})
     served = _served_slices(config)
@@ -356,13 +357,32 @@ def _rehearsal_ratio(config: FlywheelConfig) -> float | None:
     return ratio if ratio > 0 and train.rehearsal else None
 
 
-def _served_slices(config: FlywheelConfig) -> list[str]:
-    """The canary set's slices when the shadow stage replays it (mining keeps replay of each)."""
+def _shadow_settings(config: FlywheelConfig) -> Any:
+    """The shadow stage's config, as this round's gate will read it."""
     from draftwheel.evaluation.shadow import ShadowConfig
 
-    shadow = load_config(ShadowConfig, stage_config_path(config.shadow_config, "shadow") or None,
-                         config.shadow_overrides)
-    return replay.served_slices(shadow)
+    return load_config(ShadowConfig, stage_config_path(config.shadow_config, "shadow") or None,
+                       config.shadow_overrides)
+
+
+def _served_slices(config: FlywheelConfig) -> list[str]:
+    """The canary set's slices when the shadow stage replays it (mining keeps replay of each)."""
+    return replay.served_slices(_shadow_settings(config))
+
+
+# trainer probe field -> the shadow setting it must equal for the probe to measure what the gate replays
+PROBE_FIELDS = {"eval_k": "k", "eval_min_path_prob": "min_path_prob"}
+
+
+def _probe_settings(config: FlywheelConfig) -> list[str]:
+    """Overrides that make the trainer's per-epoch probe walk the chains the gate replays (its k and chain
+    cut), for the probe fields the trainer has. They go before the round's own train_overrides, so a
+    setting the user gives there still wins. A trainer outside draftwheel gets none."""
+    if config.trainer not in TRAINERS:
+        return []
+    fields = {f.name for f in dataclasses.fields(TRAINERS[config.trainer].load()[0])}
+    shadow = _shadow_settings(config)
+    return [f"{name}={getattr(shadow, setting)}" for name, setting in PROBE_FIELDS.items() if name in fields]
 
 
 def _attempt(config: FlywheelConfig, tracker: Any, work: Path, champion: dict, target: dict, served: list[str],

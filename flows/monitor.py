@@ -6,7 +6,8 @@ index, draft and plain steps: what users get), overall or on one slice, is below
 draft's own acceptance rate over a window of recent requests, overall or on one slice, is below its
 threshold, or (c) the target's weights sha256 no longer matches the one the champion was trained for.
 After a round whose challenger the gate rejected against the current champion, it holds the trigger
-until `retrigger_after_requests` drafted requests were served since that verdict: on the same logs the
+until `retrigger_after_requests` requests were served with the champion since that verdict (drafted or
+not: any served request is traffic the next round can mine): on the same logs the
 flywheel would train the same challenger again (measured on a shift to code: a second round on 40 more
 requests gained +1.9 % [-3.6 %, +6.7 %] and was rejected, 9.7 minutes of CPU for nothing).
 It also reports the delivered gain: the champion's live acceptance rate and mean accepted length per
@@ -72,9 +73,9 @@ class MonitorConfig:
     recorded it; with no champion, the reference target in the state dir)."""
     champion_uri: str = CHAMPION_URI
     retrigger_after_requests: int = 32
-    """After a rejected round against this champion, trigger again only once this many drafted requests
-    were served since the verdict (at most `window_requests`, all the monitor reads): new evidence, not
-    the same logs again (0 = no hold)."""
+    """After a rejected round against this champion, trigger again only once this many requests were
+    served with it since the verdict, drafted or not (at most `window_requests`, all the monitor reads):
+    new evidence, not the same logs again (0 = no hold)."""
     run_flywheel: bool = True
     """Start the flywheel when triggered (False = only report)."""
     flywheel_config: str = ""
@@ -188,7 +189,8 @@ def decide(records: list[AcceptanceRecord], config: MonitorConfig,
            served_records: list[AcceptanceRecord] | None = None) -> MonitorDecision:
     """Trigger on low acceptance (overall / per slice, with enough evidence) or a changed target. Low
     acceptance is held when `rejection` (`draftwheel.registry.last_rejection` for this champion) is newer
-    than all but fewer than `retrigger_after_requests` of the window's records. A changed target always
+    than all but fewer than `retrigger_after_requests` of the served window's records (`served_records`,
+    else `records`): a request the index served alone is new traffic too. A changed target always
     triggers: the rejected round trained for the old one."""
     stats = acceptance_by_slice(records)
     served = acceptance_by_slice(served_records or [], every_step=True)
@@ -214,7 +216,7 @@ def decide(records: list[AcceptanceRecord], config: MonitorConfig,
                            f"over the last {entry.requests} requests")
     held = ""
     if reasons and rejection and not target_changed:
-        since = sum(record.ts > rejection["created"] for record in records)
+        since = sum(record.ts > rejection["created"] for record in served_records or records)
         needed = min(config.retrigger_after_requests, config.window_requests)
         if since < needed:
             held = (f"v{rejection['version']} was rejected against this champion "

@@ -88,8 +88,9 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
         # Drafts past max_new_tokens would be thrown away. The first forward is the prompt alone, as in
         # plain decoding: a prefill that also verifies drafts runs other kernel shapes, and in bfloat16
         # its rows then differ from plain decoding's (4 of 8 reference prompts diverged).
-        proposal = best_proposal(context, req.index_room if target.length else 0, local, index)
-        k_model = min(model_a.next_k() if params.adaptive_k else params.k, req.draft_room if target.length else 0)
+        prefilled = bool(target.length)
+        proposal = best_proposal(context, req.index_room if prefilled else 0, local, index)
+        k_model = min(model_a.next_k() if params.adaptive_k else params.k, req.draft_room if prefilled else 0)
         draft_pays = draft is not None and k_model > 0 and pace.draft_pays()
         use_model = draft_pays and not (proposal.tokens and suffix_drafts(
             calibration.scaled(proposal.score), proposal.match_len, draft_pays, model_a.a, k_model,

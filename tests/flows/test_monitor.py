@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from draftwheel.config import ConfigError, load_config
-from draftwheel.flows.monitor import MonitorConfig, acceptance_by_slice, decide, read_records, window
+from draftwheel.flows.monitor import MonitorConfig, acceptance_by_slice, decide, read_records, window, windows
 from draftwheel.serving.engine.records import AcceptanceRecord, ModelId, Sampling, Step
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -329,6 +329,28 @@ def test_a_rejected_round_holds_the_trigger_until_enough_new_requests():
     assert "4 of 20 new requests" in decide(window(records, capped, now=100), capped, rejection=recent).held
     no_hold = config(retrigger_after_requests=0)
     assert decide(window(records, no_hold, now=100), no_hold, rejection=recent).trigger
+
+
+def test_requests_the_index_served_alone_count_as_new_traffic_after_a_rejected_round():
+    """The hold waits for new traffic to mine, not for new drafted steps: on a slice the index now
+    serves whole, requests with no draft step still end it."""
+    def index_only(ts: float) -> AcceptanceRecord:
+        steps = [Step(k=8, accepted=8, draft_token_ids=[1] * 8, target_token_id=2, source="suffix")]
+        base = record(ts, "code", accepted=0)
+        return AcceptanceRecord(**{**base.__dict__, "mode": "hybrid", "steps": steps, "drafted_tokens": 8,
+                                   "accepted_tokens": 8, "verify_steps": 1})
+
+    failing = [record(i, "code", accepted=0) for i in range(10)]
+    cfg = config(retrigger_after_requests=8)
+    rejection = {"version": "3", "created": 9.5, "promote": False}
+    few = failing + [index_only(10 + i) for i in range(3)]
+    drafted, served = windows(few, cfg, now=100)
+    assert "3 of 8 new requests" in decide(drafted, cfg, rejection=rejection, served_records=served).held
+    enough = failing + [index_only(10 + i) for i in range(8)]
+    drafted, served = windows(enough, cfg, now=100)
+    assert [r.ts for r in drafted] == list(range(10))  # none of the new requests says anything about the draft
+    decision = decide(drafted, cfg, rejection=rejection, served_records=served)
+    assert decision.trigger and not decision.held
 
 
 def test_a_changed_target_triggers_even_after_a_rejected_round():
