@@ -23,7 +23,7 @@ from draftwheel.serving.engine.kv import CachedLM
 from draftwheel.serving.engine.models import from_objects
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.engine.row_invariant import use_row_invariant_attention
-from draftwheel.serving.engine.suffix import SuffixIndex, target_key
+from draftwheel.serving.engine.suffix import ReadOnlyIndex, SuffixIndex, target_key
 from tests.serving.law import chi_square, window_law
 from tests.serving.test_engine import PROMPTS, TWO_TOKEN_PROMPT, pair  # noqa: F401 - a fixture
 from tests.serving.test_suffix_engine import corrupted
@@ -99,6 +99,8 @@ def test_rows_of_one_forward_do_not_see_each_other(pair):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_batch_of_one_is_token_identical_to_one_at_a_time(engine, mode):
+    # the index must not learn between the two runs (it learns from finished requests): frozen
+    engine = Engine(engine.target, engine.draft, suffix_index=ReadOnlyIndex(engine.suffix_index))
     params = SamplingParams(max_new_tokens=40, k=3)
     expected = engine.generate(PROMPTS, params, mode=mode)
     with BatchEngine(engine, BatchConfig(max_batch=1)) as batch:
