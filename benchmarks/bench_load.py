@@ -223,21 +223,6 @@ def prefix_burst(target: str, n: int, words: int, work: Path, overrides: list[st
     return result
 
 
-def steps_by_source(records: Any) -> dict[str, dict[str, float]]:
-    """Where a setting's verify steps went, over its logged requests: per step source (the suffix index, a
-    draft model, `load` for a plain step while the batch governor capped the model, `plain` for the rows'
-    own plain steps and modes without sources), the share of steps and the tokens each emitted."""
-    steps: dict[str, list[int]] = {}
-    for record in records:
-        for step in record["steps"]:
-            counts = steps.setdefault(step.get("source") or ("plain" if not step["k"] else record["mode"]), [0, 0])
-            counts[0] += 1
-            counts[1] += step["accepted"] + 1
-    total = sum(n for n, _ in steps.values()) or 1
-    return {name: {"share": n / total, "tokens_per_step": tokens / n}
-            for name, (n, tokens) in sorted(steps.items(), key=lambda item: -item[1][0])}
-
-
 def logged_outputs(log_dir: Path) -> dict[str, dict[str, Any]]:
     """prompt text (as fed, chat template applied) -> its record's prompt and output token ids."""
     from draftwheel.serving.engine.sink import iter_lines
@@ -305,6 +290,7 @@ def cpu_name() -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     from draftwheel.home import apply_offline_defaults, models_dir
+    from draftwheel.serving.engine.records import describe_shares, record_from_dict, source_counts, source_shares
 
     apply_offline_defaults()
     if args.target is None:
@@ -337,12 +323,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 proc.terminate()
                 proc.wait(timeout=120)
             logs[setting] = logged_outputs(log_dir)
-            sources = steps_by_source(logs[setting].values())
+            sources = source_shares(source_counts(record_from_dict(r) for r in logs[setting].values()))
             result["settings"][setting] = {"overrides": SETTINGS[setting] + args.overrides, "levels": figures,
                                            "steps_by_source": sources}
             if sources:  # plain decoding logs no steps
-                print(f"{setting:15s} steps by source (share, tokens a step): " + ", ".join(
-                    f"{name} {v['share']:.0%} {v['tokens_per_step']:.2f}" for name, v in sources.items()), flush=True)
+                print(f"{setting:15s} steps by source (share x tokens a step): {describe_shares(sources)}", flush=True)
         if args.prefix_burst:
             result["prefix_burst"] = prefix_burst(args.target, args.prefix_burst, args.system_words, Path(tmp),
                                                   ["default_temperature=0"] + args.overrides)

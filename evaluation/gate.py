@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from draftwheel.serving.engine.precision import check_dtype_name
+from draftwheel.serving.engine.records import add_counts, describe_shares, source_shares
 
 METRIC = "mean_accepted_length"
 SERVED_SPEEDUP = "served_speedup"
@@ -279,6 +280,8 @@ def _compare(requests: list[dict[str, Any]], config: ShadowConfig) -> dict[str, 
     result["relative"] = {"mean": result["relative_change"], "ci_low": low, "ci_high": high}
     for arm in ("champion", "challenger"):
         result[arm].update(_means([r[arm] for r in requests]))
+        if all("steps_by_source" in r[arm] for r in requests):
+            result[arm]["steps_by_source"] = source_shares(add_counts(r[arm]["steps_by_source"] for r in requests))
         alone = [r[arm]["draft_alone"] for r in requests if "draft_alone" in r[arm]]
         if len(alone) == len(requests):
             result[arm]["draft_alone"] = _means(alone)
@@ -378,6 +381,18 @@ def gate(report: dict[str, Any], config: ShadowConfig) -> Decision:
             check("slice", verdict.ok, verdict.describe(config.confidence))
     return Decision(promote=not failed, reasons=[line for _, line in failed] + passed,
                     failed_checks=sorted({kind for kind, _ in failed}), slices=verdicts)
+
+
+def source_lines(summary: dict[str, Any]) -> list[str]:
+    """Per slice, where each draft's as-served steps went (`steps_by_source`: share of the steps x tokens
+    each): a draft's own gain reaches serving only on its share of the steps."""
+    lines = []
+    for name, figures in summary["slices"].items():
+        arms = [f"{arm} {describe_shares(figures[arm]['steps_by_source'])}" for arm in ("champion", "challenger")
+                if figures[arm].get("steps_by_source")]
+        if arms:
+            lines.append(f"{name}: " + "; ".join(arms))
+    return lines
 
 
 def slice_table(decision: Decision) -> str:

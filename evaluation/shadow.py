@@ -49,6 +49,7 @@ from draftwheel.serving.engine.models import LoadedModel
 from draftwheel.serving.loading import load_model
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.engine.precision import resolve_dtype
+from draftwheel.serving.engine.records import source_counts
 from draftwheel.evaluation.served_cost import (StepCost, draft_c, measure_row_costs, modelled_time,
                                                served_speedup)
 from draftwheel.serving.engine.adaptive import ModelledTime
@@ -113,7 +114,7 @@ def _figures(completion: Completion, row_costs: list[float]) -> dict[str, Any]:
             "tokens_per_s": stats.tokens_per_s, "generated_tokens": stats.generated_tokens,
             "verify_steps": stats.verify_steps, "mode": record.mode, "draft_s": stats.draft_s,
             "verify_s": stats.verify_s, "step_tokens": cost.tokens, "verify_cost": cost.verify_cost,
-            "model_drafted": cost.model_drafted}
+            "model_drafted": cost.model_drafted, "steps_by_source": source_counts([record])}
 
 
 def _run(engine: Engine, request: ShadowRequest, params: SamplingParams, mode: str | None = None) -> Completion:
@@ -419,6 +420,9 @@ def _publish(report: dict[str, Any], config: ShadowConfig, tracker: Any, out: st
                              "champion_mal": overall["champion"]["mean"], "challenger_mal": overall["challenger"]["mean"],
                              "lossless_mismatches": len(report["lossless"]["mismatches"]),
                              "promote": float(report["decision"]["promote"])})
+        tracker.log_metrics({f"steps.{name}.{arm}.{source}": share["share"]
+                             for name, figures in report["slices"].items() for arm in ARMS
+                             for source, share in figures[arm].get("steps_by_source", {}).items()})
         tracker.log_dict(report, "shadow_report.json")
         tracker.log_figure(fig, "shadow_slices.png")
     plt.close(fig)

@@ -301,6 +301,7 @@ def _before_after(run: DemoRun, before: Any, after: Any) -> dict[str, Any]:
     A round that kept its champion is measured once and reported in both columns: a second measurement
     of the same model would show only the machine's noise as the round's change."""
     from draftwheel.serving.engine.engine import Engine
+    from draftwheel.serving.engine.records import source_counts, source_shares
     from draftwheel.serving.engine.suffix import ReadOnlyIndex, SuffixIndex, target_key
 
     cut, target = run.config.min_path_prob, run.engine.target  # one target in memory, shared
@@ -320,7 +321,8 @@ def _before_after(run: DemoRun, before: Any, after: Any) -> dict[str, Any]:
             for phase in phases:
                 results[phase][name + tier] = {
                     **report.figures([c.stats for c in runs[phase + tier]], [c.stats for c in runs["plain"]]),
-                    "greedy_identical": identical(runs[phase + tier], runs["plain"])}
+                    "greedy_identical": identical(runs[phase + tier], runs["plain"]),
+                    "steps_by_source": source_shares(source_counts(c.record for c in runs[phase + tier]))}
     if phases == ("before",):
         results["after"] = copy.deepcopy(results["before"])
     return results
@@ -360,6 +362,9 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     report.print_table(results)
     print("\nthe round, as `draftwheel serve` runs it (hybrid) and for the draft alone:")
     for line in report.headline(results):
+        print("  " + line)
+    print("where the as-served steps came from (share of the steps x tokens each):")
+    for line in report.served_steps(results):
         print("  " + line)
     print(f"\nwall time {results['meta']['wall_time_s']:.0f}s; results: {paths['markdown']} (+ .json, .png)")
     print(f"MLflow (run {run_id}): mlflow ui --backend-store-uri {home.tracking_uri()}", flush=True)

@@ -240,10 +240,13 @@ def _shadow(config: FlywheelConfig, tracker: Any, work: Path, champion: dict, tr
     report = tasks.shadow_compare(champion["dir"], trained["dir"], target["dir"],
                                   str(home.mined_dataset("holdout", work / "datasets")), config.shadow_config,
                                   logs + list(config.shadow_overrides), str(report_path), tracker=tracker)
+    from draftwheel.evaluation.gate import source_lines
     from draftwheel.training.common import read_training_info
 
     artifacts.publish_gate(report["decision"], report, f"challenger {Path(trained['dir']).name} vs champion "
                            f"v{champion['version']} (flywheel work dir {work})")
+    for line in source_lines(report):  # how each as-served figure splits between index, draft and plain steps
+        print(f"flywheel: steps as served (share x tokens each), {line}", flush=True)
     predicted = prediction_against_gate(read_training_info(trained["dir"]), report)
     if predicted:
         print("flywheel: training's probe predicted a mean accepted length of {walk_mal:.2f} alone (teacher-forced "
@@ -273,6 +276,7 @@ def _register(config: FlywheelConfig, trained: dict, shadow: dict, mined: dict, 
     from draftwheel.registry import candidate_tags
     from draftwheel.serving.engine.models import draft_kind
     from draftwheel.serving.loading import target_tags
+    from draftwheel.evaluation.gate import source_lines
     from draftwheel.training.common import read_training_info
 
     tags = candidate_tags(read_training_info(trained["dir"]), target["sha256"],

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from draftwheel.serving.engine.acceptance import acceptance_rate, mean_accepted_length
+from draftwheel.serving.engine.records import describe_shares
 
 # (key, label, format); speedup and tokens/s come from wall time, the other two from token counts.
 METRICS = [
@@ -89,13 +90,28 @@ def headline(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def served_steps(results: dict[str, Any]) -> list[str]:
+    """Per slice as served, where the steps came from before and after the round (`steps_by_source`: the
+    suffix index, the draft, plain steps; share of the steps x tokens each): the draft's own change
+    reaches serving only on its share. A kept champion's, once."""
+    lines = []
+    for key in sorted(s for s in results["before"] if s.endswith(SERVED)):
+        phases = PHASES[:1] if unchanged(results) else PHASES
+        parts = [f"{phase} {describe_shares(results[phase][key]['steps_by_source'])}" for phase in phases
+                 if results[phase].get(key, {}).get("steps_by_source")]
+        if parts:
+            lines.append(f"{key.removesuffix(SERVED)}: " + "; ".join(parts))
+    return lines
+
+
 def to_markdown(results: dict[str, Any]) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in rows(results)]
     meta = results.get("meta", {})
     notes = [f"- {key}: {value}" for key, value in meta.items()]
     served = [f"- {line}" for line in headline(results)]
-    return "\n".join(["# draftwheel demo: before / after", "", *served, "", *lines, "", *notes, ""])
+    steps = [f"- as served, steps by source (share x tokens each) on {line}" for line in served_steps(results)]
+    return "\n".join(["# draftwheel demo: before / after", "", *served, *steps, "", *lines, "", *notes, ""])
 
 
 def print_table(results: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ import json
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Iterable, Literal, get_args
 
 import msgspec
 
@@ -177,6 +177,54 @@ def draft_counts(record: Any) -> tuple[int, int, int]:
         return record.drafted_tokens, record.accepted_tokens, record.verify_steps  # the record's own totals
     own = draft_steps(record)
     return sum(step.k for step in own), sum(step.accepted for step in own), len(own)
+
+
+PLAIN = "plain"
+"""`step_source` of a step that drafted nothing and that load did not impose: the target alone."""
+
+
+def step_source(step: Any, mode: str) -> str:
+    """Who proposed a step's tokens: its `source`; `PLAIN` for a step that drafted nothing; a drafted step
+    without a source (the loops of modes draft and medusa write none) is named by its mode."""
+    return step.source or (PLAIN if not step.k else mode)
+
+
+def source_counts(records: Iterable[Any]) -> dict[str, list[int]]:
+    """Per `step_source`, [verify steps, tokens emitted] over some records (`AcceptanceRecord`s or
+    decoded log lines). Counts, not shares, so that rows summed over requests stay exact."""
+    counts: dict[str, list[int]] = {}
+    for record in records:
+        for step in record.steps:
+            entry = counts.setdefault(step_source(step, record.mode), [0, 0])
+            entry[0] += 1
+            entry[1] += step.accepted + 1
+    return counts
+
+
+def add_counts(parts: Iterable[dict[str, list[int]]]) -> dict[str, list[int]]:
+    """The sum of several `source_counts`."""
+    total: dict[str, list[int]] = {}
+    for part in parts:
+        for name, (steps, tokens) in part.items():
+            entry = total.setdefault(name, [0, 0])
+            entry[0] += steps
+            entry[1] += tokens
+    return total
+
+
+def source_shares(counts: dict[str, list[int]]) -> dict[str, dict[str, float]]:
+    """Where the steps went (`source_counts`): per source, most steps first, its share of the steps and the
+    tokens each of its steps emitted. This is how an as-served figure splits between the suffix index, the
+    draft model and plain steps: a draft's own gain reaches serving only through its share."""
+    total = sum(steps for steps, _ in counts.values()) or 1
+    return {name: {"share": steps / total, "tokens_per_step": tokens / steps}
+            for name, (steps, tokens) in sorted(counts.items(), key=lambda item: -item[1][0]) if steps}
+
+
+def describe_shares(shares: dict[str, dict[str, float]]) -> str:
+    """`source_shares` in one line: "suffix 79% x 3.64, eagle3 4% x 1.00, plain 17% x 1.00" (share of the
+    steps x tokens each)."""
+    return ", ".join(f"{name} {v['share']:.0%} x {v['tokens_per_step']:.2f}" for name, v in shares.items())
 
 
 def _substitute(hint: Any, structs: dict[type, type]) -> Any:

@@ -51,15 +51,3 @@ def test_burst_messages_share_one_system_prompt(load_benchmark):
     assert len({c[0]["content"] for c in chats}) == 1 and len(chats[0][0]["content"].split()) == 40
     assert len({c[1]["content"] for c in chats}) == 3
 
-
-def test_steps_by_source_shares_the_steps_and_their_tokens(load_benchmark):
-    bench = load_benchmark("bench_load")
-    records = [{"mode": "hybrid", "steps": [{"k": 4, "accepted": 3, "source": "suffix"},
-                                            {"k": 0, "accepted": 0, "source": "load"},
-                                            {"k": 0, "accepted": 0}]},
-               {"mode": "draft", "steps": [{"k": 2, "accepted": 1}, {"k": 3, "accepted": 0, "source": "suffix"}]}]
-    shares = bench.steps_by_source(records)
-    assert list(shares) == ["suffix", "load", "plain", "draft"]  # most steps first
-    assert shares["suffix"] == {"share": 0.4, "tokens_per_step": 2.5}
-    assert shares["draft"]["tokens_per_step"] == 2.0 and shares["plain"]["share"] == 0.2
-    assert bench.steps_by_source([]) == {}

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from draftwheel.evaluation.gate import (CLEAR_REGRESSION, NON_INFERIORITY, POOLED, TOO_FEW, ShadowConfig, bootstrap_ci, gate,
-                          relative_change_ci, slice_groups, slice_table, summarize)
+                          relative_change_ci, slice_groups, slice_table, source_lines, summarize)
 
 CONFIG = ShadowConfig(bootstrap_resamples=500)
 
@@ -229,3 +229,21 @@ def test_the_wall_clock_vetoes_only_a_decisive_loss():
 def test_the_metric_is_checked():
     with pytest.raises(ValueError, match="metric"):
         ShadowConfig(metric="tokens_per_s")
+
+
+def test_each_arms_steps_by_source_are_summed_over_its_requests_and_described_per_slice():
+    """The replay's per-request step counts add up per slice into shares (of the steps) and tokens a step:
+    where each draft's as-served figure came from."""
+    rows = [request(i, "code", 3.0, 3.1) for i in range(3)]
+    for i, row in enumerate(rows):
+        row["champion"]["steps_by_source"] = {"suffix": [3, 12], "plain": [1, 1]}
+        row["challenger"]["steps_by_source"] = {"suffix": [2, 8], "eagle3": [1, 2], "plain": [1, 1]}
+    summary = summarize(rows, CONFIG)
+    code = summary["slices"]["code"]
+    assert code["champion"]["steps_by_source"] == {"suffix": {"share": 0.75, "tokens_per_step": 4.0},
+                                                   "plain": {"share": 0.25, "tokens_per_step": 1.0}}
+    assert code["challenger"]["steps_by_source"]["eagle3"] == {"share": 0.25, "tokens_per_step": 2.0}
+    assert source_lines(summary) == ["code: champion suffix 75% x 4.00, plain 25% x 1.00; "
+                                     "challenger suffix 50% x 4.00, eagle3 25% x 2.00, plain 25% x 1.00"]
+    del rows[0]["champion"]["steps_by_source"]  # a report without the counts (an older replay): no shares
+    assert "steps_by_source" not in summarize(rows, CONFIG)["slices"]["code"]["champion"]

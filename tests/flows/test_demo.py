@@ -114,7 +114,8 @@ def test_a_kept_champion_is_measured_once_and_reported_in_both_columns(tmp_path,
 
     measured = []
     done = SimpleNamespace(token_ids=[1, 2], stats=SimpleNamespace(
-        drafted_tokens=4, accepted_tokens=2, verify_steps=2, generated_tokens=4, latency_s=1.0))
+        drafted_tokens=4, accepted_tokens=2, verify_steps=2, generated_tokens=4, latency_s=1.0),
+        record=SimpleNamespace(mode="draft", steps=[SimpleNamespace(k=2, accepted=1, source=None)] * 2))
 
     def fake_measure(engines, rows, params):
         measured.append(sorted(engines))
@@ -128,6 +129,7 @@ def test_a_kept_champion_is_measured_once_and_reported_in_both_columns(tmp_path,
     v1 = SimpleNamespace(model_id=ModelId(name="draft", sha256="aa", version="1"))
     kept = _before_after(run, v1, SimpleNamespace(model_id=ModelId(name="draft", sha256="aa", version="1")))
     assert measured == [["before", "plain"]] * 2 and kept["after"] == kept["before"] != {}
+    assert kept["before"]["code"]["steps_by_source"] == {"draft": {"share": 1.0, "tokens_per_step": 2.0}}
     measured.clear()
     v2 = SimpleNamespace(model_id=ModelId(name="draft", sha256="bb", version="2"))
     _before_after(run, v1, v2)

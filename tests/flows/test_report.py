@@ -92,3 +92,19 @@ def test_a_round_that_kept_its_champion_reports_each_figure_once_not_a_change():
     assert report.headline(data) == ["chat: draft alone 2.00x plain (champion unchanged)",
                                      "code: as served 2.00x plain (champion unchanged, greedy identical 8/8); "
                                      "draft alone 1.20x plain (champion unchanged)"]
+
+
+def test_the_as_served_steps_show_where_a_slices_figure_came_from_before_and_after():
+    data = results()
+    shares = {"before": {"suffix": {"share": 0.79, "tokens_per_step": 3.64}, "plain": {"share": 0.21, "tokens_per_step": 1.0}},
+              "after": {"suffix": {"share": 0.72, "tokens_per_step": 3.86},
+                        "eagle3": {"share": 0.15, "tokens_per_step": 1.13}, "plain": {"share": 0.13, "tokens_per_step": 1.0}}}
+    for phase in report.PHASES:
+        data[phase]["code/hybrid"] = {**data[phase]["code"], "steps_by_source": shares[phase]}
+    assert report.served_steps(data) == ["code: before suffix 79% x 3.64, plain 21% x 1.00; "
+                                         "after suffix 72% x 3.86, eagle3 15% x 1.13, plain 13% x 1.00"]
+    assert "- as served, steps by source (share x tokens each) on code: before suffix 79%" in report.to_markdown(data)
+    data["after"], data["meta"] = data["before"], {"champion_before": "1", "champion_after": "1"}
+    assert report.served_steps(data) == ["code: before suffix 79% x 3.64, plain 21% x 1.00"]  # kept: once
+    del data["before"]["code/hybrid"]["steps_by_source"]
+    assert report.served_steps(data) == []

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from draftwheel.serving.engine.records import (AcceptanceRecord, Beside, ModelId, RecordError, Sampling, Step, draft_counts,
-                                               draft_steps,
-                             parse_record)
+from draftwheel.serving.engine.records import (AcceptanceRecord, Beside, ModelId, RecordError, Sampling, Step, add_counts,
+                                               describe_shares, draft_counts, draft_steps, parse_record,
+                                               source_counts, source_shares)
 
 
 def make_record() -> AcceptanceRecord:
@@ -167,3 +168,26 @@ def test_a_token_tree_step_keeps_the_proposal_beside_it_and_the_draft_counts_its
     data["steps"][0]["beside"].update(accepted=0, draft_token_ids=[3, 5, -1])
     with pytest.raises(RecordError, match="beside.draft_token_ids"):
         parse_record(json.dumps(data))
+
+
+def test_steps_by_source_split_an_as_served_figure_into_its_parts():
+    """Per source, the share of the steps and the tokens each emitted: the index's steps, the plain steps
+    load imposed, the rows' own plain steps, and a mode that writes no source named by its mode."""
+    hybrid = dataclasses.replace(make_record(), mode="hybrid", steps=[
+        Step(k=4, accepted=3, draft_token_ids=[1] * 4, target_token_id=2, source="suffix"),
+        Step(k=0, accepted=0, draft_token_ids=[], target_token_id=2, source="load"),
+        Step(k=0, accepted=0, draft_token_ids=[], target_token_id=2)])
+    drafted = dataclasses.replace(make_record(), steps=[
+        Step(k=2, accepted=1, draft_token_ids=[1, 1], target_token_id=2),
+        Step(k=3, accepted=0, draft_token_ids=[1] * 3, target_token_id=2, source="suffix")],
+        drafted_tokens=5, verify_steps=2, output_token_ids=[1, 2, 3])
+    counts = source_counts([hybrid, drafted])
+    assert counts == {"suffix": [2, 5], "load": [1, 1], "plain": [1, 1], "draft": [1, 2]}
+    assert add_counts([source_counts([hybrid]), source_counts([drafted])]) == counts  # rows add up exactly
+    shares = source_shares(counts)
+    assert list(shares) == ["suffix", "load", "plain", "draft"]  # most steps first
+    assert shares["suffix"] == {"share": 0.4, "tokens_per_step": 2.5}
+    assert describe_shares(shares) == "suffix 40% x 2.50, load 20% x 1.00, plain 20% x 1.00, draft 20% x 2.00"
+    parsed = parse_record(drafted.to_json())  # a decoded log line reads the same
+    assert source_counts([parsed]) == source_counts([drafted])
+    assert source_shares({}) == {} and source_counts([]) == {}
