@@ -276,7 +276,6 @@ def _register(config: FlywheelConfig, trained: dict, shadow: dict, mined: dict, 
     from draftwheel.registry import candidate_tags
     from draftwheel.serving.engine.models import draft_kind
     from draftwheel.serving.loading import target_tags
-    from draftwheel.evaluation.gate import source_lines
     from draftwheel.training.common import read_training_info
 
     tags = candidate_tags(read_training_info(trained["dir"]), target["sha256"],
