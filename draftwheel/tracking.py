@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import sqlite3
 import tempfile
@@ -34,6 +35,18 @@ from draftwheel.registry_names import (  # noqa: F401 - DRAFT_MODEL, ALIASES, WE
 
 EXPERIMENT = "draftwheel"
 log = logging.getLogger(__name__)
+
+
+_NOT_IN_METRIC_KEYS = re.compile(r"[^/\w.\- :]")
+
+
+def metric_key(name: str) -> str:
+    """`name` as MLflow takes a metric key: a character it refuses (anything but letters, digits, `_`,
+    `-`, `.`, `:`, space and `/`) becomes `_`, and so does a path part that is empty, `.` or `..`. Keys
+    carry names from served traffic (a request's slice is any string a client sends), and one such name
+    must not fail a run; two names that differ only there share a key."""
+    parts = _NOT_IN_METRIC_KEYS.sub("_", name).split("/")
+    return "/".join("_" if part in ("", ".", "..") else part for part in parts)
 
 
 class NullTracker:
@@ -84,7 +97,7 @@ class MlflowTracker(NullTracker):
         self._mlflow.log_params({k: str(v)[:6000] for k, v in flat.items()})
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        self._mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
+        self._mlflow.log_metrics({metric_key(k): float(v) for k, v in metrics.items()}, step=step)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         path = Path(path)

@@ -166,3 +166,19 @@ def test_unreachable_registry_raises_registry_error(registry, monkeypatch):
         tracking.resolve_model_uri("models:/draftwheel-draft@champion", tracking_uri="http://127.0.0.1:9")
     with pytest.raises(RegistryError):
         tracking.move_aliases({"champion": "1"}, tracking_uri="http://127.0.0.1:9")
+
+
+def test_a_metric_named_after_a_clients_slice_never_fails_the_run(registry):
+    """A request's slice is any string a client sends, and metrics carry slice names: MLflow refuses
+    some characters and path-like names, so the tracker maps those to `_` and logs the rest as they are."""
+    from mlflow.tracking import MlflowClient
+
+    assert tracking.metric_key("steps.chat.champion.suffix") == "steps.chat.champion.suffix"
+    assert tracking.metric_key("corpus.my slice/v2:a-b") == "corpus.my slice/v2:a-b"  # all allowed: unchanged
+    assert tracking.metric_key("corpus.c++|sql") == "corpus.c___sql"
+    assert tracking.metric_key("steps./../x//y/") == "steps./_/x/_/y/_"
+    tracker = tracking.get_tracker(True)
+    with tracker.run("odd-slices") as run_id:
+        tracker.log_metrics({"corpus.c++|sql": 3, "steps./../x": 0.5, "plain": 1})
+    logged = MlflowClient().get_run(run_id).data.metrics
+    assert logged == {"corpus.c___sql": 3.0, "steps./_/x": 0.5, "plain": 1.0}
