@@ -11,8 +11,9 @@ Each round r = 1..R:
    far, and from the serving engine's step paces: whether drafting pays per slice, as the serving process
    has measured it on the traffic, a copy), the draft alone and the index alone (mode suffix), prompt by
    prompt in turn, so every speedup is against plain decoding of the same prompts in the same run;
-   `served/best` is as served over the better of its two parts. Greedy outputs are compared with plain
-   decoding's.
+   `served/best` is as served over the better of its two parts, and each slice's as-served steps are
+   split by source (the index, the draft, plain steps: share x tokens each). Greedy outputs are compared
+   with plain decoding's.
 Round 0 is the bootstrap v0 before any round. The per-round table is printed, saved as rounds.json under
 the state dir and logged to MLflow (metrics per round and slice, a plot).
 
@@ -111,6 +112,7 @@ def figures(runs: dict[str, list[Any]]) -> dict[str, Any]:
     plain decoding of the same prompts; and as served over the better of its two parts."""
     from draftwheel.flows import report
     from draftwheel.flows.demo import identical
+    from draftwheel.serving.engine.records import source_counts, source_shares
 
     plain = [c.stats for c in runs["plain"]]
     served, alone, suffix = (report.figures([c.stats for c in runs[arm]], plain)
@@ -122,6 +124,8 @@ def figures(runs: dict[str, list[Any]]) -> dict[str, Any]:
             "suffix_speedup": suffix["speedup_vs_plain"],
             "served_over_best_part": served["speedup_vs_plain"] / best_part,
             "identical": ", ".join(f"{identical(runs[arm], runs['plain'])} {arm}" for arm in ("served", "alone", "suffix")),
+            # where the as-served steps came from: the draft's gain reaches serving only on its share
+            "served_steps": source_shares(source_counts(c.record for c in runs["served"])),
             "n": len(plain)}
 
 
@@ -166,6 +170,8 @@ def pooled(row: dict[str, dict[str, Any]], key: str) -> float:
 
 
 def table(rounds: list[dict[str, Any]]) -> str:
+    from draftwheel.serving.engine.records import describe_shares
+
     lines = [f"{'round':>5} {'champion':>8} {'slice':<7} {'served':>7} {'alone':>7} {'suffix':>7} {'served/best':>11} "
              f"{'served MAL':>10} {'alone MAL':>9}  greedy identical"]
     for r in rounds:
@@ -173,6 +179,10 @@ def table(rounds: list[dict[str, Any]]) -> str:
             lines.append(f"{r['round']:>5} {r['champion']:>8} {name:<7} {f['served_speedup']:>6.2f}x "
                          f"{f['alone_speedup']:>6.2f}x {f['suffix_speedup']:>6.2f}x {f['served_over_best_part']:>10.2f}x "
                          f"{f['served_mal']:>10.2f} {f['alone_mal']:>9.2f}  {f['identical']}")
+        for name, f in r["slices"].items():
+            if f.get("served_steps"):
+                lines.append(f"{'':>14} {name} as served, steps (share x tokens each): "
+                             f"{describe_shares(f['served_steps'])}")
         gate = r.get("gate") or {}
         challenger = (f"; its challenger in the gate: as served {gate['served_change']:+.1%} "
                       f"[{gate['served_ci'][0]:+.1%}, {gate['served_ci'][1]:+.1%}], draft alone MAL "

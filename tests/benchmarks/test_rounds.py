@@ -49,6 +49,9 @@ def test_gate_summary_and_table(rounds, tmp_path):
     assert "(300 s, 240 s before the held-out measurement: promoted; its challenger in the gate: as served +5.0% [+1.0%, +9.0%], draft alone MAL +25.0%" in text
     assert rounds.pooled(row["slices"], "served_speedup") == 1.5
     assert "   2.00x   1.00x   1.60x       1.25x" in text  # served, alone, suffix, served over the better part
+    assert "steps (share" not in text  # rows without step counts: no such line
+    figs["served_steps"] = {"suffix": {"share": 0.78, "tokens_per_step": 3.61}, "plain": {"share": 0.22, "tokens_per_step": 1.0}}
+    assert "code as served, steps (share x tokens each): suffix 78% x 3.61, plain 22% x 1.00" in rounds.table([row])
 
 
 def test_plot_draws_both_panels(rounds, tmp_path):
@@ -71,7 +74,8 @@ def test_figures_compare_as_served_with_the_better_of_its_parts(rounds):
     def completion(tokens, seconds, steps, accepted, ids=(1, 2)):
         stats = SimpleNamespace(generated_tokens=tokens, latency_s=seconds, verify_steps=steps,
                                 drafted_tokens=accepted + steps, accepted_tokens=accepted)
-        return SimpleNamespace(stats=stats, token_ids=list(ids))
+        step = SimpleNamespace(k=2, accepted=accepted // steps, source="suffix")
+        return SimpleNamespace(stats=stats, token_ids=list(ids), record=SimpleNamespace(mode="hybrid", steps=[step] * steps))
 
     runs = {"plain": [completion(40, 4.0, 40, 0)], "served": [completion(40, 2.0, 16, 24)],
             "alone": [completion(40, 3.0, 30, 10)], "suffix": [completion(40, 2.5, 20, 20, ids=(9,))]}
@@ -79,3 +83,4 @@ def test_figures_compare_as_served_with_the_better_of_its_parts(rounds):
     assert figs["served_speedup"] == pytest.approx(2.0) and figs["suffix_speedup"] == pytest.approx(1.6)
     assert figs["served_over_best_part"] == pytest.approx(2.0 / 1.6)  # the index alone is the better part here
     assert figs["identical"] == "1/1 served, 1/1 alone, 0/1 suffix"
+    assert figs["served_steps"] == {"suffix": {"share": 1.0, "tokens_per_step": 2.0}}  # 16 steps of 1 accepted + 1
