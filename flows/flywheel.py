@@ -293,10 +293,12 @@ def _turn(config: FlywheelConfig, tracker: Any, work: Path) -> dict[str, Any]:
         target = tasks.resolve_target(config.target, config.champion_uri)
         champion = tasks.resolve_champion(config.champion_uri)
         config = dataclasses.replace(config, trainer=trainer_for(config, champion["dir"]))
-        config = dataclasses.replace(config, train_overrides=[*_probe_settings(config), *config.train_overrides])
+        shadow = _shadow_settings(config)
+        config = dataclasses.replace(config, train_overrides=[*_probe_settings(config.trainer, shadow),
+                                                              *config.train_overrides])
         tracker.log_params({"target": target["dir"], "champion_version": champion["version"],
                             "trainer": config.trainer})
-    served = _served_slices(config)
+    served = replay.served_slices(shadow)  # the canary set's slices: mining keeps replay of each
     focus = _focus_after(config)  # read once: every attempt of this round mines the same traffic
     if focus is not None:
         config = dataclasses.replace(config, mining_overrides=[override("focus_after", focus),
@@ -368,23 +370,17 @@ def _shadow_settings(config: FlywheelConfig) -> Any:
                        config.shadow_overrides)
 
 
-def _served_slices(config: FlywheelConfig) -> list[str]:
-    """The canary set's slices when the shadow stage replays it (mining keeps replay of each)."""
-    return replay.served_slices(_shadow_settings(config))
-
-
 # trainer probe field -> the shadow setting it must equal for the probe to measure what the gate replays
 PROBE_FIELDS = {"eval_k": "k", "eval_min_path_prob": "min_path_prob"}
 
 
-def _probe_settings(config: FlywheelConfig) -> list[str]:
-    """Overrides that make the trainer's per-epoch probe walk the chains the gate replays (its k and chain
-    cut), for the probe fields the trainer has. They go before the round's own train_overrides, so a
-    setting the user gives there still wins. A trainer outside draftwheel gets none."""
-    if config.trainer not in TRAINERS:
+def _probe_settings(trainer: str, shadow: Any) -> list[str]:
+    """Overrides that make `trainer`'s per-epoch probe walk the chains the gate replays (`shadow`, the shadow
+    stage's config: its k and chain cut), for the probe fields the trainer has. They go before the round's
+    own train_overrides, so a setting the user gives there still wins. A trainer outside draftwheel gets none."""
+    if trainer not in TRAINERS:
         return []
-    fields = {f.name for f in dataclasses.fields(TRAINERS[config.trainer].load()[0])}
-    shadow = _shadow_settings(config)
+    fields = {f.name for f in dataclasses.fields(TRAINERS[trainer].load()[0])}
     return [f"{name}={getattr(shadow, setting)}" for name, setting in PROBE_FIELDS.items() if name in fields]
 
 

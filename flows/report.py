@@ -95,8 +95,8 @@ def served_steps(results: dict[str, Any]) -> list[str]:
     suffix index, the draft, plain steps; share of the steps x tokens each): the draft's own change
     reaches serving only on its share. A kept champion's, once."""
     lines = []
+    phases = PHASES[:1] if unchanged(results) else PHASES
     for key in sorted(s for s in results["before"] if s.endswith(SERVED)):
-        phases = PHASES[:1] if unchanged(results) else PHASES
         parts = [f"{phase} {describe_shares(results[phase][key]['steps_by_source'])}" for phase in phases
                  if results[phase].get(key, {}).get("steps_by_source")]
         if parts:

@@ -284,7 +284,7 @@ class BatchEngine:
             self._observe("observe_queue", handle.queued_s)
             if seq.prompt is not None and self.config.prefix_caching:
                 self._observe("observe_prefix", len(seq.prompt), seq.cached)
-            handle.run.req.speculate(self._span.regime)
+            handle.run.req.regime = self._span.regime
             run = handle.run
             drafter = BatchDrafter(run.draft.model) if run.mode in ("draft", "hybrid") and run.draft is not None \
                 and run.draft.kind == "eagle3" else None
@@ -391,7 +391,7 @@ class BatchEngine:
             self.governor.observe(span.rows, span.regime, span.tokens, span.seconds)
         self._span = _Span(rows, self.governor.regime(rows))
         for seq in self.scheduler.running:
-            seq.payload.run.req.speculate(self._span.regime)
+            seq.payload.run.req.regime = self._span.regime
 
     def _advance(self, handle: Handle, value: Any) -> None:
         """Resume the request's loop with `value` until it asks for the next forward or ends."""
@@ -407,7 +407,7 @@ class BatchEngine:
                         raise RuntimeError(f"a forward call with nothing to feed ({item.tokens.shape[0]} tokens)")
                     seq.keep = item.keep if item.keep > 0 else 1
                     req = handle.run.req
-                    handle.capped_at = len(req.steps) if req.k_cap == 0 else None
+                    handle.capped_at = len(req.steps) if req.regime != ALL else None
                     return
                 if isinstance(item, DraftCall):  # run with the other rows' (_run_drafts)
                     handle.draft_call = item

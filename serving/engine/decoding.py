@@ -39,30 +39,22 @@ class Request:
     first_token_s: float | None = None  # perf_counter time of the first emitted token
     draft_s: float = 0.0  # seconds spent drafting, summed over steps (the measured draft cost)
     verify_s: float = 0.0  # seconds spent in the target's verification forwards
-    k_cap: int | None = None  # at most this many tokens a draft model drafts per step (the batch engine's; 0: none)
-    index_allowed: bool = True  # may the suffix index propose (the batch engine's; `speculate`)
+    regime: str = ALL  # how far it may speculate (the batch engine's, adaptive.SpecGovernor: all, index, plain)
     batch_rows: int = 1  # rows of the last forward it took part in (the batch engine's; 1: alone)
     modelled_time: Any = None  # an adaptive.ModelledTime: the hybrid's choices read it instead of the clock
 
     @property
     def draft_room(self) -> int:
-        """Tokens a draft model may draft in a step: drafts past max_new_tokens would be thrown away; at
-        most `k_cap`."""
-        room = self.out.remaining - 1
-        return room if self.k_cap is None else min(room, self.k_cap)
+        """Tokens a draft model may draft in a step: drafts past max_new_tokens would be thrown away; none
+        unless the regime is `all` (`index` and `plain` cap the draft model)."""
+        return self.out.remaining - 1 if self.regime == ALL else 0
 
     @property
     def index_room(self) -> int:
         """Tokens the suffix index may propose in a step: drafts past max_new_tokens would be thrown away;
-        none unless `index_allowed`. `k_cap` does not bind it: an index proposal costs verify rows but no
-        drafting (adaptive.SpecGovernor's `INDEX` regime)."""
-        return self.out.remaining - 1 if self.index_allowed else 0
-
-    def speculate(self, regime: str) -> None:
-        """Follow the batch engine's regime (adaptive.SpecGovernor): `all` lifts the caps, `index` caps
-        the draft model at 0, `plain` the index too."""
-        self.k_cap = None if regime == ALL else 0
-        self.index_allowed = regime != PLAIN
+        none under `plain`. The `index` regime leaves it: an index proposal costs verify rows but no
+        drafting."""
+        return self.out.remaining - 1 if self.regime != PLAIN else 0
 
     def timed_step(self, draft_s: float, verify_s: float) -> None:
         self.draft_s += draft_s
@@ -131,7 +123,7 @@ def speculative(target: CachedLM, draft: CachedLM, req: Request, controller: Ada
             token = choose((yield from target.step(target_new, keep=1))[-1], params, req.generator)
             req.steps.append(Step(k=0, accepted=0, draft_token_ids=[], target_token_id=token))
             req.emit([token])
-            # the draft has seen neither its pending tokens nor this one (k = 0 mid-request: req.k_cap)
+            # the draft has seen neither its pending tokens nor this one (k = 0 mid-request: req.regime)
             target_new, draft_new = torch.tensor([token]), torch.cat([draft_new, torch.tensor([token])])
             yield
             continue
@@ -174,7 +166,7 @@ def medusa(target: CachedLM, heads: torch.nn.Module, req: Request) -> Iterator[N
         k = min(heads.n_heads, params.k, req.draft_room)
         if k <= 0:
             logits, hiddens = yield from target.step(torch.tensor([last]), keep=1, hidden=True)  # [1, V], [1, H]
-            hidden = hiddens[-1]  # the heads' next guesses start from here (k = 0 mid-request: req.k_cap)
+            hidden = hiddens[-1]  # the heads' next guesses start from here (k = 0 mid-request: req.regime)
             last = choose(logits[-1], params, req.generator)
             req.steps.append(Step(k=0, accepted=0, draft_token_ids=[], target_token_id=last))
             req.emit([last])

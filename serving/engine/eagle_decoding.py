@@ -155,7 +155,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
             yield
             continue
         # The index may propose past k (up to its max_spec_tokens): long verbatim spans are its strength.
-        # k = 0 (the batch engine's cap, req.k_cap): no chain; the index's proposal (unless capped too) or a
+        # k = 0 (the batch engine's cap, req.regime): no chain; the index's proposal (unless capped too) or a
         # plain step, whose features queue for the draft.
         proposal = propose(context, req.index_room) if propose and req.index_room > 0 else None
         use_draft = k > 0 and (pace.draft_pays() if pace else True)

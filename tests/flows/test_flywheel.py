@@ -442,17 +442,19 @@ def test_the_trainers_probe_walks_the_chains_the_gate_replays_unless_the_round_s
     """The eagle trainer's per-epoch probe gets the shadow stage's k and chain cut (distill, which has no
     chain cut, gets k); the round's own train_overrides come later and win; a trainer outside draftwheel
     gets nothing it might not accept."""
-    from draftwheel.flows.flywheel import _probe_settings
+    from draftwheel.flows.flywheel import _probe_settings, _shadow_settings
     from draftwheel.training.eagle_train import EagleConfig
 
     gate = ["k=5", "min_path_prob=0.15"]
     eagle = FlywheelConfig(trainer="eagle", shadow_overrides=gate, train_overrides=["eval_k=3"])
-    assert _probe_settings(eagle) == ["eval_k=5", "eval_min_path_prob=0.15"]
-    settings = load_config(EagleConfig, str(CONFIGS / "eagle.yaml"), _probe_settings(eagle) + eagle.train_overrides)
+    probe = _probe_settings(eagle.trainer, _shadow_settings(eagle))
+    assert probe == ["eval_k=5", "eval_min_path_prob=0.15"]
+    settings = load_config(EagleConfig, str(CONFIGS / "eagle.yaml"), probe + eagle.train_overrides)
     assert (settings.eval_k, settings.eval_min_path_prob) == (3, 0.15)
-    assert _probe_settings(FlywheelConfig(trainer="distill", shadow_overrides=gate)) == ["eval_k=5"]
-    assert _probe_settings(FlywheelConfig(trainer=TRAINER, shadow_overrides=gate)) == []
-    shipped = load_config(EagleConfig, str(CONFIGS / "eagle.yaml"), _probe_settings(FlywheelConfig(trainer="eagle")))
+    assert _probe_settings("distill", _shadow_settings(eagle)) == ["eval_k=5"]
+    assert _probe_settings(TRAINER, _shadow_settings(eagle)) == []
+    shipped = load_config(EagleConfig, str(CONFIGS / "eagle.yaml"),
+                          _probe_settings("eagle", _shadow_settings(FlywheelConfig(trainer="eagle"))))
     assert (shipped.eval_k, shipped.eval_min_path_prob) == (4, 0.25)  # shadow.yaml's, as eagle.yaml already says
 
 
