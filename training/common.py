@@ -84,6 +84,8 @@ class EpochSelectionFields:
     early_stop_patience: int = 2  # stop after this many epochs without a better one (0 = run every epoch)
     forgetting_tolerance: float = 0.05  # an epoch whose slice dropped more than this (vs the start) is not eligible
     eval_min_slice_examples: int = 10   # smaller hold-out slices are judged pooled (draftwheel.evaluation.gate.slice_groups)
+    weight_mixes: list[float] = field(default_factory=list)  # also judge start + m * (kept - start) for these m (WiSE-FT)
+    mix_keep: float = 0.8  # ...and keep the smallest m that holds this share of the kept weights' gain
 
     def check_selection(self) -> None:
         require(self.early_stop_patience >= 0, "early_stop_patience", f"must be >= 0, got {self.early_stop_patience}")
@@ -91,12 +93,16 @@ class EpochSelectionFields:
                 f"must be a fraction in [0, 1), got {self.forgetting_tolerance}")
         require(self.eval_min_slice_examples >= 1, "eval_min_slice_examples",
                 f"must be >= 1, got {self.eval_min_slice_examples}")
+        require(all(isinstance(m, (int, float)) and 0.0 < m < 1.0 for m in self.weight_mixes), "weight_mixes",
+                f"must be fractions in (0, 1), got {self.weight_mixes}")
+        require(0.0 < self.mix_keep <= 1.0, "mix_keep", f"must be a fraction in (0, 1], got {self.mix_keep}")
 
     def epoch_selection(self) -> Any:
         from draftwheel.training.evaluate import EpochSelection
 
         return EpochSelection(tolerance=self.forgetting_tolerance, min_slice_examples=self.eval_min_slice_examples,
-                              patience=self.early_stop_patience, keep_best=self.keep_best_epoch)
+                              patience=self.early_stop_patience, keep_best=self.keep_best_epoch,
+                              mixes=tuple(float(m) for m in self.weight_mixes), mix_keep=self.mix_keep)
 
 
 def resolve_dataset(path: str, kind: str) -> Path:

@@ -793,7 +793,10 @@ def train_eagle(config: EagleConfig, tracker: Any = None) -> Path:
     target, draft, info = data.target, data.draft, data.info
     evaluation = None
     if data.probe is not None:
-        evaluation = ChainCallback(data.probe, config.eval_k, tracker, config.epoch_selection(), config.bf16,
+        selection = config.epoch_selection()
+        if not info.get("warm_start"):  # a fresh draft's start is no draft at all: nothing to mix with
+            selection = dataclasses.replace(selection, mixes=())
+        evaluation = ChainCallback(data.probe, config.eval_k, tracker, selection, config.bf16,
                                    config.select_on, config.eval_min_path_prob)
     draft.train()
     model = UnrolledDraft(draft, target.model.get_output_embeddings().weight.detach(), ttt_steps=config.ttt_steps,

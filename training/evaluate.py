@@ -175,6 +175,12 @@ class EpochSelection:
     only in the second half of the planned steps."""
     keep_best: bool = True
     """At the end, put back the weights of the best evaluation (else keep the last)."""
+    mixes: tuple[float, ...] = ()
+    """After training, also judge these points on the line from the starting weights to the kept ones,
+    `start + m * (kept - start)` with 0 < m < 1 (weight-space ensembling, WiSE-FT), and keep the smallest
+    step that holds `mix_keep` of the kept weights' gain (`best_mix`)."""
+    mix_keep: float = 0.8
+    """The share of the kept weights' overall gain a mix must hold to replace them."""
 
 
 SELECTION_METRIC = "request_mean_accepted_length"
@@ -210,6 +216,24 @@ def _rank(score: dict[str, Any]) -> tuple[bool, float]:
     return score["eligible"], score["overall_change"] if score["eligible"] else score["worst_change"]
 
 
+def best_mix(scores: list[dict[str, Any]], mixes: dict[int, float], keep: float) -> int:
+    """The evaluation to keep of the kept weights (`mixes` value 1.0) and their mixes toward the start
+    (evaluation index -> m): the smallest m that is eligible and holds `keep` of the kept weights'
+    overall gain; the kept weights when none does or they gained nothing.
+
+    Why the smallest step, not the largest gain: the probe sees a round's gain on its new slice far
+    better than what the round costs the old ones, and the last part of the step buys little of the
+    gain while moving the draft furthest from what served the old slices well (docs/training.md,
+    "Weight mixes")."""
+    kept = next(i for i, m in mixes.items() if m == 1.0)
+    gain = scores[kept]["overall_change"]
+    holding = [i for i, m in mixes.items() if m < 1.0 and scores[i]["eligible"]
+               and scores[i]["overall_change"] >= keep * gain]
+    if gain <= 0 or not scores[kept]["eligible"] or not holding:
+        return kept
+    return min(holding, key=lambda i: mixes[i])
+
+
 def best_evaluation(scores: list[dict[str, Any]]) -> int:
     """Index of the best trained evaluation (index >= 1; the first is the baseline); 0 if none was trained."""
     return max(range(1, len(scores)), key=lambda i: _rank(scores[i]), default=0)
@@ -231,6 +255,7 @@ class EpochSelectionCallback(TrainerCallback):
         self.scores: list[dict[str, Any]] = []
         self.best_index = 0
         self._best_weights: dict[str, torch.Tensor] | None = None
+        self._start_weights: dict[str, torch.Tensor] | None = None
 
     def measure(self, model: Any) -> dict[str, float]:
         """Overall and per-slice (`slice_key`) figures of `model`, `metric` among them."""
@@ -267,30 +292,69 @@ class EpochSelectionCallback(TrainerCallback):
             control.should_training_stop = True
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self._evaluate(state, model)  # the "before" point (epoch 0): the baseline of the selection
+        # the "before" point (epoch 0): the baseline of the selection, and one end of the mixes' line
+        if self._evaluate(state, model) and self.selection is not None and self.selection.mixes:
+            self._start_weights = _trainable(model)
 
     def on_epoch_end(self, args, state, control, model=None, **kwargs):
         if self._evaluate(state, model) and self.selection is not None:
             self._select(args, state, control, model)
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
-        if (self.selection is None or not self.selection.keep_best or self._best_weights is None
-                or self.best_index == len(self.history) - 1):
+        if self.selection is None or not state.is_world_process_zero or model is None:
             return
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if name in self._best_weights:
-                    param.copy_(self._best_weights[name].to(param.device))
-        epoch = self.history[self.best_index]["epoch"]
-        log.info("kept the weights of epoch %.2f (best for the gate), not of the last epoch", epoch)
-        self._evaluate(state, model, epoch)
-        self.history[-1]["restored"] = 1.0
+        if self.selection.keep_best and self._best_weights is not None and self.best_index != len(self.history) - 1:
+            _load(model, self._best_weights)
+            epoch = self.history[self.best_index]["epoch"]
+            log.info("kept the weights of epoch %.2f (best for the gate), not of the last epoch", epoch)
+            self._evaluate(state, model, epoch)
+            self.history[-1]["restored"] = 1.0
+        if self._start_weights is not None and len(self.history) > 1:
+            self._mix(state, model)
+
+    def _mix(self, state, model) -> None:
+        """Judge the mixes of the kept weights with the start (EpochSelection.mixes) and keep the best."""
+        kept, start = _trainable(model), self._start_weights
+        epoch = self.history[-1]["epoch"]
+        mixes = {len(self.history) - 1: 1.0}
+        for m in sorted(self.selection.mixes):
+            _load(model, _mixed(start, kept, m))
+            self._evaluate(state, model, epoch)
+            self.history[-1]["mix"] = m
+            mixes[len(self.history) - 1] = m
+        self.scores = selection_scores(self.history, self.counts, self.selection, self.metric)
+        chosen = best_mix(self.scores, mixes, self.selection.mix_keep)
+        for i, m in mixes.items():
+            s = self.scores[i]
+            print(f"[selection] {m:.2f} of the way from the start to epoch {epoch:g}: overall {s['overall_change']:+.1%}, "
+                  f"worst group {s['worst_group']} {s['worst_change']:+.1%}{' (kept)' if i == chosen else ''}", flush=True)
+        if chosen == len(self.history) - 1:
+            return
+        _load(model, kept if mixes[chosen] == 1.0 else _mixed(start, kept, mixes[chosen]))
+        self._evaluate(state, model, epoch)  # the last entry describes the saved weights
+        self.history[-1]["mix"] = mixes[chosen]
 
     def summary(self) -> dict[str, Any]:
         """What was kept and why, for the candidate's training info."""
         return {"selected_epoch": self.history[-1]["epoch"] if self.history else None,
                 "rule": asdict(self.selection) if self.selection else None, "metric": self.metric,
                 "scores": self.scores}
+
+
+def _trainable(model: Any) -> dict[str, torch.Tensor]:
+    """A CPU copy of the model's trainable weights, in float32 (mixes are computed from them)."""
+    return {n: p.detach().to("cpu", torch.float32, copy=True) for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _mixed(start: dict[str, torch.Tensor], kept: dict[str, torch.Tensor], m: float) -> dict[str, torch.Tensor]:
+    return {name: start[name] + m * (kept[name] - start[name]) for name in kept}
+
+
+def _load(model: Any, weights: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name in weights:
+                param.copy_(weights[name].to(param.device, param.dtype))
 
 
 class AgreementCallback(EpochSelectionCallback):

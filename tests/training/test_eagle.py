@@ -299,7 +299,8 @@ def trained(tmp_path_factory, toy_models, toy_data):
     config = EagleConfig(student="", target=str(toy_models["target"]), dataset=str(toy_data["distill"]),
                          output_dir=str(out), draft_vocab_size=128, epochs=60, batch_size=4, learning_rate=1e-2,
                          ttt_steps=3, eval_k=3, tracking=False, max_length=64, warmup_steps=0,
-                         feature_cache=str(out.parent / "cache"), probe_canary=False, early_stop_patience=0)
+                         feature_cache=str(out.parent / "cache"), probe_canary=False, early_stop_patience=0,
+                         weight_mixes=[0.5])
     return train_eagle(config), config
 
 
@@ -318,6 +319,7 @@ def test_train_eagle_improves_and_saves_speculators_dir(trained):
     assert selection["selected_epoch"] > 0  # a trained epoch, and the saved weights (history[-1]) improved
     assert history[-1]["implied_mal"] > history[0]["implied_mal"] + 0.2
     assert len(selection["scores"]) >= 2 and all("worst_group" in score for score in selection["scores"])
+    assert not any("mix" in h for h in history)  # a fresh draft: no start to mix with
     config = json.loads((out / "config.json").read_text())
     assert config["speculators_model_type"] == "eagle3"
     assert config["draft_vocab_size"] == 128
@@ -474,6 +476,9 @@ def test_warm_start_rehearses_the_data_it_learned_from(trained, toy_data, tmp_pa
     assert info["rehearsal"] == str(toy_data["distill"])
     assert info["metrics"]["rehearsal_sequences"] == round(0.5 * n_mined) > 0
     assert info["metrics"]["rehearsal_cache_hit"] == 1.0  # the warm start's own run cached them
+    # A warm start: the half step toward the trained weights was judged, and the saved weights are one of the two.
+    assert [h["mix"] for h in info["eval_history"] if "mix" in h][:1] == [0.5]
+    assert info["eval_history"][-1]["mix"] in (0.5, 1.0)
     second = train_eagle(EagleConfig(**{**base, "student": str(first), "output_dir": str(tmp_path / "r2")}))
     assert json.loads((second / "draftwheel_training.json").read_text())["rehearsal"] == str(toy_data["distill"])
     off = train_eagle(EagleConfig(**{**base, "student": str(out), "rehearsal": "", "output_dir": str(tmp_path / "r3")}))

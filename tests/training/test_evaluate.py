@@ -13,9 +13,10 @@ import torch
 
 from draftwheel.serving import testing as toy
 from draftwheel.training.data import HoldoutExample
-from draftwheel.training.evaluate import (SELECTION_METRIC, AgreementCallback, EpochSelection, best_evaluation,
-                               evaluate_agreement, greedy_replay, implied_mean_accepted_length, selection_scores,
-                               slice_key, target_references)
+from draftwheel.training.evaluate import (SELECTION_METRIC, AgreementCallback, EpochSelection, EpochSelectionCallback,
+                                          best_evaluation, best_mix, evaluate_agreement, greedy_replay,
+                                          implied_mean_accepted_length, selection_scores, slice_key,
+                                          target_references)
 
 
 def test_implied_mean_accepted_length():
@@ -239,3 +240,81 @@ def test_distill_selection_fields_are_validated(override, field):
     with pytest.raises(ValueError, match=field):
         load_config(DistillConfig, "configs/distill.yaml", [override])
     assert load_config(DistillConfig, "configs/distill.yaml") == DistillConfig()
+
+
+def _mix_score(overall: float, eligible: bool = True) -> dict:
+    return {"overall_change": overall, "eligible": eligible, "worst_change": 0.0 if eligible else -0.1}
+
+
+def test_best_mix_keeps_the_smallest_step_that_holds_the_gain():
+    scores = [_mix_score(0.0), _mix_score(0.30), _mix_score(0.20), _mix_score(0.26)]
+    mixes = {1: 1.0, 2: 0.5, 3: 0.75}
+    assert best_mix(scores, mixes, keep=0.8) == 3   # 0.26 >= 0.8 * 0.30; 0.5 holds only two thirds
+    assert best_mix(scores, mixes, keep=0.6) == 2   # now the half step holds enough
+    assert best_mix(scores, mixes, keep=0.9) == 1   # no mix holds 90 %: the kept weights
+    # A mix that lets a slice group drop beyond the tolerance is never kept, however much it holds.
+    assert best_mix([_mix_score(0.0), _mix_score(0.30), _mix_score(0.29, eligible=False), _mix_score(0.1)],
+                    mixes, keep=0.8) == 1
+    # Weights that gained nothing, or were not eligible themselves, stay as the epochs' rule chose them.
+    assert best_mix([_mix_score(0.0), _mix_score(-0.02), _mix_score(-0.01), _mix_score(-0.01)], mixes, 0.8) == 1
+    assert best_mix([_mix_score(0.0), _mix_score(0.3, eligible=False), _mix_score(0.3), _mix_score(0.3)],
+                    mixes, 0.8) == 1
+
+
+class _OneWeightCallback(EpochSelectionCallback):
+    """The probe as a function of one weight w: `new` gains fast at first then slowly (1 + sqrt(w)),
+    `old` loses a little along the way (2 - 0.05 w); 10 examples each."""
+
+    def __init__(self, selection: EpochSelection):
+        super().__init__(["new"] * 10 + ["old"] * 10, _RecordingTracker(), selection)
+
+    def measure(self, model) -> dict[str, float]:
+        w = float(model.weight.detach())
+        new, old = 1.0 + w ** 0.5, 2.0 - 0.05 * w
+        return {SELECTION_METRIC: (new + old) / 2, slice_key("new", SELECTION_METRIC): new,
+                slice_key("old", SELECTION_METRIC): old}
+
+
+def _train_one_weight(selection: EpochSelection) -> tuple[torch.nn.Linear, _OneWeightCallback]:
+    from transformers import TrainerControl, TrainerState
+
+    model = torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(0.0)
+    callback = _OneWeightCallback(selection)
+    state, control = TrainerState(max_steps=20), TrainerControl()
+    state.epoch = 0.0
+    callback.on_train_begin(_Args(), state, control, model=model)
+    for epoch in (1, 2):
+        _epoch(callback, model, state, control, {"weight": torch.full((1, 1), 0.5 * epoch)}, epoch)
+    callback.on_train_end(_Args(), state, control, model=model)
+    return model, callback
+
+
+def test_callback_keeps_the_mix_that_holds_the_gain():
+    # Trained to w = 1 (+31.7 % overall, old -2.5 %: eligible). The mix at 0.75 holds 87 % of that gain,
+    # the one at 0.5 72 %: with mix_keep 0.8 the saved weights are 0.75 of the way.
+    model, callback = _train_one_weight(EpochSelection(min_slice_examples=10, mixes=(0.5, 0.75), mix_keep=0.8))
+    assert float(model.weight.detach()) == pytest.approx(0.75)
+    assert [entry.get("mix") for entry in callback.history] == [None, None, None, 0.5, 0.75]
+    assert callback.history[-1][slice_key("new", SELECTION_METRIC)] == pytest.approx(1 + 0.75 ** 0.5)
+    assert callback.summary()["selected_epoch"] == 2.0
+    # Keeping 95 % of the gain: no mix does, the trained weights are saved and the last entry says so.
+    model, callback = _train_one_weight(EpochSelection(min_slice_examples=10, mixes=(0.5, 0.75), mix_keep=0.95))
+    assert float(model.weight.detach()) == pytest.approx(1.0)
+    assert callback.history[-1].get("mix") == 1.0 and callback.history[-1]["epoch"] == 2.0
+
+
+def test_callback_without_mixes_keeps_the_trained_weights():
+    model, callback = _train_one_weight(EpochSelection(min_slice_examples=10))
+    assert float(model.weight.detach()) == 1.0 and len(callback.history) == 3
+
+
+def test_weight_mixes_are_checked():
+    from draftwheel.training.eagle_train import EagleConfig
+
+    with pytest.raises(ValueError, match="weight_mixes"):
+        EagleConfig(weight_mixes=[1.5])
+    with pytest.raises(ValueError, match="mix_keep"):
+        EagleConfig(mix_keep=0.0)
+    assert EagleConfig(weight_mixes=[0.5]).epoch_selection().mixes == (0.5,)
