@@ -85,7 +85,7 @@ class EpochSelectionFields:
     forgetting_tolerance: float = 0.05  # an epoch whose slice dropped more than this (vs the start) is not eligible
     eval_min_slice_examples: int = 10   # smaller hold-out slices are judged pooled (draftwheel.evaluation.gate.slice_groups)
     weight_mixes: list[float] = field(default_factory=list)  # also judge start + m * (kept - start) for these m (WiSE-FT)
-    mix_keep: float = 0.8  # ...and keep the smallest m that holds this share of the kept weights' gain
+    mix_keep: float = 0.75  # where the kept weights lost a slice group: a mix holding this share of their gain
 
     def check_selection(self) -> None:
         require(self.early_stop_patience >= 0, "early_stop_patience", f"must be >= 0, got {self.early_stop_patience}")

@@ -177,9 +177,9 @@ class EpochSelection:
     """At the end, put back the weights of the best evaluation (else keep the last)."""
     mixes: tuple[float, ...] = ()
     """After training, also judge these points on the line from the starting weights to the kept ones,
-    `start + m * (kept - start)` with 0 < m < 1 (weight-space ensembling, WiSE-FT), and keep the smallest
-    step that holds `mix_keep` of the kept weights' gain (`best_mix`)."""
-    mix_keep: float = 0.8
+    `start + m * (kept - start)` with 0 < m < 1 (weight-space ensembling, WiSE-FT); where the kept
+    weights lost a slice group, keep a mix that holds `mix_keep` of their gain instead (`best_mix`)."""
+    mix_keep: float = 0.75
     """The share of the kept weights' overall gain a mix must hold to replace them."""
 
 
@@ -218,20 +218,23 @@ def _rank(score: dict[str, Any]) -> tuple[bool, float]:
 
 def best_mix(scores: list[dict[str, Any]], mixes: dict[int, float], keep: float) -> int:
     """The evaluation to keep of the kept weights (`mixes` value 1.0) and their mixes toward the start
-    (evaluation index -> m): the smallest m that is eligible and holds `keep` of the kept weights'
-    overall gain; the kept weights when none does or they gained nothing.
+    (evaluation index -> m). A mix is a remedy for forgetting: the kept weights stay unless some slice
+    group lost against the start. Then, of the eligible mixes that hold `keep` of the kept weights'
+    overall gain, the one with the largest gain among those that lost nothing, else the smallest step.
 
-    Why the smallest step, not the largest gain: the probe sees a round's gain on its new slice far
-    better than what the round costs the old ones, and the last part of the step buys little of the
-    gain while moving the draft furthest from what served the old slices well (docs/training.md,
-    "Weight mixes")."""
+    Why not the largest gain alone: the probe sees a round's gain on its new slice far better than what
+    the round costs the old ones, and the last part of the step buys little of the gain while moving the
+    draft furthest from what served the old slices well (docs/training.md, "Weight mixes")."""
     kept = next(i for i, m in mixes.items() if m == 1.0)
     gain = scores[kept]["overall_change"]
+    if gain <= 0 or not scores[kept]["eligible"] or scores[kept]["worst_change"] >= 0:
+        return kept
     holding = [i for i, m in mixes.items() if m < 1.0 and scores[i]["eligible"]
                and scores[i]["overall_change"] >= keep * gain]
-    if gain <= 0 or not scores[kept]["eligible"] or not holding:
-        return kept
-    return min(holding, key=lambda i: mixes[i])
+    clean = [i for i in holding if scores[i]["worst_change"] >= 0]
+    if clean:
+        return max(clean, key=lambda i: scores[i]["overall_change"])
+    return min(holding, key=lambda i: mixes[i], default=kept)
 
 
 def best_evaluation(scores: list[dict[str, Any]]) -> int:
