@@ -22,10 +22,10 @@ accepted length at k = `eval_k` is measured per slice on a probe -- the round's 
 start's own hold-out and the canary prompts -- and the saved weights are those of the epoch best for
 the shadow gate: no slice down more than `forgetting_tolerance`, then the largest gain (the rule the
 lm trainer uses, draftwheel.training.evaluate.EpochSelection). A warm-started round then also judges
-points between its start and those weights (`weight_mixes`) and keeps the smallest step that holds most
-of the gain (draftwheel.training.evaluate.best_mix, docs/training.md "Weight mixes"). A
-`transformers.Trainer`, so `accelerate launch -m draftwheel.training.eagle_train --config F` works as for
-the other trainers.
+points between its start and those weights (`weight_mixes`): where the weights lost a slice group on the
+probe, it keeps a mix that holds most of the gain instead (draftwheel.training.evaluate.best_mix,
+docs/training.md "Weight mixes"). A `transformers.Trainer`, so `accelerate launch -m
+draftwheel.training.eagle_train --config F` works as for the other trainers.
 
 It does not mine, register or promote.
 """
