@@ -281,8 +281,7 @@ class EpochSelectionCallback(TrainerCallback):
                                   "eval_selection_eligible": float(latest["eligible"])}, step=state.global_step)
         if best_evaluation(self.scores) == len(self.scores) - 1:
             self.best_index = len(self.scores) - 1
-            self._best_weights = {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()
-                                  if p.requires_grad}
+            self._best_weights = _trainable(model)
         stale = len(self.scores) - 1 - self.best_index
         # Not in the first half of the planned steps: forgetting measured while the learning rate is still
         # high passes (the demo's round with two mined passes: chat -4.4, -5.0, -6.3 % at epochs 1-3, then
@@ -345,12 +344,13 @@ class EpochSelectionCallback(TrainerCallback):
 
 
 def _trainable(model: Any) -> dict[str, torch.Tensor]:
-    """A CPU copy of the model's trainable weights, in float32 (mixes are computed from them)."""
-    return {n: p.detach().to("cpu", torch.float32, copy=True) for n, p in model.named_parameters() if p.requires_grad}
+    """A CPU copy of the model's trainable weights, as they are."""
+    return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
 
 
 def _mixed(start: dict[str, torch.Tensor], kept: dict[str, torch.Tensor], m: float) -> dict[str, torch.Tensor]:
-    return {name: start[name] + m * (kept[name] - start[name]) for name in kept}
+    """start + m * (kept - start), computed in float32 (`_load` casts it back to each weight's dtype)."""
+    return {name: start[name].float() + m * (kept[name].float() - start[name].float()) for name in kept}
 
 
 def _load(model: Any, weights: dict[str, torch.Tensor]) -> None:
