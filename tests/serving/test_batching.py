@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from draftwheel.serving.engine.adaptive import ALL, INDEX, PLAIN
+from draftwheel.serving.engine.adaptive import ALL, INDEX, PLAIN, ModelledTime
 from draftwheel.serving.engine.batch_kv import KVPool, PagedRunner, RowCall
 from draftwheel.serving.engine.batching import BatchConfig, BatchEngine, QueueFullError
 from draftwheel.serving.engine.engine import Engine
@@ -99,15 +99,18 @@ def test_rows_of_one_forward_do_not_see_each_other(pair):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_batch_of_one_is_token_identical_to_one_at_a_time(engine, mode):
-    # the index must not learn between the two runs (it learns from finished requests): frozen
-    engine = Engine(engine.target, engine.draft, suffix_index=ReadOnlyIndex(engine.suffix_index))
+    """The same tokens and the same steps. Every mode's choices read step times (the suffix tier's stretch
+    prices verify rows, the hybrid's pace prices drafting), so both engines read one fixed cost model:
+    their choices are then a function of the prompts alone, and a timing on a busy machine cannot move them."""
+    def frozen():  # the index must not learn between the two runs (it learns from finished requests)
+        return Engine(engine.target, engine.draft, suffix_index=ReadOnlyIndex(engine.suffix_index),
+                      modelled_time=ModelledTime(row_slope=0.05, draft_c=0.3))
     params = SamplingParams(max_new_tokens=40, k=3)
-    expected = engine.generate(PROMPTS, params, mode=mode)
-    with BatchEngine(engine, BatchConfig(max_batch=1)) as batch:
+    expected = frozen().generate(PROMPTS, params, mode=mode)
+    with BatchEngine(frozen(), BatchConfig(max_batch=1)) as batch:
         got = batch.generate(PROMPTS, params, mode=mode)
     assert [c.token_ids for c in got] == [c.token_ids for c in expected]
-    if mode != "hybrid":  # the hybrid's choices follow measured times; the other modes' drafts are fixed
-        assert [c.record.steps for c in got] == [c.record.steps for c in expected]
+    assert [c.record.steps for c in got] == [c.record.steps for c in expected]
 
 
 @pytest.mark.parametrize("mode", MODES)
