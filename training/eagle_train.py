@@ -383,16 +383,26 @@ def canary_sequences(target: Any, config: EagleConfig, cache_root: Path) -> Sequ
     return seqs
 
 
+EARLIER = "earlier-"  # slice-name prefix of the warm start's own hold-out in the probe (probe_parts)
+
+
 def probe_parts(config: EagleConfig, holdout: Sequences | None, source: tuple[Path, int] | None, target: Any,
                 cache_root: Path) -> list[Sequences]:
     """What each epoch is judged on, per slice, in two parts: the round's hold-out (the gain), and the
     standing part against forgetting -- the hold-out of the data the warm start learned from (the rehearsal
     source's sibling holdout/) and the canary prompts. Kept apart so each gets its own feature cache: the
-    standing part is the same every round, and its features are computed once, not each round."""
+    standing part is the same every round, and its features are computed once, not each round.
+
+    The warm start's hold-out is judged under slices of its own (`EARLIER` + its slice: `earlier-chat`),
+    so the round's hold-out and the canary group exactly as the gate's replay groups them (the gate
+    replays those two, never the warm start's data): its 8 chat and 8 prose canary prompts pool, and a
+    loss there is seen in training as the gate will see it, not diluted by the warm start's own chat."""
     standing = Sequences([], [], [])
     if source is not None and (source[0].parent / "holdout").is_dir():
-        standing.extend(load_sequences(source[0].parent / "holdout", config.max_length, "output_token_ids",
-                                       config.eval_max_samples))
+        earlier = load_sequences(source[0].parent / "holdout", config.max_length, "output_token_ids",
+                                 config.eval_max_samples)
+        earlier.slices = [EARLIER + name for name in earlier.slices]
+        standing.extend(earlier)
     if config.probe_canary:
         standing.extend(canary_sequences(target, config, cache_root))
     return [part for part in (holdout, standing) if part is not None and part.ids]

@@ -837,3 +837,30 @@ def test_mined_rows_weigh_each_answer_token_by_its_served_residual(tmp_path):
     other = load_sequences(tmp_path / "distill", 64, residual_floor=0.0)
     seqs.extend(other)
     assert sorted(seqs.weights) == [0, 1] and seqs.position_weights(1).tolist()[3:5] == [0.0, 0.0]
+
+
+def test_probe_groups_the_round_and_the_canary_as_the_gate_groups_its_replay(toy_models, tmp_path):
+    """The warm start's own hold-out is judged under slices of its own, so the canary's 8 chat and 8 prose
+    prompts pool as they do in the gate, whose replay holds the round's hold-out and the canary only;
+    with it under the same names, 20 chat examples would make chat a group alone and leave prose unjudged."""
+    from datasets import Dataset
+
+    from draftwheel.evaluation.gate import POOLED, slice_groups
+    from draftwheel.training.eagle_train import EARLIER, Sequences, probe_parts
+
+    target = load_model(toy_models["target"])
+    ids = target.tokenizer("Hello there, how are you today?")["input_ids"]
+    Dataset.from_list([{"prompt_token_ids": ids, "output_token_ids": ids[:5], "slice": "chat"}] * 20) \
+        .save_to_disk(str(tmp_path / "bootstrap" / "holdout"))
+    config = EagleConfig(max_length=128, bf16=False)
+    round_holdout = Sequences([], [], [])
+    for _ in range(12):
+        round_holdout.add(ids, ids[:6], "code", config.max_length)
+    parts = probe_parts(config, round_holdout, (tmp_path / "bootstrap" / "distill", 128), target, tmp_path / "cache")
+    slices = [s for part in parts for s in part.slices]
+    assert slices.count(EARLIER + "chat") == 20 and slices.count("code") == 12 + 4
+    assert slices.count("chat") == 8 and slices.count("prose") == 8  # the canary's
+    counts = {name: slices.count(name) for name in set(slices)}
+    assert slice_groups(counts, 10)[POOLED] == ["chat", "prose"]
+    merged = {"chat": 28, "code": 16, "prose": 8}  # the warm start's hold-out under its own slice names
+    assert POOLED not in slice_groups(merged, 10)  # prose alone is too small to be a group: never judged
