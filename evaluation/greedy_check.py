@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from draftwheel.serving.engine.kv import CachedLM
+from draftwheel.serving.engine.sampling import greedy
 
 CHUNK = 16  # rows per forward: within the verify sizes the engine runs (k + 1 <= 33 rows)
 
@@ -52,7 +53,7 @@ def greedy_divergence(model: Any, eos_ids: set[int], prompt_ids: list[int], toke
         return None if max_new_tokens <= 0 else 0
     logits = teacher_forced_logits(model, prompt_ids, token_ids, chunk)
     for position, (row, token) in enumerate(zip(logits, token_ids)):
-        if int(row.argmax()) != token:
+        if int(greedy(row)) != token:
             return position
         if token in eos_ids and position < len(token_ids) - 1:
             return position + 1  # greedy decoding stops at its first EOS

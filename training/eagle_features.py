@@ -19,6 +19,8 @@ from typing import Any, Sequence
 import torch
 from safetensors.torch import load_file, save_file
 
+from draftwheel.serving.engine.sampling import greedy
+
 CACHE_FILE = "features.safetensors"
 TOKENS_PER_BATCH = 2048  # padded tokens per target forward
 
@@ -71,7 +73,7 @@ def row_from_states(target: Any, states: tuple[torch.Tensor, ...], n: int, aux_l
         head = target.get_output_embeddings()
 
         def scored(part: torch.Tensor) -> list[torch.Tensor]:
-            return [head(chunk.to(head.weight.dtype)).argmax(-1) for chunk in part.split(512)]
+            return [greedy(head(chunk.to(head.weight.dtype))) for chunk in part.split(512)]
 
         known = torch.tensor(list(chosen[:end - chosen_from]), dtype=torch.long, device=states[-1].device)
         argmax = torch.cat([*scored(states[-1][:chosen_from]), known, *scored(states[-1][end:])])
@@ -88,7 +90,7 @@ def _forward(target: Any, batch: list[list[int]], aux_layer_ids: list[int], bf16
     for row, seq in enumerate(batch):
         n = len(seq)
         yield feature_row(tuple(layer[row, :n] for layer in out.hidden_states), aux_layer_ids,
-                          out.logits[row, :n].argmax(-1))
+                          greedy(out.logits[row, :n]))
 
 
 def compute_features(target: Any, sequences: list[list[int]], aux_layer_ids: list[int], progress: bool = True,

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from draftwheel.serving.engine.eagle import Eagle3Draft
+from draftwheel.serving.engine.sampling import greedy
 
 
 def ttt_mask(n: int, step: int, device: torch.device | None = None) -> torch.Tensor:
@@ -96,7 +97,7 @@ def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, steps
         hidden = layer.finish(layer.self_attn.project_out(ttt_attention(q, keys, values, chains)), hidden)
         logits = draft.logits(hidden)  # [B, n or m, Vd]
         out.append(logits)
-        tokens = to_target[logits.detach().argmax(-1)]  # what the draft feeds itself next
+        tokens = to_target[greedy(logits.detach())]  # what the draft feeds itself next
     return out
 
 
@@ -229,7 +230,7 @@ def chain_steps(step_logits: list[torch.Tensor], reference: torch.Tensor, draft:
         return
     reached = mask[:, 1: 1 + width]
     for s, logits in enumerate(step_logits):
-        guess = draft.draft_to_target[logits[:, :width].argmax(-1)]  # [B, width]
+        guess = draft.draft_to_target[greedy(logits[:, :width])]  # [B, width]
         agrees = guess == reference[:, 1 + s: 1 + s + width]
         yield logits[:, :width], reached, agrees
         reached = reached & agrees

@@ -31,8 +31,9 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from draftwheel.serving.engine.acceptance import acceptance_rate, mean_accepted_length
 from draftwheel.evaluation.gate import slice_groups
+from draftwheel.serving.engine.acceptance import acceptance_rate, mean_accepted_length
+from draftwheel.serving.engine.sampling import greedy
 from draftwheel.training.data import HoldoutExample
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ def _argmax_over_outputs(model: Any, examples: list[HoldoutExample], batch_size:
         ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs], device=device)
         mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=device)
         with torch.no_grad():
-            argmax = model(input_ids=ids, attention_mask=mask).logits.argmax(-1).cpu()
+            argmax = greedy(model(input_ids=ids, attention_mask=mask).logits).cpu()
         for row, example in enumerate(chunk):
             p = len(example.prompt_ids)
             results.append(argmax[row, p - 1:p - 1 + len(example.output_ids)].tolist())

@@ -23,9 +23,10 @@ from torch import nn
 from transformers import Trainer, TrainingArguments
 
 from draftwheel.config import to_dict
-from draftwheel.tracking import get_tracker
 from draftwheel.serving.engine.acceptance import mean_accepted_length
 from draftwheel.serving.engine.medusa import MedusaHeads
+from draftwheel.serving.engine.sampling import greedy
+from draftwheel.tracking import get_tracker
 from draftwheel.training import common, losses
 from draftwheel.training.data import DistillCollator, HoldoutExample, load_dataset_dir, load_holdout, tokenize_distill
 from draftwheel.training.evaluate import TrackerCallback
@@ -126,16 +127,16 @@ def head_accuracy(model: MedusaModel, examples: list[HoldoutExample]) -> dict[st
     for example in examples:
         ids = torch.tensor([example.prompt_ids + example.output_ids])
         hidden, logits = model.target_forward(ids, torch.ones_like(ids))
-        greedy = logits.argmax(-1)[0]  # greedy[t] = target's token for position t + 1
+        target_ids = greedy(logits)[0]  # target_ids[t] = target's token for position t + 1
         with torch.no_grad():
-            preds = model.heads(hidden).argmax(-1)[:, 0]  # [n_heads, T]
+            preds = greedy(model.heads(hidden))[:, 0]  # [n_heads, T]
         start = len(example.prompt_ids) - 1
         for t in range(start, ids.shape[1]):
             run, leading = 0, True
             for i in range(model.heads.n_heads):
                 if t + i + 1 >= ids.shape[1]:
                     break
-                match = bool(preds[i, t] == greedy[t + i + 1])
+                match = bool(preds[i, t] == target_ids[t + i + 1])
                 hits[i] += match
                 counts[i] += 1
                 leading = leading and match

@@ -19,6 +19,8 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import DynamicCache
 
+from draftwheel.serving.engine.sampling import greedy
+
 
 def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> tuple[str, list[int]]:
     """(text as fed to the model, token ids), the same encoding as the Engine's."""
@@ -71,7 +73,7 @@ def _decode_batch(model: Any, prompt_ids: list[list[int]], pad_id: int, eos_ids:
                 probs = torch.softmax(step.float() / temperature, -1)
                 chosen = torch.multinomial(probs, 1, generator=generator).view(-1)
             else:
-                chosen = step.argmax(-1)
+                chosen = greedy(step)
             going = []
             for j, (i, token) in enumerate(zip(alive, chosen.tolist())):
                 tokens = rows[i]["tokens"]

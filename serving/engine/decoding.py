@@ -23,7 +23,7 @@ from draftwheel.serving.engine.adaptive import ALL, PLAIN, AdaptiveK
 from draftwheel.serving.engine.kv import CachedLM
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.engine.records import Step
-from draftwheel.serving.engine.sampling import sample, warp
+from draftwheel.serving.engine.sampling import greedy, sample, warp
 from draftwheel.serving.engine.stopping import OutputState
 from draftwheel.serving.engine.verify import verify_greedy, verify_sampled
 
@@ -76,7 +76,7 @@ class Request:
 def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
     """logits[V] -> one token: argmax when greedy, else a sample from the warped distribution."""
     if params.greedy:
-        return int(logits.argmax())
+        return int(greedy(logits))
     return int(sample(warp(logits, params), generator))
 
 
@@ -101,7 +101,7 @@ def _draft_tokens(draft: CachedLM, pending: torch.Tensor, k: int, req: Request):
     for _ in range(k):
         logits = draft.forward(step_input, keep=1)[-1]  # [V]
         if req.params.greedy:
-            token = logits.argmax().view(1)  # [1]
+            token = greedy(logits).view(1)  # [1]
         else:
             q = warp(logits, req.params)  # [V]
             token = sample(q, req.generator).view(1)  # [1]
@@ -177,7 +177,7 @@ def medusa(target: CachedLM, heads: torch.nn.Module, req: Request) -> Iterator[N
             # [k, V]: head i guesses the (i+1)-th token after `last`
             head_logits = heads(hidden.view(1, 1, -1))[:k, 0, 0].cpu()
         if params.greedy:
-            drafted, q = head_logits.argmax(-1), None  # [k]
+            drafted, q = greedy(head_logits), None  # [k]
         else:
             q = warp(head_logits, params)  # [k, V]
             drafted = sample(q, req.generator)  # [k]

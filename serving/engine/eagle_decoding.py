@@ -37,7 +37,7 @@ from draftwheel.serving.engine.decoding import Request, choose
 from draftwheel.serving.engine.eagle import DraftCall, DraftKV, Eagle3Draft
 from draftwheel.serving.engine.kv import CachedLM
 from draftwheel.serving.engine.records import EAGLE3, SUFFIX, Beside, Step
-from draftwheel.serving.engine.sampling import sample, warp
+from draftwheel.serving.engine.sampling import greedy, sample, warp
 from draftwheel.serving.engine.suffix import Proposal
 from draftwheel.serving.engine.tree import chain_with_branch, verify_tree_greedy
 from draftwheel.serving.engine.verify import point_mass_q, verify_greedy, verify_sampled
@@ -87,7 +87,7 @@ def _run_ahead(drafter: EagleDrafter, hidden: torch.Tensor, logits: torch.Tensor
     path_prob = 1.0
     for i in range(k):
         if req.params.greedy:
-            index = logits.argmax()
+            index = greedy(logits)
             if min_path_prob:
                 path_prob *= float(torch.softmax(logits / temperature, -1)[index])
         else:

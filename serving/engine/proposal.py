@@ -26,7 +26,7 @@ from draftwheel.serving.engine.eagle_decoding import EagleDrafter, _run_ahead, r
 from draftwheel.serving.engine.kv import CachedLM
 from draftwheel.serving.engine.models import LoadedModel
 from draftwheel.serving.engine.params import SamplingParams
-from draftwheel.serving.engine.sampling import make_generator
+from draftwheel.serving.engine.sampling import greedy, make_generator
 from draftwheel.serving.engine.stopping import OutputState
 
 
@@ -64,7 +64,7 @@ def propose(context_ids: list[int], k: int, draft: LoadedModel | None = None, ta
         k = min(k, heads.n_heads)
         _, hidden = CachedLM(target.model).forward(ids[:-1], keep=1, hidden=True)  # [P-1, H]
         with torch.inference_mode():
-            return heads(hidden[-1].view(1, 1, -1))[:k, 0, 0].argmax(-1).tolist()  # [k]
+            return greedy(heads(hidden[-1].view(1, 1, -1))[:k, 0, 0]).tolist()  # [k]
     if draft is None:
         raise ValueError("draft: neither a draft nor Medusa heads given")
     req = _greedy_request(ids, k)

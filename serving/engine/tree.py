@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from draftwheel.serving.engine.acceptance import common_prefix
+from draftwheel.serving.engine.sampling import greedy
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def verify_tree_greedy(tree: Tree, logits: torch.Tensor) -> tuple[torch.Tensor, 
     """Walk the tree from the root along the target's argmax. logits[N, V]: the target's scores at
     each node -> (emitted[len(path)], path): the accepted nodes' tokens then the target's own token
     after the last of them, and the path's nodes, root first (len(path) - 1 tokens accepted)."""
-    choice = logits.argmax(-1).tolist()  # [N]
+    choice = greedy(logits).tolist()  # [N]
     children: dict[int, dict[int, int]] = {}
     for node in range(1, len(tree)):
         children.setdefault(tree.parents[node], {})[tree.tokens[node]] = node

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from draftwheel.serving.engine.sampling import greedy
+
 
 def point_mass_q(drafted: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """q[k, V] of a deterministic proposal (a suffix-index draft): one-hot, so `verify_sampled` accepts
@@ -23,7 +25,7 @@ def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tu
     draft_tokens[k] (long), target_logits[k+1, V] -> (emitted[accepted+1], accepted)
     """
     k = draft_tokens.shape[0]
-    target_tokens = target_logits.argmax(-1)  # [k+1]
+    target_tokens = greedy(target_logits)  # [k+1]
     mismatch = (draft_tokens != target_tokens[:k]).long()  # [k]
     # cumsum stays 0 up to the first mismatch: its count is the accepted length.
     accepted = int((mismatch.cumsum(0) == 0).sum())
