@@ -159,10 +159,12 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
         # plain step, whose features queue for the draft.
         proposal = propose(context, req.index_room) if propose and req.index_room > 0 else None
         use_draft = k > 0 and (pace.draft_pays() if pace else True)
+        # a draft that clearly loses explores only where the index offers no better than a plain step
+        rivals_index = use_draft and not (pace and pace.clearly_loses)
         from_suffix = bool(proposal and proposal.tokens) and suffix_drafts(
-            calibration.scaled(proposal.score), proposal.match_len, use_draft, estimate.a, k,
+            calibration.scaled(proposal.score), proposal.match_len, rivals_index, estimate.a, k,
             len(proposal.tokens), estimate.c, pace.clock.cost if pace else None)
-        if from_suffix and use_draft and trees and tree_beats_index(
+        if from_suffix and rivals_index and trees and tree_beats_index(
                 calibration.scaled(proposal.score), min(1.0, calibration.scaled((proposal.probs or (1.0,))[0])),
                 estimate.a, k, len(proposal.tokens), estimate.c, pace.clock.cost):
             from_suffix = False  # an uncertain proposal: draft too, and verify it as the tree's second branch

@@ -92,8 +92,9 @@ def _decode(target: CachedLM, draft: CachedLM | None, index: SuffixIndex | None,
         proposal = best_proposal(context, req.index_room if prefilled else 0, local, index)
         k_model = min(model_a.next_k() if params.adaptive_k else params.k, req.draft_room if prefilled else 0)
         draft_pays = draft is not None and k_model > 0 and pace.draft_pays()
+        # a draft that clearly loses explores only where the index offers no better than a plain step
         use_model = draft_pays and not (proposal.tokens and suffix_drafts(
-            calibration.scaled(proposal.score), proposal.match_len, draft_pays, model_a.a, k_model,
+            calibration.scaled(proposal.score), proposal.match_len, not pace.clearly_loses, model_a.a, k_model,
             len(proposal.tokens), model_a.c, pace.clock.cost))
         pending = _pending(target, context)
         before = len(context)

@@ -212,6 +212,37 @@ def test_hybrid_verifies_the_index_beside_the_chain_losslessly(pair, monkeypatch
                                                              mode="hybrid") for s in c.record.steps)
 
 
+@pytest.mark.parametrize("loses", [True, False])
+def test_a_draft_that_clearly_loses_explores_only_where_the_index_has_nothing_better(pair, monkeypatch, loses):
+    """Every draw says draft, and a draft that competes with the index always wins. A draft that clearly
+    loses does not compete: its exploring steps leave each index proposal that beats a plain step to
+    the index, so with the whole greedy continuation known it never drafts. One that does not clearly
+    lose takes those steps. Output is the target's either way."""
+    tokenizer, target, _ = pair
+    known = [ids + hf_greedy(target, ids, 40) for ids in (tokenizer(p)["input_ids"] for p in PROMPTS)]
+    monkeypatch.setattr(StepPace, "draft_pays", lambda self: True)
+    monkeypatch.setattr(StepPace, "clearly_loses", property(lambda self: loses))
+    monkeypatch.setattr("draftwheel.serving.engine.adaptive.index_beats_draft", lambda *a, **k: False)
+    engine = hybrid_engine(pair, known)
+    completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=30, k=3), mode="hybrid")
+    for completion in completions:
+        assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 30), completion.prompt
+    sources = [s.source for c in completions for s in c.record.steps[:-1]]  # the last token: a plain step
+    assert ("eagle3" in sources) is not loses and ("suffix" in sources) is loses, sources
+
+
+def test_step_pace_clearly_loses_only_past_its_warm_up_and_beyond_its_error():
+    """Units as in test_engine's pace tests: 1.32 a step. One token a step is 0.76 a unit: clearly below a
+    plain step once measured; three (2.3) or a noisy 1-2 around break-even are not."""
+    losing, paying, marginal = StepPace(warmup=3), StepPace(warmup=3), StepPace(warmup=3)
+    for step in range(3):
+        assert not losing.clearly_loses  # warming up: nothing measured yet
+        losing.drafted(1, 5, 0.1, 1.0)
+        paying.drafted(3, 5, 0.1, 1.0)
+        marginal.drafted(1 + step % 2, 5, 0.1, 1.0)
+    assert losing.clearly_loses and not paying.clearly_loses and not marginal.clearly_loses
+
+
 class EveryThirdStepDrafts:
     """A stand-in for draftwheel.serving.engine.adaptive.StepPace with a fixed pattern: draft, skip, skip, draft, ..."""
 
@@ -221,6 +252,7 @@ class EveryThirdStepDrafts:
         self.calls = 0
         self.clock = VerifyClock()
         self.ratio = 1.0
+        self.clearly_loses = False
 
     def draft_pays(self) -> bool:
         self.calls += 1
