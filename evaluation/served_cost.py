@@ -88,7 +88,8 @@ class StepCost:
             if step.k and (step.source in MODEL_SOURCES or (step.source is None and mode != "hybrid")):
                 model += step.k
             if step.beside is not None and step.beside.source in MODEL_SOURCES:  # a token tree's other proposal
-                model += step.beside.k
+                # both the model's (its chain and its runner-up first token): one chain of draft forwards
+                model += max(step.beside.k - step.k, 0) if step.source in MODEL_SOURCES else step.beside.k
         return cls(tokens=tokens, verify_cost=verify, model_drafted=model)
 
 

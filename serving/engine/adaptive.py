@@ -479,6 +479,9 @@ class LoadPaces:
     def __init__(self, factory: Callable[[], StepPace] = StepPace):
         self.factory = factory
         self._paces: dict[int, StepPace] = {}
+        # how often the eagle3 draft's runner-up first token is the target's, against its probability: it
+        # depends on the slice (a quarter of rejected first tokens on chat, few on code), not on the load
+        self.sibling_odds = ScoreCalibration()
 
     def at(self, rows: int) -> StepPace:
         """The pace for a step at this batch size (rows of the last forward; 1 for a request alone)."""

@@ -6,7 +6,10 @@ token at p+1; (2) it runs ahead k tokens, feeding its own output hidden state wh
 not exist yet; (3) the target verifies [last token, k drafts] in one forward that also returns the
 features of those positions; (4) the draft's speculative slots are cropped and step (1) repeats with
 the accepted positions' target features. Nothing is re-encoded: each confirmed position enters each
-cache once.
+cache once. A greedy step also verifies the draft's runner-up for the chain's first token beside the
+chain, as a one-token branch of a token tree (draftwheel.serving.engine.tree), where its probability,
+calibrated by how often it has come true in this slice, pays for the verify row it adds; it needs no
+draft forward of its own.
 
 The draft proposes over its own vocabulary; its q is zero outside it, so rejection sampling against
 the target's p (draftwheel.serving.engine.verify) stays exact. Greedy output equals the target's.
@@ -30,7 +33,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from draftwheel.serving.engine.acceptance import common_prefix
-from draftwheel.serving.engine.adaptive import (AdaptiveK, LoadPaces, ScoreCalibration, branch_length,
+from draftwheel.serving.engine.adaptive import (AdaptiveK, LoadPaces, ScoreCalibration, VerifyClock, branch_length,
                                                 index_stretch, learn_index_step, stretch_calibration,
                                                 suffix_drafts, tree_beats_index)
 from draftwheel.serving.engine.decoding import Request, choose
@@ -105,16 +108,27 @@ def _run_ahead(drafter: EagleDrafter, hidden: torch.Tensor, logits: torch.Tensor
     return torch.cat(tokens), (torch.stack(probs) if probs else None)
 
 
-def _tree_step(chain: Step, chain_accepted: int, branch: list[int], emitted: list[int]) -> Step:
+def _runner_up(draft: Eagle3Draft, logits: torch.Tensor) -> tuple[int, float]:
+    """The draft's second choice for its chain's first token (a target id) from that position's draft
+    logits[Vd], and its probability at the draft's confidence temperature. Where the chain's first token
+    is rejected, the target's token is often this one (a quarter of such steps on held-out chat): verified
+    beside the chain as a one-token branch, it costs one verify row and no draft forward."""
+    probs = torch.softmax(logits.float() / draft.c.confidence_temperature, -1)  # [Vd]
+    top = probs.topk(2)
+    return int(draft.draft_to_target[top.indices[1]]), float(top.values[1])
+
+
+def _tree_step(chain: Step, chain_accepted: int, branch: list[int], emitted: list[int], source: str) -> Step:
     """A token-tree step's record: the proposal the target accepted further is the step, the other is
-    `beside` it. `chain`: the step as the draft's chain (its `accepted` the whole step's)."""
-    index = Beside(k=len(branch), accepted=common_prefix(branch, emitted), draft_token_ids=branch, source=SUFFIX)
+    `beside` it. `chain`: the step as the draft's chain (its `accepted` the whole step's); `source`: what
+    proposed the branch."""
+    index = Beside(k=len(branch), accepted=common_prefix(branch, emitted), draft_token_ids=branch, source=source)
     if index.accepted <= chain_accepted:
         chain.beside = index
         return chain
     own = Beside(k=chain.k, accepted=chain_accepted, draft_token_ids=chain.draft_token_ids, source=chain.source)
     return Step(k=index.k, accepted=chain.accepted, draft_token_ids=branch, target_token_id=chain.target_token_id,
-                source=SUFFIX, beside=own)
+                source=source, beside=own)
 
 
 def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, controller: AdaptiveK | None,
@@ -137,6 +151,11 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
         paces = LoadPaces()  # the hybrid's "is drafting worth a step here?", per load
     # greedy hybrid steps may verify the index's proposal beside the draft's chain (draftwheel.serving.engine.tree)
     trees = bool(propose and branches and params.greedy and getattr(target, "supports_trees", False))
+    # greedy steps may verify the draft's second choice for its first token beside the chain
+    siblings = bool(params.greedy and getattr(target, "supports_trees", False))
+    sibling_clock = VerifyClock()  # mode draft has no pace: the prior row cost prices the sibling's row
+    # how far the runner-up's probability comes true: in the hybrid, carried across requests with the paces
+    sibling_odds = paces.sibling_odds if paces else ScoreCalibration()
     logits, features = yield from target.step(req.prompt_ids, keep=1, aux=aux_ids)  # [1, V], [P, 3H]
     last = choose(logits[-1], params, req.generator)
     req.emit([last])
@@ -170,7 +189,8 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
             from_suffix = False  # an uncertain proposal: draft too, and verify it as the tree's second branch
         by_model = use_draft and not from_suffix  # neither: a plain step (the hybrid's third choice)
         start, suspended = time.perf_counter(), drafter.suspended_s
-        branch: list[int] = []  # index tokens verified beside the draft's chain, as one tree
+        branch: list[int] = []  # tokens verified beside the draft's chain, as one tree: the index's, or the
+        branch_source = SUFFIX  # draft's runner-up first token (_runner_up)
         stretched = 0  # the proposal's stretch tokens verified after its own
         if not by_model:  # the index's proposal, a point mass; or nothing, for a plain step
             if from_suffix:
@@ -186,6 +206,11 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
             if trees and proposal and proposal.tokens:
                 branch = proposal.tokens[:branch_length(proposal.probs, calibration.ratio, pace.clock.slope,
                                                         pace.ratio or 1.0, estimate.a)]
+            if siblings and not branch:
+                runner_up, sibling_prob = _runner_up(draft, logits)
+                clock = pace.clock if pace else sibling_clock
+                if sibling_odds.scaled(sibling_prob) >= clock.slope * (pace.ratio if pace and pace.ratio else 1.0):
+                    branch, branch_source = [runner_up], EAGLE3
         k = drafted.shape[0]
         draft_s = time.perf_counter() - start - (drafter.suspended_s - suspended)
         tree = chain_with_branch(last, drafted.tolist(), branch) if branch else None
@@ -230,13 +255,15 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
             estimate.update(k, chain_accepted, decide_draft_s, 0.0 if prefills_draft else decide_verify_s)
             if pace:  # the draft's prompt intake counts here: drafting at all in a request pays for it
                 pace.drafted(accepted + 1, rows, decide_draft_s, decide_verify_s)
-            if branch:
+            if branch and branch_source == SUFFIX:
                 calibration.update(sum(proposal.probs[:len(branch)]), common_prefix(branch, emitted.tolist()))
+            elif branch:
+                sibling_odds.update(sibling_prob, common_prefix(branch, emitted.tolist()))
         last = int(emitted[-1])
         req.timed_step(draft_s, target.last_forward_s)
         source = EAGLE3 if by_model else SUFFIX if from_suffix else None
         step = Step(k=k, accepted=accepted, draft_token_ids=drafted.tolist(), target_token_id=last, source=source)
-        req.steps.append(_tree_step(step, chain_accepted, branch, emitted.tolist()) if branch else step)
+        req.steps.append(_tree_step(step, chain_accepted, branch, emitted.tolist(), branch_source) if branch else step)
         context.extend(emitted.tolist())
         req.emit(emitted.tolist())
         yield

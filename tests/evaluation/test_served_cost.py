@@ -54,6 +54,18 @@ def test_a_token_tree_costs_both_proposals_rows_and_the_chains_drafting():
     assert StepCost.of([shared], ROWS, "hybrid").model_drafted == 3
 
 
+def test_a_runner_up_branch_costs_its_row_but_no_drafting():
+    """The draft's runner-up first token beside its own chain: one more verify row, and no draft forward
+    beyond the chain's, whichever of the two won."""
+    chain = Beside(k=3, accepted=0, draft_token_ids=[7, 8, 9], source="eagle3")
+    won = Step(k=1, accepted=1, draft_token_ids=[4], target_token_id=0, source="eagle3", beside=chain)
+    assert verify_rows(won) == 5
+    assert StepCost.of([won], ROWS, "hybrid").model_drafted == 3
+    lost = Step(k=3, accepted=2, draft_token_ids=[7, 8, 9], target_token_id=0, source="eagle3",
+                beside=Beside(k=1, accepted=0, draft_token_ids=[4], source="eagle3"))
+    assert StepCost.of([lost], ROWS, "draft").model_drafted == 3
+
+
 def test_longer_steps_than_measured_take_the_longest_measured_cost():
     assert StepCost.of([step(16, 16, "suffix")], ROWS, "hybrid").verify_cost == ROWS[-1]
 

@@ -243,6 +243,53 @@ def test_step_pace_clearly_loses_only_past_its_warm_up_and_beyond_its_error():
     assert losing.clearly_loses and not paying.clearly_loses and not marginal.clearly_loses
 
 
+@pytest.mark.parametrize("mode", ["draft", "hybrid"])
+def test_greedy_steps_verify_the_drafts_runner_up_beside_its_chain_losslessly(pair, mode, monkeypatch):
+    """Where the chain's first token is wrong, the target's token is often the draft's second choice:
+    verified beside the chain as a one-token branch, some steps are won by it (recorded as the draft's,
+    the chain beside it), and greedy output stays the target's. The tiny draft's runner-up is rarely
+    right, so here the two swap: the chain starts from the draft's second choice and the branch is its
+    first, verified at any probability."""
+    import draftwheel.serving.engine.eagle_decoding as loop
+
+    tokenizer, target, _ = pair
+    monkeypatch.setattr(loop, "greedy", lambda logits: logits.topk(2, dim=-1).indices[..., 1])
+    monkeypatch.setattr(loop, "_runner_up", lambda draft, logits: (int(draft.draft_to_target[logits.argmax()]), 1.0))
+    engine = hybrid_engine(pair, [])  # an empty index: the draft's own branches only
+    completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=40, k=3), mode=mode)
+    for completion in completions:
+        assert completion.token_ids == hf_greedy(target, completion.prompt_token_ids, 40), completion.prompt
+    steps = [s for c in completions for s in c.record.steps]
+    won = [s for s in steps if s.beside is not None and s.k == 1 and s.accepted == 1]
+    assert won and all(s.source == "eagle3" and s.beside.source == "eagle3" and s.beside.accepted == 0
+                       for s in won)
+
+
+
+def test_a_runner_up_that_never_comes_true_stops_being_verified(pair, monkeypatch):
+    """The runner-up's probability is calibrated by how often it came true, carried across a slice's
+    requests: one that is always wrong (here the draft's least likely token, at 0.2) soon stops paying
+    for its verify row."""
+    import draftwheel.serving.engine.eagle_decoding as loop
+
+    monkeypatch.setattr(loop, "_runner_up", lambda draft, logits: (int(draft.draft_to_target[logits.argmin()]), 0.2))
+    from draftwheel.serving.engine.suffix import ReadOnlyIndex
+
+    monkeypatch.setattr(StepPace, "draft_pays", lambda self: True)  # the tiny draft drafts every step
+    engine = hybrid_engine(pair, [])
+    engine.suffix_index = ReadOnlyIndex(engine.suffix_index)  # the second pass must not copy the first
+    params = SamplingParams(max_new_tokens=40, k=3)
+
+    def branched() -> tuple[int, int]:
+        """(draft steps, those with a branch)"""
+        steps = [s for c in engine.generate(PROMPTS, params, mode="hybrid", slice="chat") for s in c.record.steps
+                 if s.source == "eagle3"]
+        return len(steps), sum(s.beside is not None for s in steps)
+
+    (drafted, first), (drafted_again, second) = branched(), branched()
+    assert 0 < first < drafted / 2 and drafted_again > 2 * first and second < first / 4, (drafted, first, drafted_again, second)
+
+
 class EveryThirdStepDrafts:
     """A stand-in for draftwheel.serving.engine.adaptive.StepPace with a fixed pattern: draft, skip, skip, draft, ..."""
 
