@@ -8,7 +8,8 @@ choices follow measured step times and so differ a little from run to run. Repor
 repetition: speed against plain decoding and mean accepted length of each setting, greedy identity,
 and B ÷ A; then the repetitions' mean.
 
-Settings are engine settings of configs/serve.yaml's names: `index_branch` (verify the index's proposal
+Settings are engine settings of configs/serve.yaml's names: `runner_up` (verify the draft's second
+choice for its first token beside its chain), `index_branch` (verify the index's proposal
 beside the draft's chain as one token tree) and `min_path_prob` (the chain cut); and the suffix index's
 (`draftwheel.serving.engine.suffix.SuffixConfig`, prefixed `suffix_`): `suffix_spec_factor`,
 `suffix_spec_offset` (how long a proposal a match of a given length may make), `suffix_stretch_factor`
@@ -36,7 +37,8 @@ from typing import Any
 
 from bench_io import add_output_arguments, save  # benchmarks/ is on sys.path when run as a script
 
-SETTINGS = {"index_branch": lambda text: {"true": True, "false": False}[text.lower()], "min_path_prob": float,
+SETTINGS = {"index_branch": lambda text: {"true": True, "false": False}[text.lower()],
+            "runner_up": lambda text: {"true": True, "false": False}[text.lower()], "min_path_prob": float,
             "suffix_spec_factor": float, "suffix_spec_offset": float, "suffix_stretch_factor": float,
             "suffix_min_token_prob": float}
 INDEX_PREFIX = "suffix_"  # settings of the index (SuffixConfig's field after the prefix), not of the engine

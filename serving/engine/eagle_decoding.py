@@ -134,10 +134,12 @@ def _tree_step(chain: Step, chain_accepted: int, branch: list[int], emitted: lis
 def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, controller: AdaptiveK | None,
            min_path_prob: float = 0.0,
            propose: Callable[[list[int], int], Proposal] | None = None,
-           paces: LoadPaces | None = None, branches: bool = True) -> Iterator[None]:
+           paces: LoadPaces | None = None, branches: bool = True,
+           runner_up: bool = True) -> Iterator[None]:
     """Decode one request; with `propose` (context, max_k) -> Proposal, as the hybrid (module docstring),
     timing its steps into `paces`, the pace of each step's load (fresh `LoadPaces` when None); with
-    `branches`, a greedy draft step verifies the index's proposal beside the chain as one tree. `draft`:
+    `branches`, a greedy draft step verifies the index's proposal beside the chain as one tree, and with
+    `runner_up` (where the index's is not) the draft's second choice for its first token. `draft`:
     the model (its forwards run here) or a drafter that runs them (the batch engine's)."""
     drafter = draft if isinstance(draft, EagleDrafter) else EagleDrafter(draft)
     draft = drafter.model
@@ -152,7 +154,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
     # greedy hybrid steps may verify the index's proposal beside the draft's chain (draftwheel.serving.engine.tree)
     trees = bool(propose and branches and params.greedy and getattr(target, "supports_trees", False))
     # greedy steps may verify the draft's second choice for its first token beside the chain
-    siblings = bool(params.greedy and getattr(target, "supports_trees", False))
+    siblings = bool(runner_up and params.greedy and getattr(target, "supports_trees", False))
     sibling_clock = VerifyClock()  # mode draft has no pace: the prior row cost prices the sibling's row
     # how far the runner-up's probability comes true: in the hybrid, carried across requests with the paces
     sibling_odds = paces.sibling_odds if paces else ScoreCalibration()

@@ -111,13 +111,16 @@ class Engine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, medusa: Any = None,
                  sink: Any = None, metrics: Any = None, medusa_id: ModelId | None = None, prepack: bool = True,
                  suffix_index: SuffixIndex | None = None, router: Any = None, dtype: torch.dtype | None = None,
-                 min_path_prob: float = 0.0, index_branch: bool = False, modelled_time: Any = None):
+                 min_path_prob: float = 0.0, index_branch: bool = False, modelled_time: Any = None,
+                 runner_up: bool = True):
         """With `prepack` (the default), CPU models get oneDNN-packed linear layers, in place
         (draftwheel.serving.engine.prepack): the engine owns the models it is given. With `dtype` the target is cast to it
         in place (draftwheel.serving.engine.precision); by default it keeps the dtype it was loaded in. Drafts and heads
         always follow the target's dtype. With `router` (a `draftwheel.serving.engine.routing.RequestRouter`), requests
         that name no mode get the mode and k it picks. `min_path_prob` cuts an eagle3 draft chain once the
         draft's own probability of it falls below this (draftwheel.serving.engine.eagle_decoding; 0 = always k tokens).
+        With `runner_up`, a greedy eagle3 step also verifies the draft's second choice for its chain's first
+        token beside the chain, where its calibrated odds pay for the row (draftwheel.serving.engine.eagle_decoding).
         With `index_branch`, a greedy hybrid step that drafts also verifies the suffix index's proposal beside
         the chain, as one token tree (draftwheel.serving.engine.tree). With `modelled_time` (an
         `adaptive.ModelledTime`), the hybrid's choices read modelled step times instead of the clock: for
@@ -126,6 +129,7 @@ class Engine:
             raise ValueError(f"min_path_prob: must be in [0, 1), got {min_path_prob!r}")
         self.min_path_prob = min_path_prob
         self.index_branch = index_branch
+        self.runner_up = runner_up  # greedy eagle3 steps verify the draft's runner-up first token too
         self.modelled_time = modelled_time
         if dtype is not None:
             target.model.to(dtype)
@@ -201,11 +205,12 @@ class Engine:
         mode, draft, req, params = run.mode, run.draft, run.req, run.req.params
         if mode in ("suffix", "hybrid"):
             return suffix_loop(target, draft if mode == "hybrid" else None, self.suffix_index, req,
-                               self.min_path_prob, run.paces, drafter, self.index_branch)
+                               self.min_path_prob, run.paces, drafter, self.index_branch, self.runner_up)
         if mode == "draft":
             controller = AdaptiveK(params.k) if params.adaptive_k else None
             if draft.kind == "eagle3":
-                return eagle3(target, drafter or draft.model, req, controller, self.min_path_prob)
+                return eagle3(target, drafter or draft.model, req, controller, self.min_path_prob,
+                              runner_up=self.runner_up)
             return speculative(target, CachedLM(draft.model), req, controller)
         if mode == "medusa":
             return medusa(target, self.medusa, req)

@@ -45,7 +45,8 @@ from draftwheel.serving.engine.verify import point_mass_q, verify_greedy, verify
 
 def suffix_loop(target: CachedLM, draft: LoadedModel | None, index: SuffixIndex | None,
                 req: Request, min_path_prob: float = 0.0, paces: LoadPaces | None = None,
-                drafter: EagleDrafter | None = None, index_branch: bool = False) -> Iterator[None]:
+                drafter: EagleDrafter | None = None, index_branch: bool = False,
+                runner_up: bool = True) -> Iterator[None]:
     """The loop for mode `suffix` (draft None) or `hybrid` (an `lm` or `eagle3` draft); without a
     shared index only the request's own part proposes. An eagle3 hybrid runs in the eagle3 loop, which
     asks the index first each step (draftwheel.serving.engine.eagle_decoding). The hybrid times its steps
@@ -62,7 +63,8 @@ def suffix_loop(target: CachedLM, draft: LoadedModel | None, index: SuffixIndex 
             return best_proposal(context, max_k, local, index)
 
         controller = AdaptiveK(req.params.k) if req.params.adaptive_k else None
-        return eagle3(target, drafter or draft.model, req, controller, min_path_prob, propose, paces, index_branch)
+        return eagle3(target, drafter or draft.model, req, controller, min_path_prob, propose, paces, index_branch,
+                      runner_up)
     return _decode(target, CachedLM(draft.model) if draft is not None else None, index, req, paces)
 
 

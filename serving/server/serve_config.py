@@ -50,6 +50,9 @@ class ServeConfig:
     index_branch: bool = False
     """Mode hybrid, greedy: a step that drafts with the eagle3 draft also verifies the suffix index's
     proposal, as a second branch of one token tree, so whichever is right is accepted."""
+    runner_up: bool = True
+    """eagle3 drafts, greedy: a drafting step also verifies the draft's second choice for the chain's first
+    token beside the chain (a one-token branch), where its calibrated odds pay for the verify row."""
     adaptive_k: bool = False
     default_max_tokens: int = 256
     """max_tokens when the request gives none (clamped to the context left after the prompt)."""

@@ -23,6 +23,7 @@ def test_help(served_ab, help_text):
 
 def test_settings_are_parsed_and_bad_ones_named(served_ab):
     assert served_ab.parse_setting(["index_branch=false"]) == {"index_branch": False, "min_path_prob": 0.25}
+    assert served_ab.parse_setting(["runner_up=false"]) == {"runner_up": False, "min_path_prob": 0.25}
     assert served_ab.parse_setting(["min_path_prob=0.1"]) == {"min_path_prob": 0.1}
     with pytest.raises(SystemExit, match="setting 'k_max'"):
         served_ab.parse_setting(["k_max=3"])

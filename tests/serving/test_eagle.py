@@ -263,6 +263,9 @@ def test_greedy_steps_verify_the_drafts_runner_up_beside_its_chain_losslessly(pa
     won = [s for s in steps if s.beside is not None and s.k == 1 and s.accepted == 1]
     assert won and all(s.source == "eagle3" and s.beside.source == "eagle3" and s.beside.accepted == 0
                        for s in won)
+    off = hybrid_engine(pair, [], runner_up=False).generate(PROMPTS, SamplingParams(max_new_tokens=40, k=3), mode=mode)
+    assert [c.token_ids for c in off] == [c.token_ids for c in completions]
+    assert not any(s.beside is not None for c in off for s in c.record.steps)
 
 
 
