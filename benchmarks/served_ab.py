@@ -37,8 +37,11 @@ from typing import Any
 
 from bench_io import add_output_arguments, save  # benchmarks/ is on sys.path when run as a script
 
-SETTINGS = {"index_branch": lambda text: {"true": True, "false": False}[text.lower()],
-            "runner_up": lambda text: {"true": True, "false": False}[text.lower()], "min_path_prob": float,
+def _flag(text: str) -> bool:
+    return {"true": True, "false": False}[text.lower()]
+
+
+SETTINGS = {"index_branch": _flag, "runner_up": _flag, "min_path_prob": float,
             "suffix_spec_factor": float, "suffix_spec_offset": float, "suffix_stretch_factor": float,
             "suffix_min_token_prob": float}
 INDEX_PREFIX = "suffix_"  # settings of the index (SuffixConfig's field after the prefix), not of the engine

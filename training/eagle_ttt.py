@@ -25,8 +25,9 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from draftwheel.serving.engine.adaptive import ScoreCalibration, VerifyClock
+from draftwheel.serving.engine.adaptive import PRIOR_ROW_SLOPE, ScoreCalibration, runner_up_pays
 from draftwheel.serving.engine.eagle import Eagle3Draft
+from draftwheel.serving.engine.eagle_decoding import draft_runner_up
 from draftwheel.serving.engine.sampling import greedy
 
 
@@ -266,7 +267,7 @@ def served_walk(step_logits: list[torch.Tensor], reference: torch.Tensor, draft:
     `min_path_prob` walks serving's chain cut too (draftwheel.serving.engine.eagle_decoding._run_ahead): a chain stops after
     the token at which the draft's own probability of the chain falls below it. Along an accepted prefix
     the teacher-forced chain is the draft's own, so its probabilities are the ones serving would see.
-    It walks serving's runner-up branch as well (eagle_decoding._runner_up): where it is verified (its
+    It walks serving's runner-up branch as well (eagle_decoding.draft_runner_up): where it is verified (its
     calibrated probability against the prior row cost, as mode draft decides it per request) and the
     chain's first token is not the target's, a runner-up that is emits it.
     """
@@ -275,10 +276,7 @@ def served_walk(step_logits: list[torch.Tensor], reference: torch.Tensor, draft:
     top = [torch.softmax(logits.float() / temperature, -1).max(-1) for logits in step_logits]  # (prob, index) [B, n]
     guesses = torch.stack([draft.draft_to_target[index] for _, index in top]).tolist()  # [k][B][n]
     probs = torch.stack([prob for prob, _ in top]).tolist()  # [k][B][n]
-    second = torch.softmax(step_logits[0].float() / temperature, -1).topk(2, dim=-1)  # the first token's top 2
-    runner_ups = draft.draft_to_target[second.indices[..., 1]].tolist()  # [B][n]
-    runner_up_probs = second.values[..., 1].tolist()  # [B][n]
-    row_cost = VerifyClock().slope  # the prior slope: mode draft has no pace to measure it
+    runner_ups, runner_up_probs = (x.tolist() for x in draft_runner_up(draft, step_logits[0]))  # [B][n] each
     ref = reference.tolist()
     emitted = verify_steps = 0
     for b, row in enumerate(mask.tolist()):
@@ -296,7 +294,7 @@ def served_walk(step_logits: list[torch.Tensor], reference: torch.Tensor, draft:
                 if path < min_path_prob:  # the chain was cut after this token
                     break
             prob = runner_up_probs[b][anchor]
-            if cap and odds.scaled(prob) >= row_cost:  # verified beside the chain
+            if cap and runner_up_pays(odds, prob, PRIOR_ROW_SLOPE):  # verified beside the chain (no pace)
                 won = accepted == 0 and runner_ups[b][anchor] == ref[b][anchor + 1]
                 accepted += won
                 odds.update(prob, int(won))

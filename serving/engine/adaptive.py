@@ -15,6 +15,10 @@ from collections import OrderedDict
 from typing import Any, Callable, Hashable, Sequence
 
 
+PRIOR_ROW_SLOPE = 0.05
+"""A verify row's cost in 1-row steps before any is measured (`VerifyClock`)."""
+
+
 def expected_tokens(a: float, k: int) -> float:
     """Expected tokens emitted by one step with k drafts, bonus/correction token included."""
     if a >= 1.0:
@@ -76,6 +80,14 @@ def branch_length(probs: Sequence[float], ratio: float, row_slope: float, rate: 
             break
         n += 1
     return n
+
+
+def runner_up_pays(odds: "ScoreCalibration", prob: float, row_slope: float, rate: float = 1.0) -> bool:
+    """Verify the draft's runner-up first token beside its chain? It adds one verify row, `row_slope` of a
+    1-row step, and one token where it comes true: its probability `prob` calibrated by how often it has
+    (`odds`). Worth it when that beats what the row would earn at the draft step's own `rate` (tokens per
+    unit; 1.0, a plain step's, where no pace measures it)."""
+    return odds.scaled(prob) >= row_slope * rate
 
 
 def stretch_length(probs: Sequence[float], ratio: float, row_slope: float, tokens: float, rows: int) -> int:
@@ -167,7 +179,7 @@ class VerifyClock:
     the fit is degenerate) the slope is `prior_slope` (an AMX Xeon in bfloat16 measures ~0.04, an AVX2
     EPYC in float32 ~0.12). Pure Python."""
 
-    def __init__(self, prior_slope: float = 0.05, decay: float = 0.98):
+    def __init__(self, prior_slope: float = PRIOR_ROW_SLOPE, decay: float = 0.98):
         self.prior_slope = prior_slope
         self._fit = _DiscountedLine(decay)  # x = rows - 1, y = seconds
 

@@ -33,9 +33,9 @@ from typing import Any, Callable, Iterator
 import torch
 
 from draftwheel.serving.engine.acceptance import common_prefix
-from draftwheel.serving.engine.adaptive import (AdaptiveK, LoadPaces, ScoreCalibration, VerifyClock, branch_length,
-                                                index_stretch, learn_index_step, stretch_calibration,
-                                                suffix_drafts, tree_beats_index)
+from draftwheel.serving.engine.adaptive import (PRIOR_ROW_SLOPE, AdaptiveK, LoadPaces, ScoreCalibration,
+                                                branch_length, index_stretch, learn_index_step, runner_up_pays,
+                                                stretch_calibration, suffix_drafts, tree_beats_index)
 from draftwheel.serving.engine.decoding import Request, choose
 from draftwheel.serving.engine.eagle import DraftCall, DraftKV, Eagle3Draft
 from draftwheel.serving.engine.kv import CachedLM
@@ -108,14 +108,14 @@ def _run_ahead(drafter: EagleDrafter, hidden: torch.Tensor, logits: torch.Tensor
     return torch.cat(tokens), (torch.stack(probs) if probs else None)
 
 
-def _runner_up(draft: Eagle3Draft, logits: torch.Tensor) -> tuple[int, float]:
-    """The draft's second choice for its chain's first token (a target id) from that position's draft
-    logits[Vd], and its probability at the draft's confidence temperature. Where the chain's first token
-    is rejected, the target's token is often this one (a quarter of such steps on held-out chat): verified
-    beside the chain as a one-token branch, it costs one verify row and no draft forward."""
-    probs = torch.softmax(logits.float() / draft.c.confidence_temperature, -1)  # [Vd]
-    top = probs.topk(2)
-    return int(draft.draft_to_target[top.indices[1]]), float(top.values[1])
+def draft_runner_up(draft: Eagle3Draft, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft's second choice for its chain's first token (target ids) from that position's draft
+    logits[..., Vd], and its probability at the draft's confidence temperature ([...] each). Where the
+    chain's first token is rejected, the target's token is often this one (a quarter of such steps on
+    held-out chat): verified beside the chain as a one-token branch, it costs one verify row and no draft
+    forward. Training's served walk reads the same (draftwheel.training.eagle_ttt.served_walk)."""
+    top = torch.softmax(logits.float() / draft.c.confidence_temperature, -1).topk(2, dim=-1)
+    return draft.draft_to_target[top.indices[..., 1]], top.values[..., 1]
 
 
 def _tree_step(chain: Step, chain_accepted: int, branch: list[int], emitted: list[int], source: str) -> Step:
@@ -155,7 +155,6 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
     trees = bool(propose and branches and params.greedy and getattr(target, "supports_trees", False))
     # greedy steps may verify the draft's second choice for its first token beside the chain
     siblings = bool(runner_up and params.greedy and getattr(target, "supports_trees", False))
-    sibling_clock = VerifyClock()  # mode draft has no pace: the prior row cost prices the sibling's row
     # how far the runner-up's probability comes true: in the hybrid, carried across requests with the paces
     sibling_odds = paces.sibling_odds if paces else ScoreCalibration()
     logits, features = yield from target.step(req.prompt_ids, keep=1, aux=aux_ids)  # [1, V], [P, 3H]
@@ -192,7 +191,7 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
         by_model = use_draft and not from_suffix  # neither: a plain step (the hybrid's third choice)
         start, suspended = time.perf_counter(), drafter.suspended_s
         branch: list[int] = []  # tokens verified beside the draft's chain, as one tree: the index's, or the
-        branch_source = SUFFIX  # draft's runner-up first token (_runner_up)
+        branch_source = SUFFIX  # draft's runner-up first token (draft_runner_up)
         stretched = 0  # the proposal's stretch tokens verified after its own
         if not by_model:  # the index's proposal, a point mass; or nothing, for a plain step
             if from_suffix:
@@ -209,10 +208,11 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
                 branch = proposal.tokens[:branch_length(proposal.probs, calibration.ratio, pace.clock.slope,
                                                         pace.ratio or 1.0, estimate.a)]
             if siblings and not branch:
-                runner_up, sibling_prob = _runner_up(draft, logits)
-                clock = pace.clock if pace else sibling_clock
-                if sibling_odds.scaled(sibling_prob) >= clock.slope * (pace.ratio if pace and pace.ratio else 1.0):
-                    branch, branch_source = [runner_up], EAGLE3
+                sibling, sibling_prob = draft_runner_up(draft, logits)
+                sibling_prob = float(sibling_prob)
+                if runner_up_pays(sibling_odds, sibling_prob, pace.clock.slope if pace else PRIOR_ROW_SLOPE,
+                                  pace.ratio if pace and pace.ratio else 1.0):
+                    branch, branch_source = [int(sibling)], EAGLE3
         k = drafted.shape[0]
         draft_s = time.perf_counter() - start - (drafter.suspended_s - suspended)
         tree = chain_with_branch(last, drafted.tolist(), branch) if branch else None

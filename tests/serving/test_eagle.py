@@ -254,7 +254,7 @@ def test_greedy_steps_verify_the_drafts_runner_up_beside_its_chain_losslessly(pa
 
     tokenizer, target, _ = pair
     monkeypatch.setattr(loop, "greedy", lambda logits: logits.topk(2, dim=-1).indices[..., 1])
-    monkeypatch.setattr(loop, "_runner_up", lambda draft, logits: (int(draft.draft_to_target[logits.argmax()]), 1.0))
+    monkeypatch.setattr(loop, "draft_runner_up", lambda draft, logits: (draft.draft_to_target[logits.argmax()], 1.0))
     engine = hybrid_engine(pair, [])  # an empty index: the draft's own branches only
     completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=40, k=3), mode=mode)
     for completion in completions:
@@ -268,14 +268,13 @@ def test_greedy_steps_verify_the_drafts_runner_up_beside_its_chain_losslessly(pa
     assert not any(s.beside is not None for c in off for s in c.record.steps)
 
 
-
 def test_a_runner_up_that_never_comes_true_stops_being_verified(pair, monkeypatch):
     """The runner-up's probability is calibrated by how often it came true, carried across a slice's
     requests: one that is always wrong (here the draft's least likely token, at 0.2) soon stops paying
     for its verify row."""
     import draftwheel.serving.engine.eagle_decoding as loop
 
-    monkeypatch.setattr(loop, "_runner_up", lambda draft, logits: (int(draft.draft_to_target[logits.argmin()]), 0.2))
+    monkeypatch.setattr(loop, "draft_runner_up", lambda draft, logits: (draft.draft_to_target[logits.argmin()], 0.2))
     from draftwheel.serving.engine.suffix import ReadOnlyIndex
 
     monkeypatch.setattr(StepPace, "draft_pays", lambda self: True)  # the tiny draft drafts every step
@@ -290,7 +289,8 @@ def test_a_runner_up_that_never_comes_true_stops_being_verified(pair, monkeypatc
         return len(steps), sum(s.beside is not None for s in steps)
 
     (drafted, first), (drafted_again, second) = branched(), branched()
-    assert 0 < first < drafted / 2 and drafted_again > 2 * first and second < first / 4, (drafted, first, drafted_again, second)
+    assert 0 < first < drafted / 2 and drafted_again > 2 * first and second < first / 4, \
+        (drafted, first, drafted_again, second)
 
 
 class EveryThirdStepDrafts:
