@@ -63,7 +63,7 @@ def test_demo_runs_the_whole_story_on_tiny_models(tmp_path, monkeypatch, capsys,
         f"target={dirs['target']}", "trainer=tests.flows.toy_trainers:copy_model",
         override("train_overrides", [f"source={dirs['good']}"]), *[f"{k}={v}" for k, v in SIZES.items()],
         override("shadow_overrides", ["max_new_tokens=12", "include_canary=false", "min_requests=2"]),
-        override("mining_overrides", ["holdout_fraction=0.4"]),
+        override("mining_overrides", ["holdout_fraction=0.6"]),
     ], return_state=True)
     results = state.result()
     printed = capsys.readouterr().out
@@ -75,7 +75,7 @@ def test_demo_runs_the_whole_story_on_tiny_models(tmp_path, monkeypatch, capsys,
     assert decisions[1].startswith("monitor: TRIGGER") and "on code" in decisions[1], decisions  # step 5
     meta = results["meta"]
     assert meta["monitor"]["trigger"] and any("on code" in reason for reason in meta["monitor"]["reasons"])
-    assert meta["promoted"] and not any(reason.startswith("FAIL") for reason in meta["decision"])
+    assert meta["promoted"] and not any(reason.startswith("FAIL") for reason in meta["decision"]), meta["decision"]
     assert meta["champion_before"] == v0 != meta["champion_after"] == tracking.aliases()["champion"]
     assert decisions[2] == "monitor: no trigger", decisions  # step 6: the new champion on code
     # Served by the batch engine, 4 requests at a time (max_batch), yet every request is logged, in order.
