@@ -107,8 +107,7 @@ def _bench_engine(config: Any, suffix_logs: Path | None) -> Any:
     device = resolve_device(config.device)
     engine = engine_from_specs(resolve_target(config.target, config.draft), config.draft,
                                medusa=None if config.draft else config.medusa, device=device,
-                               dtype=resolve_dtype(config.dtype, device), min_path_prob=config.min_path_prob,
-                               index_branch=config.index_branch, runner_up=config.runner_up)
+                               dtype=resolve_dtype(config.dtype, device), **config.engine_settings())
     if config.suffix_tier and engine.draft is not None:
         engine.suffix_index = _bench_index(engine, suffix_logs)
     return engine

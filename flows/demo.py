@@ -186,11 +186,27 @@ def identical(completions: list[Any], plain: list[Any]) -> str:
     return f"{same}/{len(plain)}"
 
 
-def monitor_overrides(config: DemoConfig, logs_dir: Path, threshold: float, run_flywheel: bool) -> list[str]:
-    """The demo's monitor: this run's logs, a window of the latest traffic, the demo's flywheel settings."""
+def chat_served_floor(chat: list[Any], trigger_ratio: float) -> float:
+    """The demo monitor's as-served floor (mean accepted length, every step): the monitor's own, but never
+    above `trigger_ratio` times what the champion delivers on the chat it was trained for (records
+    `chat`). What a batch of chat delivers depends on the machine (served 4 at a time in float32 the
+    hybrid takes more plain steps: 1.07 on a 2-core EPYC), and a floor above it would call the champion
+    stale before the traffic shifts."""
+    from draftwheel.flows.monitor import MonitorConfig, acceptance_by_slice
+
+    delivered = acceptance_by_slice(chat, every_step=True)["overall"].mean_accepted_length
+    return min(MonitorConfig().min_served_mal, trigger_ratio * delivered)
+
+
+def monitor_overrides(config: DemoConfig, logs_dir: Path, threshold: float, run_flywheel: bool,
+                      served_floor: float | None = None) -> list[str]:
+    """The demo's monitor: this run's logs, a window of the latest traffic, the demo's flywheel settings,
+    triggering below `threshold` draft acceptance or `served_floor` mean accepted length as served
+    (None: configs/monitor.yaml's)."""
     window = max(4, min(config.code_requests, 32))
     return [f"logs_dir={logs_dir}", f"window_requests={window}", f"min_requests={max(2, window // 4)}",
             f"min_acceptance={threshold:.4f}", f"run_flywheel={str(run_flywheel).lower()}",
+            *([f"min_served_mal={served_floor:.4f}"] if served_floor is not None else []),
             override("target", config.target), override("flywheel_overrides", config.flywheel_overrides())]
 
 
@@ -258,17 +274,20 @@ def _shift_and_flywheel(run: DemoRun) -> dict[str, Any]:
     config = run.config
     banner(2, f"serve {config.chat_requests} chat requests with the champion", run.started)
     run.serve(run.rows["chat"])
-    chat_rate = acceptance_by_slice(window(read_records(run.logs_dir), MonitorConfig(
-        window_requests=config.chat_requests, min_requests=1)))["overall"].acceptance_rate
+    chat = window(read_records(run.logs_dir), MonitorConfig(window_requests=config.chat_requests, min_requests=1))
+    chat_rate = acceptance_by_slice(chat)["overall"].acceptance_rate
+    served_floor = chat_served_floor(chat, config.trigger_ratio)
     threshold = config.min_acceptance or config.trigger_ratio * chat_rate
     rule = "" if config.min_acceptance else f" = {config.trigger_ratio} x the chat acceptance {chat_rate:.3f}"
-    banner(3, f"monitor: is the champion keeping up? (alert below {threshold:.3f}{rule})", run.started)
-    monitor(None, monitor_overrides(config, run.logs_dir, threshold, run_flywheel=False))
+    banner(3, f"monitor: is the champion keeping up? (alert below {threshold:.3f}{rule}, or below "
+              f"{served_floor:.2f} accepted length as served)", run.started)
+    monitor(None, monitor_overrides(config, run.logs_dir, threshold, run_flywheel=False, served_floor=served_floor))
     banner(4, f"traffic shifts: serve {config.code_requests} code requests", run.started)
     run.serve(run.rows["code"])
     banner(5, "monitor: acceptance on code -> flywheel (mine -> train -> shadow -> promote)", run.started)
-    outcome = monitor(None, monitor_overrides(config, run.logs_dir, threshold, run_flywheel=True))
-    outcome["threshold"] = threshold
+    outcome = monitor(None, monitor_overrides(config, run.logs_dir, threshold, run_flywheel=True,
+                                              served_floor=served_floor))
+    outcome["threshold"], outcome["served_floor"] = threshold, served_floor
     return outcome
 
 
@@ -341,7 +360,8 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         banner(6, f"the champion (version {new.model_id.version}) serves {config.after_requests} code requests",
                run.started)
         run.serve(run.rows["after"])
-        monitor(None, monitor_overrides(config, run.logs_dir, outcome["threshold"], run_flywheel=False))
+        monitor(None, monitor_overrides(config, run.logs_dir, outcome["threshold"], run_flywheel=False,
+                                        served_floor=outcome["served_floor"]))
     drafts = (f"version {old.model_id.version} and version {new.model_id.version}" if new.model_id != old.model_id
               else f"version {old.model_id.version} (kept: measured once)")
     banner(7, f"before / after: plain decoding, {drafts} on {config.eval_requests} held-out prompts per slice",

@@ -53,10 +53,10 @@ def load_model(spec: str | Path, device: str = "cpu", dtype: torch.dtype = torch
 
 def engine_from_specs(target: str | Path, draft: str | Path | None = None, medusa: str | Path | None = None,
                       device: str = "cpu", dtype: torch.dtype = torch.float32, sink: Any = None,
-                      metrics: Any = None, prepack: bool = True, min_path_prob: float = 0.0,
-                      index_branch: bool = False, runner_up: bool = True) -> Engine:
+                      metrics: Any = None, prepack: bool = True, **settings: Any) -> Engine:
     """Load the models and build the engine that serves them in `dtype`
-    (`draftwheel.serving.engine.precision.resolve_dtype` turns a setting into one)."""
+    (`draftwheel.serving.engine.precision.resolve_dtype` turns a setting into one), with the engine's
+    decoding `settings` (`Engine`'s min_path_prob, index_branch, runner_up)."""
     target_model = load_model(target, device, dtype)
     draft_model = load_model(draft, device, dtype) if draft is not None else None
     heads = heads_id = None
@@ -66,7 +66,7 @@ def engine_from_specs(target: str | Path, draft: str | Path | None = None, medus
         heads = MedusaHeads.load(medusa, target_model.model).to(device=device, dtype=dtype).eval()
         heads_id = ModelId(name=Path(medusa).resolve().name, sha256=file_sha256(Path(medusa) / WEIGHTS_FILE))
     return Engine(target_model, draft_model, heads, sink=sink, metrics=metrics, medusa_id=heads_id, prepack=prepack,
-                  min_path_prob=min_path_prob, index_branch=index_branch, runner_up=runner_up)
+                  **settings)
 
 
 class TargetGoneError(ConfigError):

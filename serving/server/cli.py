@@ -162,8 +162,7 @@ def _load_engine(config: Any, sink: Any, metrics: Any) -> Any:
     device = resolve_device(config.device)
     with _setting(label):
         engine = engine_from_specs(target, None, config.medusa, device=device, sink=sink, metrics=metrics,
-                                   dtype=resolve_dtype(config.dtype, device), min_path_prob=config.min_path_prob,
-                                   index_branch=config.index_branch, runner_up=config.runner_up)
+                                   dtype=resolve_dtype(config.dtype, device), **config.engine_settings())
     if config.draft:
         with _setting(f"draft {config.draft}"):
             engine.swap_draft(load_model(config.draft, device))  # what Engine(target, draft) checks

@@ -136,6 +136,11 @@ class ServeConfig:
     On templated traffic the draft cannot draft, served 4 at a time, it emitted 3.39 tokens a step
     against 2.38; on mixed traffic at 16 rows it cost 5-10 % (docs/results.md, "Serving under load")."""
 
+    def engine_settings(self) -> dict[str, object]:
+        """The engine's decoding settings (draftwheel.serving.engine.engine.Engine's keyword arguments)."""
+        return {"min_path_prob": self.min_path_prob, "index_branch": self.index_branch,
+                "runner_up": self.runner_up}
+
     def batch_config(self):
         """The batch engine's sizes (draftwheel.serving.engine.batching.BatchConfig)."""
         from draftwheel.serving.engine.batching import BatchConfig

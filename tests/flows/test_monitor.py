@@ -442,3 +442,18 @@ def test_served_floor_must_be_a_finite_non_negative_number(value):
         config(min_served_mal=value)
     with pytest.raises(ValueError, match="slice_min_served_mal.chat"):
         config(slice_min_served_mal={"chat": value})
+
+
+def test_the_demos_as_served_floor_never_sits_above_what_chat_delivers():
+    """The demo's monitor floor as served: the monitor's own (1.3) where the champion's chat delivers
+    more; 0.85 of what chat delivers where it delivers less (plain steps only here: 1.0 a step), so the
+    same chat does not trigger it before the traffic shifts, while the monitor's own floor would."""
+    from draftwheel.flows.demo import chat_served_floor
+
+    assert chat_served_floor([record(i, "chat", accepted=8) for i in range(10)], 0.85) == MonitorConfig().min_served_mal
+    weak = [record(i, "chat", accepted=0) for i in range(10)]
+    floor = chat_served_floor(weak, 0.85)
+    assert floor == pytest.approx(0.85)
+    kept = config(min_acceptance=0.0, min_served_mal=floor)
+    assert not decide(weak, kept, served_records=weak).trigger
+    assert decide(weak, config(min_acceptance=0.0), served_records=weak).trigger
