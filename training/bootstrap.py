@@ -64,19 +64,22 @@ class BootstrapConfig:
     sampled_completions: int = 0  # eagle3: per training prompt, this many more completions sampled at sample_temperature
     sample_temperature: float = 0.8  # (more of the target's own text around the same prompts; its teacher stays the target)
     ttt_steps: int = 3           # eagle3: training-time-test unroll depth
-    bf16: bool | str = False     # eagle3: generate the completions and train under bfloat16 (~1.7x faster on AMX, a weaker v0; auto = only where fast)
+    bf16: bool | str = False     # eagle3: train under bfloat16 (~1.7x faster on AMX, a weaker v0; auto = only where fast)
+    target_bf16: bool | str = "auto"  # eagle3: generate the completions and features in bfloat16; auto = with bf16, where the target serves in it
     register: bool = True        # register the draft and make it `champion` (unless the champion is for this target)
     tracking: bool = True        # log the distillation run to MLflow
 
     @property
     def bf16_eagle(self) -> bool:
-        """bfloat16 applies to the eagle3 v0 only (the lm v0 distils float32 top-k log-probs)."""
-        return self.draft_kind == "eagle3" and self.bf16
+        """Does the target generate in bfloat16? Only for the eagle3 v0 (the lm v0 distils float32 top-k
+        log-probs)."""
+        return self.draft_kind == "eagle3" and self.target_bf16
 
     def __post_init__(self) -> None:
-        from draftwheel.serving.engine.precision import resolve_bf16
+        from draftwheel.serving.engine.precision import resolve_bf16, resolve_target_bf16
 
-        self.bf16 = resolve_bf16(self.bf16)  # auto: bfloat16 only on CPUs where it is fast (AMX)
+        self.bf16 = resolve_bf16(self.bf16)  # auto: bfloat16 only on CPUs where it is fast (AMX, AVX-512 BF16)
+        self.target_bf16 = resolve_target_bf16(self.target_bf16, self.bf16)
         common.require(self.draft_kind in DRAFT_KINDS, "draft_kind",
                        f"must be one of {', '.join(DRAFT_KINDS)}, got {self.draft_kind!r}")
         common.require(self.text_sequences >= 0, "text_sequences", f"must be >= 0, got {self.text_sequences}")
@@ -192,7 +195,8 @@ def _build_eagle_draft(config: BootstrapConfig, target: Any, data: dict[str, Pat
                         holdout=str(data["holdout"]) if data["holdout"].is_dir() else "", output_dir=str(tmp),
                         learning_rate=config.learning_rate, epochs=config.epochs, batch_size=config.batch_size,
                         max_length=config.max_length, ttt_steps=config.ttt_steps, tracking=config.tracking,
-                        eval_max_samples=config.holdout_prompts, seed=config.seed, logging_steps=5, bf16=config.bf16)
+                        eval_max_samples=config.holdout_prompts, seed=config.seed, logging_steps=5, bf16=config.bf16,
+                        target_bf16=config.target_bf16)
     train_eagle(eagle, tracker)
     tmp.rename(draft_dir)
 

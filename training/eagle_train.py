@@ -49,7 +49,7 @@ from draftwheel import home
 from draftwheel.config import to_dict
 from draftwheel.registry_names import CHAMPION_URI
 from draftwheel.serving.engine.eagle import Eagle3Config, Eagle3Draft, default_aux_layer_ids, save_eagle3, vocab_from_counts
-from draftwheel.serving.engine.precision import resolve_bf16
+from draftwheel.serving.engine.precision import resolve_bf16, resolve_target_bf16
 from draftwheel.serving.engine.prepack import can_prepack, prepack_linears
 from draftwheel.serving.engine.reference import hub_id
 from draftwheel.training import common
@@ -98,7 +98,8 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     eval_min_path_prob: float = 0.25  # serving's chain cut, walked by the probe's served_mal (configs/serve.yaml's min_path_prob)
     calibrate_confidence: bool = True  # fit the draft's confidence temperature on the probe at the end (draftwheel.training.confidence)
     identity_init: bool = True   # a fresh draft starts as the target's top aux feature through its norm and head
-    bf16: bool | str = "auto"    # bfloat16 autocast for the target features and training; auto = where it is fast (draftwheel.serving.engine.precision.resolve_bf16)
+    bf16: bool | str = "auto"    # bfloat16 autocast for training the draft; auto = where it is fast (draftwheel.serving.engine.precision.resolve_bf16)
+    target_bf16: bool | str = "auto"  # the target's side (continuations, features) in bfloat16; auto = with bf16, where the target serves in bfloat16 (precision.resolve_target_bf16)
     learning_rate: float = 2e-3
     epochs: float = 4.0
     batch_size: int = 8
@@ -107,7 +108,9 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.bf16 = resolve_bf16(self.bf16, self.device)  # resolved once: cache keys and run params record what ran
+        # resolved once: cache keys and run params record what ran
+        self.bf16 = resolve_bf16(self.bf16, self.device)
+        self.target_bf16 = resolve_target_bf16(self.target_bf16, self.bf16, self.device)
         common.require(self.draft_vocab_size >= 2, "draft_vocab_size", f"must be >= 2, got {self.draft_vocab_size}")
         common.require(0.0 < self.min_vocab_coverage <= 1.0, "min_vocab_coverage",
                        f"must be in (0, 1], got {self.min_vocab_coverage}")
@@ -312,9 +315,9 @@ def lengthen(seqs: Sequences, target: Any, eos: set[int], config: EagleConfig, c
     keep_states = {"on_states": keep, "state_layers": [*aux_layer_ids, -1]} if aux_layer_ids is not None else {}
     # room + 1 tokens: the model is then also fed the last token kept, so its features exist too.
     limits = [room[i] + 1 for i in todo]
-    key = [[seqs.ids[i] for i in todo], target.model_id.sha256, limits, config.bf16]
+    key = [[seqs.ids[i] for i in todo], target.model_id.sha256, limits, config.target_bf16]
     extra, hit = cached_generation(cache_root / "continuations", key, lambda: greedy_continuations(
-        generation_model(target, config.bf16), target.tokenizer, [seqs.ids[i] for i in todo], limits,
+        generation_model(target, config.target_bf16), target.tokenizer, [seqs.ids[i] for i in todo], limits,
         batch_size=32, **keep_states))
     added = 0
     for i, more in zip(todo, extra):
@@ -371,9 +374,9 @@ def canary_sequences(target: Any, config: EagleConfig, cache_root: Path) -> Sequ
     canary = load_canary(DEFAULT_CANARY)
     longest = max(c.max_new_tokens for c in canary)
     workload = [{"prompt": c.prompt, "slice": c.slice} for c in canary]
-    rows, _ = cached_generation(cache_root / "canary", [workload, target.model_id.sha256, longest, config.bf16],
+    rows, _ = cached_generation(cache_root / "canary", [workload, target.model_id.sha256, longest, config.target_bf16],
                                 lambda: [{k: r[k] for k in ("prompt_token_ids", "completion_token_ids", "slice")}
-                                         for r in target_traffic(generation_model(target, config.bf16),
+                                         for r in target_traffic(generation_model(target, config.target_bf16),
                                                                  target.tokenizer, workload, longest,
                                                                  batch_size=16, progress=False)])
     seqs = Sequences([], [], [])
@@ -453,7 +456,7 @@ def rehearsal_sample(config: EagleConfig, source: tuple[Path, int], seqs: Sequen
     features (computed, and cached, for the whole source)."""
     path, max_length = source
     features, hit = cached_features(target.model, seqs.ids, aux_layer_ids, target.model_id.sha256, cache_root,
-                                    bf16=config.bf16)
+                                    bf16=config.target_bf16)
     n = min(len(seqs.ids), count)
     picked = seeded_sample(len(seqs.ids), n, config.seed)
     tokens = sum(len(seqs.ids[i]) for i in picked)
@@ -762,7 +765,7 @@ def prepare(config: EagleConfig) -> Prepared:
     info.update(vocab_info)
     started = time.perf_counter()
     features, hit = cached_features(target.model, train_seqs.ids, draft.c.aux_layer_ids, target.model_id.sha256,
-                                    cache_root, bf16=config.bf16, known=known)
+                                    cache_root, bf16=config.target_bf16, known=known)
     info.update(feature_cache_hit=hit, feature_s=common.seconds_since(started))
     # A round's mined set is small next to its rehearsal sample: more passes over it per epoch give the
     # new traffic more steps without more epochs, so the rehearsal sample, the per-epoch probe and the
@@ -786,7 +789,8 @@ def prepare(config: EagleConfig) -> Prepared:
     parts = probe_parts(config, hold_seqs, source, target, cache_root)
     probe = None
     if parts:
-        probe_seqs, probe_features = probe_with_features(parts, target, draft.c.aux_layer_ids, cache_root, config.bf16)
+        probe_seqs, probe_features = probe_with_features(parts, target, draft.c.aux_layer_ids, cache_root,
+                                                           config.target_bf16)
         probe = EagleDataset(probe_seqs, probe_features, prompt_loss=False)
     return Prepared(target, draft, train_set, train_tokens, probe, dataset_dir, info)
 
