@@ -72,9 +72,24 @@ def stock_wins_one_row(out_features: int, in_features: int, dtype: torch.dtype) 
     return stock_s < 0.95 * packed_s
 
 
+@functools.lru_cache(maxsize=None)
+def one_row_reduces_apart(dtype: torch.dtype) -> bool:
+    """Does oneDNN's packed op reduce a single row in another order than the same row among others?
+    In bfloat16 on a CPU without AMX tiles (AVX-512 BF16 dot products) it does for long rows: a
+    1536-wide row (SmolLM2's MLP down projection) differed in the last bit from its place in a 5-row
+    call on 19 of 50 random inputs, while any call of 2 to 64 rows gave every row bitwise the same. A
+    verify forward would then not be the one-token steps it stands for, and greedy speculative output
+    drifts from plain decoding (3 of 8 held-out chat prompts identical), so such single rows are
+    computed as two (`PackedLinear`). With AMX, and in float32, rows agree at every count."""
+    if dtype != torch.bfloat16:
+        return False
+    return not torch._C._cpu._get_cpu_capability().get("amx_bf16", False)
+
+
 class PackedLinear(nn.Module):
     """`nn.Linear` computed with a oneDNN weight packed once. Same parameters, same results (fp32).
-    Single rows take whichever kernel measured faster on this CPU (`stock_wins_one_row`)."""
+    Single rows take whichever kernel measured faster on this CPU (`stock_wins_one_row`), except where
+    a single row must be computed as two to match its multi-row results bitwise (`one_row_reduces_apart`)."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -83,7 +98,9 @@ class PackedLinear(nn.Module):
         self.bias = linear.bias
         self._packed: torch.Tensor | None = _pack(self.weight)
         self._packed_version = self.weight._version
-        self.one_row_stock = stock_wins_one_row(self.out_features, self.in_features, self.weight.dtype)
+        self.one_row_as_two = one_row_reduces_apart(self.weight.dtype)
+        self.one_row_stock = not self.one_row_as_two and stock_wins_one_row(self.out_features, self.in_features,
+                                                                            self.weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() or x.dtype != self.weight.dtype or x.device.type != "cpu":
@@ -92,6 +109,10 @@ class PackedLinear(nn.Module):
             return F.linear(x, self.weight, self.bias)
         if self._packed is None or self.weight._version != self._packed_version:  # copied, or changed in place
             self._packed, self._packed_version = _pack(self.weight), self.weight._version
+        if self.one_row_as_two and x.numel() == self.in_features:
+            row = x.reshape(1, self.in_features)
+            out = torch.ops.mkldnn._linear_pointwise(torch.cat([row, row]), self._packed, self.bias, "none", [], "")
+            return out[:1].reshape(*x.shape[:-1], self.out_features)
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
 
     # A oneDNN tensor cannot be copied or pickled: copies (deepcopy, pickle) drop it and pack on first use.

@@ -127,3 +127,32 @@ def test_engine_prepack_can_be_turned_off(tokenizer):
     target = tiny_llama(tokenizer, n_layers=1, seed=0)
     Engine(from_objects(target, tokenizer, "t"), prepack=False)
     assert type(target.lm_head) is nn.Linear
+
+
+
+@pytest.mark.ci_may_skip(reason="an AVX2-only CPU has no oneDNN bfloat16 path to pack with")
+@pytest.mark.parametrize("as_two", [True, False])
+def test_a_single_bfloat16_row_is_bitwise_its_row_among_others(as_two, monkeypatch):
+    """Computed as two rows, a single bfloat16 row is bitwise its row in a multi-row call (so a plain
+    step equals its row in a verify forward) on any CPU. Computed alone it is too, except on a CPU that
+    reduces a lone row in another order (bfloat16 without AMX tiles), where some rows must differ:
+    that is the CPU `one_row_reduces_apart` names, and where PackedLinear computes rows as two."""
+    import draftwheel.serving.engine.prepack as prepack
+
+    if not prepack.packs_bfloat16():
+        pytest.skip("oneDNN has no bfloat16 path on this CPU")
+    differs_here = prepack.one_row_reduces_apart(torch.bfloat16)
+    assert not prepack.one_row_reduces_apart(torch.float32)
+    monkeypatch.setattr(prepack, "stock_wins_one_row", lambda *shape: False)
+    monkeypatch.setattr(prepack, "one_row_reduces_apart", lambda dtype: as_two)
+    torch.manual_seed(0)
+    layer = PackedLinear(nn.Linear(1536, 576, bias=False).to(torch.bfloat16))  # SmolLM2's MLP down projection
+    assert layer.one_row_as_two is as_two and not layer.one_row_stock
+    same = 0
+    with torch.no_grad():
+        for _ in range(20):
+            rows = torch.randn(5, 1536, dtype=torch.bfloat16)
+            alone = torch.cat([layer(rows[i]).unsqueeze(0) for i in range(5)])  # a 1-D row keeps its shape
+            assert alone.shape == (5, 576)
+            same += torch.equal(alone, layer(rows))
+    assert same == 20 if as_two or not differs_here else same < 20, same
