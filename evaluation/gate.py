@@ -92,7 +92,7 @@ class ShadowConfig:
     """eagle3 drafts: stop a chain once the draft's own probability of it falls below this, as serving's
     `min_path_prob` (configs/serve.yaml) does: the gate measures the chains serving will draft."""
     dtype: str = "auto"
-    """Replay precision, as serving's `dtype` (draftwheel.serving.engine.precision): auto = bfloat16 on AMX-BF16 CPUs."""
+    """Replay precision, as serving's `dtype` (draftwheel.serving.engine.precision): auto = bfloat16 on CPUs with AMX-BF16 or AVX-512 BF16."""
     suffix_tier: bool = True
     """Replay both drafts as `draftwheel serve` runs them with its default `suffix_tier`: mode hybrid, beside
     the suffix index serving had (draftwheel.evaluation.shadow.served_index: the serving logs less the replayed prompts),

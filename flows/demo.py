@@ -63,7 +63,7 @@ class DemoConfig:
     hybrid still drafts most steps (at 16 its governor turns most of them plain, and the logs would say
     little about the draft); the before/after table measures one request at a time either way."""
     dtype: str = "auto"
-    """Serving precision (draftwheel.serving.engine.precision): auto = bfloat16 on AMX-BF16 CPUs, else float32. The flywheel's
+    """Serving precision (draftwheel.serving.engine.precision): auto = bfloat16 on CPUs with AMX-BF16 or AVX-512 BF16, else float32. The flywheel's
     shadow replay uses configs/shadow.yaml's own `dtype` (also auto)."""
     seed: int = 0
     trigger_ratio: float = 0.85

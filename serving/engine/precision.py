@@ -1,14 +1,15 @@
 """The floating-point type the engine serves in: `float32`, `bfloat16`, or `auto`.
 
-Why bfloat16 on CPUs with AMX: speculative decoding pays off only when verifying k+1 tokens costs
-about what one decoding step costs. On the 2-core Intel Xeon this project is measured on, a 4-token
-verify forward of SmolLM2-135M costs ~1.5x a 1-token step in float32 (oneDNN's float32 kernels for a
-few rows stream the weights at about half the single-row rate), but only ~1.1x in bfloat16 with
-prepacked weights, where oneDNN uses AMX tiles for the extra rows (docs/serving-engine.md has the
-measurements). A single bfloat16 step costs about what a float32 one does, so plain decoding gets no
-slower. `auto` picks bfloat16 when the CPU has AMX-BF16 (and oneDNN supports bfloat16), else float32; on a
-CUDA GPU, bfloat16 where the GPU supports it. The device setting `auto` (`resolve_device`) is CUDA when
-present, else the CPU.
+Why bfloat16 on CPUs with bfloat16 matrix hardware: speculative decoding pays off only when verifying
+k+1 tokens costs about what one decoding step costs. On the 2-core Intel Xeon this project is measured
+on, a 4-token verify forward of SmolLM2-135M costs ~1.5x a 1-token step in float32 (oneDNN's float32
+kernels for a few rows stream the weights at about half the single-row rate), but only ~1.1x in
+bfloat16 with prepacked weights, where oneDNN uses AMX tiles for the extra rows (docs/serving-engine.md
+has the measurements); a single bfloat16 step costs about what a float32 one does. On a 2-core AMD EPYC
+with AVX-512 BF16 (no AMX) bfloat16 decodes 1.4x faster than float32, plain and speculative alike.
+`auto` picks bfloat16 where the CPU has AMX-BF16 or AVX-512 BF16 and oneDNN packs bfloat16, else
+float32; on a CUDA GPU, bfloat16 where the GPU supports it. The device setting `auto`
+(`resolve_device`) is CUDA when present, else the CPU.
 
 Lossless is always measured against the target alone in the same dtype: greedy speculative output is
 token-identical to plain decoding of the same (bfloat16 or float32) target.
@@ -49,39 +50,31 @@ def resolve_device(name: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def cpu_has_amx_bf16() -> bool:
+def cpu_has_bf16_matmul() -> bool:
+    """Does this CPU multiply bfloat16 matrices in hardware (AMX-BF16 tiles or AVX-512 BF16 dot products)?"""
     import torch
-
-    from draftwheel.serving.engine.prepack import packs_bfloat16
 
     caps = torch._C._cpu._get_cpu_capability()  # what torch itself dispatches on
-    return bool(caps.get("amx_bf16")) and packs_bfloat16()
-
-
-def cpu_has_bf16_matmul() -> bool:
-    """Does this CPU multiply bfloat16 matrices in hardware (AMX-BF16 tiles or AVX-512 BF16 dot products)?
-    Where it does, bfloat16 autocast speeds training up; serving needs more (`cpu_has_amx_bf16`)."""
-    import torch
-
-    caps = torch._C._cpu._get_cpu_capability()
     return bool(caps.get("amx_bf16") or caps.get("avx512_bf16"))
 
 
-def resolve_dtype(name: str, device: str = "cpu") -> "torch.dtype":
-    """`auto` -> bfloat16 on AMX-BF16 CPUs and on CUDA GPUs that support it, else float32;
-    `float32`/`bfloat16` as named. `device` as `resolve_device` returns it. Raises ValueError naming the
-    choices for anything else.
+def cpu_serves_bf16() -> bool:
+    """bfloat16 matrix hardware (`cpu_has_bf16_matmul`) and a oneDNN that packs bfloat16 weights."""
+    from draftwheel.serving.engine.prepack import packs_bfloat16
 
-    A CPU with AVX-512 BF16 but no AMX (an AMD EPYC of the Zen 4 kind) decodes the reference target
-    1.5x faster in bfloat16, yet stays float32 here: there a verify forward's rows are not bitwise the
-    one-token steps (oneDNN reduces a few rows in another order than one), so greedy speculative output
-    matched plain bfloat16 decoding on only 3 of 8 held-out chat prompts. Lossless comes first."""
+    return cpu_has_bf16_matmul() and packs_bfloat16()
+
+
+def resolve_dtype(name: str, device: str = "cpu") -> "torch.dtype":
+    """`auto` -> bfloat16 on CPUs that serve it (`cpu_serves_bf16`: AMX-BF16 or AVX-512 BF16) and on CUDA
+    GPUs that support it, else float32; `float32`/`bfloat16` as named. `device` as `resolve_device`
+    returns it. Raises ValueError naming the choices for anything else."""
     import torch
 
     if name == "auto":
         if device.startswith("cuda"):
             return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
-        return torch.bfloat16 if device == "cpu" and cpu_has_amx_bf16() else torch.float32
+        return torch.bfloat16 if device == "cpu" and cpu_serves_bf16() else torch.float32
     check_dtype_name(name)
     return getattr(torch, name)
 
@@ -115,8 +108,8 @@ def resolve_target_bf16(value: "bool | str", bf16: bool, device: str = "cpu") ->
     """A trainer's `target_bf16` switch (the target's side of training: its continuations and features)
     as a bool: True/False as given, `auto` -> bfloat16 where the draft trains in it (`bf16`, resolved)
     and the target serves in it (`resolve_dtype`'s `auto`), so the draft learns the tokens and features
-    serving will show it. A CPU with AVX-512 BF16 but no AMX trains the draft under autocast
-    (`resolve_bf16`) yet keeps the target in float32, as it serves it. Raises ValueError naming the
+    serving will show it (a CPU whose oneDNN cannot pack bfloat16 serves float32, so its target stays
+    float32 even where `bf16` trains the draft under autocast). Raises ValueError naming the
     `target_bf16` field for anything else."""
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"

@@ -71,7 +71,7 @@ class ServeConfig:
     (draftwheel.serving.engine.precision.resolve_device)."""
     dtype: str = "auto"
     """Serving precision: auto (bfloat16 on CPUs with AMX-BF16, where a k+1-token verify costs about one
-    decoding step; else float32), float32 or bfloat16 (draftwheel.serving.engine.precision). Drafts follow the target."""
+    decoding step, or AVX-512 BF16; else float32), float32 or bfloat16 (draftwheel.serving.engine.precision). Drafts follow the target."""
     mode: str | None = None
     """Mode of requests that name none (a request may send `mode` in its body): draft, medusa,
     autoregressive, suffix or hybrid; None = the router's pick when `router` is on, else the engine's

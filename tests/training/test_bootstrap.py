@@ -132,20 +132,19 @@ def test_bf16_auto_is_resolved_once_in_the_configs(monkeypatch):
     assert load_config(EagleConfig, overrides=["bf16=true"]).bf16 is True
 
 
-@pytest.mark.parametrize("matmul, amx", [(True, True), (True, False), (False, False)])
-def test_the_targets_side_of_training_follows_the_precision_it_serves_in(monkeypatch, matmul, amx):
+@pytest.mark.parametrize("matmul, serves", [(True, True), (True, False), (False, False)])
+def test_the_targets_side_of_training_follows_the_precision_it_serves_in(monkeypatch, matmul, serves):
     """`target_bf16: auto`: the target generates and computes features in bfloat16 only where the draft
-    trains in it and the target also serves in it (AMX). With AVX-512 BF16 alone the draft trains under
-    autocast while the target stays float32, as serving runs it (there bfloat16 verify rows are not
-    bitwise the one-token steps); explicit values stand."""
+    trains in it and the target also serves in it; elsewhere the draft may train under autocast while
+    the target stays float32, as serving runs it. Explicit values stand."""
     from draftwheel.serving.engine.precision import resolve_target_bf16
     from draftwheel.training.eagle_train import EagleConfig
 
     monkeypatch.setattr("draftwheel.serving.engine.precision.cpu_has_bf16_matmul", lambda: matmul)
-    monkeypatch.setattr("draftwheel.serving.engine.precision.cpu_has_amx_bf16", lambda: amx)
+    monkeypatch.setattr("draftwheel.serving.engine.precision.cpu_serves_bf16", lambda: serves)
     config = load_config(EagleConfig, "configs/eagle.yaml")
-    assert (config.bf16, config.target_bf16) == (matmul, amx)
-    assert load_config(BootstrapConfig, overrides=["bf16=auto", "draft_kind=eagle3"]).bf16_eagle is amx
+    assert (config.bf16, config.target_bf16) == (matmul, serves)
+    assert load_config(BootstrapConfig, overrides=["bf16=auto", "draft_kind=eagle3"]).bf16_eagle is serves
     assert load_config(EagleConfig, overrides=["bf16=false"]).target_bf16 is False
     assert resolve_target_bf16("true", False) is True and resolve_target_bf16(False, True) is False
     with pytest.raises(ConfigError, match="target_bf16"):
