@@ -85,8 +85,8 @@ def resolve_bf16(value: "bool | str", device: str = "cpu") -> bool:
     hardware (`cpu_has_bf16_matmul`: AMX-BF16, or AVX-512 BF16, where autocast made a batched SmolLM2
     forward 1.8x and a draft training step 1.6x faster than float32 on a 2-core EPYC). On an AVX2-only
     CPU autocast made the same forward 7x slower and a whole training step of the draft 25x slower than
-    float32, so `auto` keeps float32 there. Training needs no bitwise agreement between row counts,
-    which is why it may use bfloat16 where serving does not (`resolve_dtype`).
+    float32, so `auto` keeps float32 there. Training needs no bitwise agreement between row counts nor
+    packed weights, so it may use bfloat16 where serving does not (`cpu_serves_bf16`).
     Raises ValueError naming the `bf16` field for anything else."""
     if isinstance(value, str):
         lowered = value.strip().lower()
