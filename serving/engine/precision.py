@@ -6,7 +6,8 @@ on, a 4-token verify forward of SmolLM2-135M costs ~1.5x a 1-token step in float
 kernels for a few rows stream the weights at about half the single-row rate), but only ~1.1x in
 bfloat16 with prepacked weights, where oneDNN uses AMX tiles for the extra rows (docs/serving-engine.md
 has the measurements); a single bfloat16 step costs about what a float32 one does. On a 2-core AMD EPYC
-with AVX-512 BF16 (no AMX) bfloat16 decodes 1.4x faster than float32, plain and speculative alike.
+with AVX-512 BF16 (no AMX) bfloat16 decodes ~1.3x faster than float32 (as served ~1.25x: its extra
+verify rows cost a little more there, so speculation gains a little less over plain decoding).
 `auto` picks bfloat16 where the CPU has AMX-BF16 or AVX-512 BF16 and oneDNN packs bfloat16, else
 float32; on a CUDA GPU, bfloat16 where the GPU supports it. The device setting `auto`
 (`resolve_device`) is CUDA when present, else the CPU.
