@@ -73,7 +73,7 @@ class DemoConfig:
     bootstrap_overrides: list[str] = field(default_factory=lambda: ["epochs=8", "bf16=auto", "n_prompts=160"])
     """On top of configs/bootstrap.yaml, only when the demo bootstraps (a fresh state dir): a v0 from 160
     chat prompts' completions instead of 256, 8 epochs instead of 16, generated and trained in bfloat16
-    where that is fast (AMX CPUs; float32 on others) (~6 min instead of ~18 on the AMX Xeon). It is
+    where that is fast (AMX or AVX-512 BF16 CPUs; float32 on others) (~6 min instead of ~18 on the AMX Xeon). It is
     weaker on chat than `draftwheel bootstrap`'s; the table reports what it does."""
     mining_overrides: list[str] = field(default_factory=lambda: ["holdout_fraction=0.2", "hard_quantile=1.0"])
     """On top of configs/mining.yaml: with this little traffic, every request counts as a training sample."""
