@@ -292,7 +292,7 @@ def test_a_runner_up_that_never_comes_true_stops_being_verified(pair, monkeypatc
         return len(steps), sum(s.beside is not None for s in steps)
 
     (drafted, first), (drafted_again, second) = branched(), branched()
-    assert drafted_again == drafted and 0 < first and second < first / 4, \
+    assert 0 < first and drafted_again >= drafted // 2 and second < first / 4, \
         (drafted, first, drafted_again, second)
 
 
