@@ -80,6 +80,17 @@ def resolve_dtype(name: str, device: str = "cpu") -> "torch.dtype":
     return getattr(torch, name)
 
 
+def _switch(value: "bool | str", field: str) -> bool | None:
+    """A true/false/auto setting: True or False as given (a bool or its name), None for `auto`. Raises
+    ValueError naming `field` for anything else."""
+    if isinstance(value, bool):
+        return value
+    lowered = value.strip().lower() if isinstance(value, str) else None
+    if lowered not in ("auto", "true", "false"):
+        raise ValueError(f"{field}: {value!r} is not one of true, false, auto")
+    return None if lowered == "auto" else lowered == "true"
+
+
 def resolve_bf16(value: "bool | str", device: str = "cpu") -> bool:
     """A trainer's `bf16` switch as a bool: True/False as given, `auto` -> bfloat16 autocast only where it
     is fast: a CUDA GPU that supports it (trainer device `auto`), or a CPU that multiplies bfloat16 in
@@ -89,20 +100,14 @@ def resolve_bf16(value: "bool | str", device: str = "cpu") -> bool:
     float32, so `auto` keeps float32 there. Training needs no bitwise agreement between row counts nor
     packed weights, so it may use bfloat16 where serving does not (`cpu_serves_bf16`).
     Raises ValueError naming the `bf16` field for anything else."""
-    if isinstance(value, str):
-        lowered = value.strip().lower()
-        if lowered not in ("auto", "true", "false"):
-            raise ValueError(f"bf16: {value!r} is not one of true, false, auto")
-        if lowered != "auto":
-            return lowered == "true"
-        import torch
+    given = _switch(value, "bf16")
+    if given is not None:
+        return given
+    import torch
 
-        if device == "auto" and torch.cuda.is_available():
-            return torch.cuda.is_bf16_supported()
-        return cpu_has_bf16_matmul()
-    if not isinstance(value, bool):
-        raise ValueError(f"bf16: {value!r} is not one of true, false, auto")
-    return value
+    if device == "auto" and torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    return cpu_has_bf16_matmul()
 
 
 def resolve_target_bf16(value: "bool | str", bf16: bool, device: str = "cpu") -> bool:
@@ -112,12 +117,9 @@ def resolve_target_bf16(value: "bool | str", bf16: bool, device: str = "cpu") ->
     serving will show it (a CPU whose oneDNN cannot pack bfloat16 serves float32, so its target stays
     float32 even where `bf16` trains the draft under autocast). Raises ValueError naming the
     `target_bf16` field for anything else."""
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    if isinstance(value, bool):
-        return value
-    if value != "auto":
-        raise ValueError(f"target_bf16: {value!r} is not one of true, false, auto")
+    given = _switch(value, "target_bf16")
+    if given is not None:
+        return given
     import torch
 
     return bf16 and resolve_dtype("auto", resolve_device(device)) == torch.bfloat16
