@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from draftwheel.serving.engine.adaptive import PRIOR_ROW_SLOPE, ScoreCalibration, runner_up_pays
 from draftwheel.serving.engine.eagle import Eagle3Draft
-from draftwheel.serving.engine.eagle_decoding import draft_runner_up
+from draftwheel.serving.engine.eagle_decoding import confidence_probs, runner_up_of
 from draftwheel.serving.engine.sampling import greedy
 
 
@@ -272,11 +272,15 @@ def served_walk(step_logits: list[torch.Tensor], reference: torch.Tensor, draft:
     chain's first token is not the target's, a runner-up that is emits it.
     """
     steps = len(step_logits)
-    temperature = draft.c.confidence_temperature  # as serving's cut reads the draft's probabilities
-    top = [torch.softmax(logits.float() / temperature, -1).max(-1) for logits in step_logits]  # (prob, index) [B, n]
+    # the draft's probabilities as serving's cut and runner-up read them; the first step's are read twice,
+    # for the chain's first token and for its runner-up (eagle_decoding.draft_runner_up), and then let go
+    first = confidence_probs(draft, step_logits[0])  # [B, n, Vd]
+    runner_ups, runner_up_probs = (x.tolist() for x in runner_up_of(draft, first))  # [B][n] each
+    top = [first.max(-1)]  # (prob, index) [B, n] per step
+    del first
+    top += [confidence_probs(draft, logits).max(-1) for logits in step_logits[1:]]
     guesses = torch.stack([draft.draft_to_target[index] for _, index in top]).tolist()  # [k][B][n]
     probs = torch.stack([prob for prob, _ in top]).tolist()  # [k][B][n]
-    runner_ups, runner_up_probs = (x.tolist() for x in draft_runner_up(draft, step_logits[0]))  # [B][n] each
     ref = reference.tolist()
     emitted = verify_steps = 0
     for b, row in enumerate(mask.tolist()):

@@ -108,14 +108,24 @@ def _run_ahead(drafter: EagleDrafter, hidden: torch.Tensor, logits: torch.Tensor
     return torch.cat(tokens), (torch.stack(probs) if probs else None)
 
 
+def confidence_probs(draft: Eagle3Draft, logits: torch.Tensor) -> torch.Tensor:
+    """The draft's probabilities[..., Vd] at its confidence temperature, in float32, from logits[..., Vd]."""
+    return torch.softmax(logits.float() / draft.c.confidence_temperature, -1)
+
+
+def runner_up_of(draft: Eagle3Draft, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The second choice (target ids) and its probability ([...] each) of `confidence_probs`[..., Vd]."""
+    top = probs.topk(2, dim=-1)
+    return draft.draft_to_target[top.indices[..., 1]], top.values[..., 1]
+
+
 def draft_runner_up(draft: Eagle3Draft, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The draft's second choice for its chain's first token (target ids) from that position's draft
     logits[..., Vd], and its probability at the draft's confidence temperature ([...] each). Where the
     chain's first token is rejected, the target's token is often this one (a quarter of such steps on
     held-out chat): verified beside the chain as a one-token branch, it costs one verify row and no draft
     forward. Training's served walk reads the same (draftwheel.training.eagle_ttt.served_walk)."""
-    top = torch.softmax(logits.float() / draft.c.confidence_temperature, -1).topk(2, dim=-1)
-    return draft.draft_to_target[top.indices[..., 1]], top.values[..., 1]
+    return runner_up_of(draft, confidence_probs(draft, logits))
 
 
 def _tree_step(chain: Step, chain_accepted: int, branch: list[int], emitted: list[int], source: str) -> Step:
