@@ -35,8 +35,8 @@ def add_min_path_prob(parser: argparse.ArgumentParser, default: float | None) ->
 
 def add_dtype(parser: argparse.ArgumentParser, default: str | None) -> None:
     parser.add_argument("--dtype", choices=PRECISIONS, default=default,
-                        help="serving precision: auto is bfloat16 on CPUs with AMX-BF16, where verifying k+1 tokens "
-                             f"costs about one decoding step, else float32 ({_default(default, 'auto')})")
+                        help="serving precision: auto is bfloat16 on CPUs with AMX-BF16 or AVX-512 BF16 (on AMX verifying k+1 "
+                             f"tokens costs about one decoding step), else float32 ({_default(default, 'auto')})")
 
 
 def add_device(parser: argparse.ArgumentParser, default: str | None) -> None:
