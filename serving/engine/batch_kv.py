@@ -17,7 +17,13 @@ row's attention is what it would be alone (rows never see each other's keys or p
 forward of one row. Outside a batched forward (no `paged` argument) the attention is the row-invariant
 one, so one model serves both paths.
 
+A token tree (draftwheel.serving.engine.tree: the draft's chain with its runner-up or the index's proposal
+beside it) is a verify whose rows see their ancestors instead of every row before them, at positions by
+depth: alone in its forward, one call per node over the cache and exactly its ancestors' keys (bitwise
+the decoding step it stands for), in a batch one call with the tree's mask.
+
 Rolling a row back (a rejected draft) is only its length going down: later writes overwrite the slots.
+After a tree, `keep_path` copies the accepted nodes' keys and values down to consecutive positions.
 Not here: which requests run (draftwheel.serving.engine.scheduler), decoding policy, block accounting.
 """
 
@@ -33,6 +39,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
 from draftwheel.serving.engine.row_invariant import MAX_ROWS, row_invariant_attention, sdpa_call
+from draftwheel.serving.engine.tree import Tree
 
 NAME = "draftwheel_paged"
 
@@ -53,9 +60,22 @@ class KVPool:
 
     def slots(self, table: list[int], end: int, start: int = 0) -> torch.Tensor:
         """Slot ids of positions start..end-1 of a request with block `table` -> [end - start] long."""
-        positions = torch.arange(start, end)
+        return self.slots_of(table, torch.arange(start, end))
+
+    def slots_of(self, table: list[int], positions: torch.Tensor) -> torch.Tensor:
+        """Slot ids of `positions` [N] long of a request with block `table` -> [N] long."""
         blocks = torch.tensor(table, dtype=torch.long)[positions // self.block_size]
         return blocks * self.block_size + positions % self.block_size
+
+    def keep_path(self, table: list[int], past: int, path: list[int]) -> None:
+        """After a tree verify of a request at `past` cached positions: its node `path[j]` (ascending) moves
+        to position past + j, in every layer. Reads come before writes (advanced indexing copies), and
+        path[j] >= j, so no node is overwritten before it is read."""
+        source = self.slots_of(table, torch.tensor(path) + past)
+        target = self.slots(table, past + len(path), past)
+        for keys, values in zip(self.keys, self.values):
+            keys[:, target] = keys[:, source]
+            values[:, target] = values[:, source]
 
     def span(self, table: list[int], end: int) -> tuple[int, int] | None:
         """(first, last + 1) slot of positions 0..end-1 when their blocks are consecutive in the pool (then
@@ -74,6 +94,7 @@ class RowView:
     n: int  # its new tokens
     past: int  # positions already cached before them
     read: torch.Tensor | tuple[int, int]  # [past + n] slots of all its positions in order, or their span
+    visible: list[list[int]] | None = None  # a tree's rows: the new rows each sees (`Tree.visible`); None = a chain
 
 
 @dataclass
@@ -84,10 +105,32 @@ class PagedBatch:
     write: torch.Tensor  # [T] slot of every new token, packed order
 
 
+def _tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past: int,
+                    visible: list[list[int]], alone: bool, scaling: float | None) -> torch.Tensor:
+    """A tree verify's attention: node i sees the cache and the new rows `visible[i]` (its ancestors and
+    itself). Alone, one call per node over exactly those keys, as `row_invariant` computes a tree: bitwise
+    the decoding step the node stands for. In a batch, one call with the tree's mask."""
+    if alone:
+        outs = []
+        for i, seen in enumerate(visible):
+            keep = torch.cat([torch.arange(past), past + torch.tensor(seen)])
+            outs.append(sdpa_call(query[:, :, i:i + 1], key.index_select(2, keep), value.index_select(2, keep),
+                                  None, scaling))
+        return torch.cat(outs, dim=1)
+    n = len(visible)
+    mask = torch.zeros(n, past + n, dtype=torch.bool, device=query.device)
+    mask[:, :past] = True
+    for i, seen in enumerate(visible):
+        mask[i, past + torch.tensor(seen)] = True
+    return sdpa_call(query, key, value, mask.view(1, 1, n, past + n), scaling)
+
+
 def _row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                   past: int, alone: bool, **kwargs) -> torch.Tensor:
+                   past: int, alone: bool, visible: list[list[int]] | None = None, **kwargs) -> torch.Tensor:
     """query[1, H, n, D] over key/value[1, KVH, past + n, D] -> out[1, n, H, D]: the calls one request makes."""
     n, scaling = query.shape[2], kwargs.get("scaling")
+    if visible is not None:
+        return _tree_attention(query, key, value, past, visible, alone, scaling)
     if past == 0:  # a first prefill chunk: causal, no mask
         return sdpa_attention_forward(module, query, key, value, None, **kwargs)[0]
     if n == 1:  # a decoding step: the call a request alone makes (row_invariant)
@@ -118,7 +161,7 @@ def paged_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
             row_keys = keys.index_select(1, row.read).unsqueeze(0)  # [1, KVH, past + n, D]
             row_values = values.index_select(1, row.read).unsqueeze(0)
         outs.append(_row_attention(module, query[:, :, row.start:row.start + row.n], row_keys, row_values,
-                                   row.past, len(paged.rows) == 1, **kwargs))
+                                   row.past, len(paged.rows) == 1, row.visible, **kwargs))
     return torch.cat(outs, dim=1), None
 
 
@@ -144,6 +187,7 @@ class RowCall:
     keep: int = 0  # logits for the last `keep` positions (0 = all)
     hidden: bool = False  # also the last hidden state [n, H]
     aux: list[int] | None = None  # also these layers' inputs, concatenated [n, len(aux) * H]
+    tree: Tree | None = None  # `tokens` are this tree's nodes (a verify; never split into chunks)
     result: object = field(default=None, repr=False)
 
 
@@ -165,10 +209,14 @@ class PagedRunner:
         positions, writes = [], []
         for call in calls:
             n = call.tokens.shape[0]
+            if call.tree is not None and len(call.tree) != n:
+                raise ValueError(f"a tree of {len(call.tree)} nodes fed {n} tokens: a tree verify is never split")
             span = self.pool.span(call.table, call.past + n)
-            rows.append(RowView(start, n, call.past, span or self.pool.slots(call.table, call.past + n)))
+            rows.append(RowView(start, n, call.past, span or self.pool.slots(call.table, call.past + n),
+                                call.tree.visible() if call.tree is not None else None))
             writes.append(torch.arange(span[0] + call.past, span[1]) if span else rows[-1].read[call.past:])
-            positions.append(torch.arange(call.past, call.past + n))
+            depths = torch.tensor(call.tree.depths) if call.tree is not None else torch.arange(n)
+            positions.append(call.past + depths)
             keep = n if call.keep <= 0 else min(call.keep, n)
             keep_index.append(torch.arange(start + n - keep, start + n))
             start += n

@@ -45,6 +45,7 @@ from draftwheel.serving.engine.engine import Completion, Engine, RequestRun
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.engine.records import LOAD
 from draftwheel.serving.engine.scheduler import QueueFullError, Scheduler, SchedulerConfig, Sequence
+from draftwheel.serving.engine.tree import Tree
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +69,10 @@ class BatchConfig:
 class PagedRow:
     """A request's target inside the batch: the decoding loops' `CachedLM`, whose `step` suspends."""
 
-    def __init__(self, seq: Sequence):
-        self.seq = seq
+    supports_trees = True  # `step(..., tree=)`: greedy steps verify the draft's runner-up or the index's proposal beside the chain
+
+    def __init__(self, seq: Sequence, pool: KVPool):
+        self.seq, self.pool = seq, pool
         self.last_forward_s = 0.0  # its share of the last forward it took part in (adaptive.ForwardClock)
 
     @property
@@ -78,15 +81,23 @@ class PagedRow:
         (the engine skips a shared prefix of it, `Sequence.cached`)."""
         return 0 if self.seq.prefilling else self.seq.length
 
-    def step(self, input_ids: torch.Tensor, keep: int = 0, hidden: bool = False, aux: list[int] | None = None):
+    def step(self, input_ids: torch.Tensor, keep: int = 0, hidden: bool = False, aux: list[int] | None = None,
+             tree: Tree | None = None):
         """Hand the call to the batch engine; resume with what `CachedLM.forward` would return."""
-        result = yield RowCall(input_ids, self.seq.length, self.seq.table, keep, hidden, aux)
+        result = yield RowCall(input_ids, self.seq.length, self.seq.table, keep, hidden, aux, tree)
         return result
 
     def rollback(self, n_tokens: int) -> None:
         """Forget the last `n_tokens` positions: the next writes overwrite their slots."""
         if n_tokens > 0:
             self.seq.length -= n_tokens
+
+    def keep_path(self, nodes: int, path: list[int]) -> None:
+        """After a tree verify of `nodes` nodes: keep the positions of the nodes on `path` (ascending, the
+        root first), in order (`CachedLM.keep_path`)."""
+        if path != list(range(len(path))):  # not a prefix of the nodes: move the path's keys down first
+            self.pool.keep_path(self.seq.table, self.seq.length - nodes, path)
+        self.rollback(nodes - len(path))
 
 
 class BatchDrafter(EagleDrafter):
@@ -111,7 +122,7 @@ class Handle:
         needs_states = run.mode == "medusa" or (run.mode in ("draft", "hybrid") and run.draft.kind == "eagle3")
         self.seq = Sequence(max_positions=run.req.prompt_ids.shape[0] + run.req.params.max_new_tokens,
                             payload=self, prompt=None if needs_states else run.req.prompt_ids.tolist())
-        self.row = PagedRow(self.seq)
+        self.row = PagedRow(self.seq, engine.pool)
         self.loop: Iterator[Any] | None = None
         self.call: RowCall | None = None  # the forward call being fed
         self.draft_call: DraftCall | None = None  # the draft forward it waits on
@@ -347,7 +358,7 @@ class BatchEngine:
             call, fed = seq.payload.call, len(seq.payload.call.tokens) - seq.pending
             final = n == seq.pending
             chunks.append(RowCall(call.tokens[fed:fed + n], seq.length, seq.table, call.keep if final else 1,
-                                  call.hidden, call.aux))
+                                  call.hidden, call.aux, call.tree))
         try:
             self.runner.forward(chunks)
         except Exception as exc:  # noqa: BLE001 - a failed forward fails its rows, not the server

@@ -84,6 +84,42 @@ def test_a_paged_row_is_bitwise_the_request_alone_whatever_its_blocks():
             past += len(piece)
 
 
+def test_a_paged_tree_is_the_requests_own_tree_alone_and_in_a_batch():
+    """A token tree (the chain and a branch forking after its first token) as a paged row: alone in its
+    forward, bitwise the tree `CachedLM` verifies; after keeping the branch's path (scattered blocks, so
+    the path's keys are copied between blocks), the next step is bitwise the one after that path. Beside
+    other rows in one forward, its logits are its own (to float summation order), and a tree split into
+    chunks is refused."""
+    from draftwheel.serving.engine.tree import chain_with_branch
+
+    model = gqa_llama()
+    use_row_invariant_attention(model)
+    prompt = torch.randint(0, 300, (13,), generator=torch.Generator().manual_seed(0))
+    tree = chain_with_branch(17, [21, 22, 23], [21, 31, 32])  # nodes 17, 21, 22, 23, 31, 32
+    path = [0, 1, 4, 5]  # the branch won
+    alone = CachedLM(model)
+    alone.forward(prompt)
+    want_tree = alone.forward(torch.tensor(tree.tokens), tree=tree)
+    alone.keep_path(len(tree), path)
+    want_next = alone.forward(torch.tensor([40]), keep=1)
+    pool = KVPool(model.config, 16, 4, torch.float32)
+    runner = PagedRunner(model, pool)
+    table = [9, 2, 14, 5, 11]  # scattered: the path's nodes move from block 5 to blocks 14 and 5
+    runner.forward([RowCall(prompt, 0, table)])
+    got_tree, = runner.forward([RowCall(torch.tensor(tree.tokens), len(prompt), table, tree=tree)])
+    assert torch.equal(got_tree, want_tree)
+    pool.keep_path(table, len(prompt), path)
+    got_next, = runner.forward([RowCall(torch.tensor([40]), len(prompt) + len(path), table, keep=1)])
+    assert torch.equal(got_next, want_next)
+    # in a batch: another request's rows beside it
+    runner.forward([RowCall(prompt, 0, table), RowCall(prompt[:7], 0, [0, 1])])
+    batched = runner.forward([RowCall(torch.tensor(tree.tokens), len(prompt), table, tree=tree),
+                              RowCall(torch.tensor([3, 4]), 7, [0, 1, 3])])
+    torch.testing.assert_close(batched[0], want_tree, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="never split"):
+        runner.forward([RowCall(torch.tensor(tree.tokens[:3]), len(prompt), table, tree=tree)])
+
+
 def test_rows_of_one_forward_do_not_see_each_other(pair):
     """Three requests at different depths in one forward: each row's logits are its own request's
     (equal to its forward alone up to float summation order), never another's."""
@@ -225,6 +261,25 @@ def test_eagle3_chains_in_the_batch_are_lossless(eagle_engine, mode):
             assert any(s.source == "eagle3" and s.accepted for c in got for s in c.record.steps)
             # one draft forward serves every row waiting on it: at batch 10, forwards of several rows
             assert max(batch.rows_per_draft_forward) == 1 if max_batch == 1 else max(batch.rows_per_draft_forward) > 1
+
+
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_batched_greedy_steps_verify_the_drafts_runner_up_beside_its_chain_losslessly(eagle_engine, max_batch,
+                                                                                      monkeypatch):
+    """As one at a time (tests/serving/test_eagle.py): a batched row verifies the draft's runner-up first
+    token beside its chain as a token tree, some steps are won by it, and greedy output stays the
+    target's. Here the draft's first and second choices swap, so the runner-up is often right."""
+    import draftwheel.serving.engine.eagle_decoding as loop
+
+    params = SamplingParams(max_new_tokens=40, k=3)
+    expected = eagle_engine.generate(PROMPTS, params, mode="autoregressive")
+    monkeypatch.setattr(loop, "greedy", lambda logits: logits.topk(2, dim=-1).indices[..., 1])
+    monkeypatch.setattr(loop, "draft_runner_up", lambda draft, logits: (draft.draft_to_target[logits.argmax()], 1.0))
+    with BatchEngine(eagle_engine, BatchConfig(max_batch=max_batch)) as batch:
+        got = batch.generate(PROMPTS, params, mode="draft")
+    assert [c.token_ids for c in got] == [c.token_ids for c in expected]
+    won = [s for c in got for s in c.record.steps if s.beside is not None and s.k == 1 and s.accepted == 1]
+    assert won and all(s.beside.source == "eagle3" and s.beside.accepted == 0 for s in won)
 
 
 def test_one_draft_forward_for_several_requests_equals_each_alone(eagle_engine):
