@@ -113,9 +113,12 @@ def _tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if alone:
         outs = []
         for i, seen in enumerate(visible):
-            keep = torch.cat([torch.arange(past), past + torch.tensor(seen)])
-            outs.append(sdpa_call(query[:, :, i:i + 1], key.index_select(2, keep), value.index_select(2, keep),
-                                  None, scaling))
+            if seen == list(range(i + 1)):  # on the chain: the rows before it, as a verify reads them
+                k, v = key[:, :, :past + i + 1], value[:, :, :past + i + 1]
+            else:  # off the chain (a runner-up, the index's branch): the cache and its own ancestors
+                keep = torch.cat([torch.arange(past), past + torch.tensor(seen)])
+                k, v = key.index_select(2, keep), value.index_select(2, keep)
+            outs.append(sdpa_call(query[:, :, i:i + 1], k, v, None, scaling))
         return torch.cat(outs, dim=1)
     n = len(visible)
     mask = torch.zeros(n, past + n, dtype=torch.bool, device=query.device)
