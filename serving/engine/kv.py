@@ -20,7 +20,7 @@ from draftwheel.serving.engine.tree import Tree
 
 
 class CachedLM:
-    supports_trees = True  # `step(..., tree=)` (a batched row has no tree layout)
+    supports_trees = True  # `step(..., tree=)`, `keep_path` (a batched row has both too: batching.PagedRow)
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
