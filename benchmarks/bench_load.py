@@ -2,9 +2,9 @@
 
 Each server setting is `draftwheel serve` started in its own process (a fresh log dir, so a fresh suffix
 index): `serial` (one request at a time, plain decoding: also the reference for greedy identity),
-`batched-plain` (continuous batching, plain decoding) and, with `--draft`, `serial-hybrid` (today's
-default server: one at a time, hybrid speculative decoding) and `batched-hybrid` (continuous batching,
-hybrid). At each concurrency C (`--concurrency`) C client threads stream greedy chat completions with the
+`batched-plain` (continuous batching, plain decoding) and, with `--draft`, `serial-hybrid` (one at a
+time, hybrid speculative decoding: the default server before continuous batching was) and
+`batched-hybrid` (continuous batching, hybrid: the default server). At each concurrency C (`--concurrency`) C client threads stream greedy chat completions with the
 official `openai` client, one request after another, until `--requests` are done (a closed loop). At
 each rate R (`--rates`) requests arrive as a Poisson process of R per second, each on its own client
 thread however many are still running (an open loop: the queue grows when the server cannot keep up).

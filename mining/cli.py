@@ -54,7 +54,7 @@ def register(subparsers: Any) -> None:
     add_dtype(traffic, "auto")
     add_device(traffic, "auto")
     traffic.add_argument("--max-batch", type=int, default=1,
-                         help="requests decoding at once (continuous batching, as `serve --set scheduler=batched`); "
+                         help="requests decoding at once (continuous batching, as `draftwheel serve` decodes concurrent requests); "
                               "1: one at a time, each request's suffix index holding every earlier one")
     traffic.add_argument("--no-progress", action="store_true", help="no progress bar")
     traffic.set_defaults(func=_traffic_command)

@@ -4,8 +4,8 @@
 template applied and the item's slice, and writes each request's `AcceptanceRecord` to a
 `draftwheel.serving.engine.sink.JsonlSink` in `log_dir` (or leaves logging to the engine's own sink when `log_dir` is
 None). It returns a per-slice summary. An `Engine` serves the prompts one at a time; a `BatchEngine`
-(draftwheel.serving.engine.batching) takes them all at once, as `draftwheel serve --set scheduler=batched`
-would take that many concurrent clients, and the records are written in workload order. It does not build
+(draftwheel.serving.engine.batching) takes them all at once, as `draftwheel serve` (continuous batching, its
+default) would take that many concurrent clients, and the records are written in workload order. It does not build
 workloads (`draftwheel.mining.workloads`) or models.
 """
 

@@ -7,10 +7,10 @@ and draft ids; the acceptance log's counts, `status: "degraded"` while its write
 speculative figures as vLLM returns them, `metrics.speculative_decoding` (`draftwheel.serving.server.spec_metrics`;
 `per_request_spec_decode_metrics`).
 
-The engine runs one request at a time on a single worker thread; concurrent HTTP requests wait in
-its FIFO queue (never dropped; `draftwheel_queue_depth` shows the queue). With `scheduler: batched` the
-requests decode together in the batch engine (draftwheel.serving.engine.batching), whose queue is bounded
-(`max_waiting`: a 503 with Retry-After beyond it). Bad input gets a 4xx with an
+With `scheduler: batched` (the default) concurrent requests decode together in the batch engine
+(draftwheel.serving.engine.batching), whose queue is bounded (`max_waiting`: a 503 with Retry-After
+beyond it). With `scheduler: serial` the engine runs one request at a time on a single worker thread;
+concurrent HTTP requests wait in its FIFO queue (never dropped; `draftwheel_queue_depth` shows the queue). Bad input gets a 4xx with an
 OpenAI-style error body, never a 500 (an unexpected failure is a 500 with that body, never plain text).
 Bodies over `max_body_bytes` and prompts over `max_prompt_chars` get a 413 before any tokenising
 (`draftwheel.serving.server.http_guard`); on shutdown, running engine jobs stop at their next token and the requests

@@ -103,10 +103,11 @@ class ServeConfig:
     state_save_s: float = 60.0
     """How often the suffix index stats and the router state are written under $DRAFTWHEEL_HOME/serving
     (and once at shutdown)."""
-    scheduler: str = "serial"
-    """How requests share the target: `serial`, one at a time in arrival order; `batched`, continuous
-    batching (draftwheel.serving.engine.batching): every running request advances in one target forward
-    per step, joining and leaving at any step, under the four limits below."""
+    scheduler: str = "batched"
+    """How requests share the target: `batched`, continuous batching (draftwheel.serving.engine.batching):
+    every running request advances in one target forward per step, joining and leaving at any step, under
+    the four limits below (a request alone is decoded bitwise as one at a time); `serial`, one at a time
+    in arrival order, every request bitwise as alone."""
     max_batch: int = 16
     """batched: requests decoding at once."""
     max_batch_tokens: int = 512

@@ -46,12 +46,13 @@ def model_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stack(model_dirs, tmp_path_factory):
-    """(engine, sink, base_url) of a running server without an API key."""
+    """(engine, sink, base_url) of a running server without an API key, one request at a time (the batched
+    server, the default: tests/serving/test_server_batching.py)."""
     log_dir = tmp_path_factory.mktemp("logs")
     metrics = Metrics()
     sink = JsonlSink(log_dir, flush_every=4, metrics=metrics)
     engine = engine_from_specs(*model_dirs, sink=sink, metrics=metrics)
-    with background_server(create_app(engine, ServeConfig(served_model_name="tiny"))) as url:
+    with background_server(create_app(engine, ServeConfig(served_model_name="tiny", scheduler="serial"))) as url:
         yield engine, sink, url
     sink.close()
 
