@@ -215,8 +215,11 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
             # [n], [n, V] | None (n <= k)
             drafted, q = yield from _run_ahead(drafter, hidden, logits, k, kv, req, min_path_prob)
             if trees and proposal and proposal.tokens:
-                branch = proposal.tokens[:branch_length(proposal.probs, calibration.ratio, pace.clock.slope,
-                                                        pace.ratio or 1.0, estimate.a)]
+                # a tree's nodes stay within the request's room, as a chain's do (k <= remaining - 1): the
+                # batch engine holds a request's KV blocks for its prompt and max_new_tokens only
+                room = req.out.remaining - drafted.shape[0]
+                branch = proposal.tokens[:min(room, branch_length(proposal.probs, calibration.ratio, pace.clock.slope,
+                                                                  pace.ratio or 1.0, estimate.a))]
             if siblings and not branch:
                 sibling, sibling_prob = draft_runner_up(draft, logits)
                 sibling_prob = float(sibling_prob)

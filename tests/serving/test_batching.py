@@ -282,6 +282,23 @@ def test_batched_greedy_steps_verify_the_drafts_runner_up_beside_its_chain_lossl
     assert won and all(s.beside.source == "eagle3" and s.beside.accepted == 0 for s in won)
 
 
+def test_a_rows_tree_stays_within_the_kv_positions_it_holds(eagle_engine, monkeypatch):
+    """A request holds KV positions for its prompt and max_new_tokens only (here exactly: blocks of one
+    position). Trees with the index's proposal as a branch at every drafting step, to the last tokens,
+    never write past them, and greedy output stays the target's."""
+    import draftwheel.serving.engine.eagle_decoding as loop
+
+    params = SamplingParams(max_new_tokens=24, k=4)
+    expected = eagle_engine.generate(PROMPTS, params, mode="autoregressive")
+    monkeypatch.setattr(eagle_engine, "index_branch", True)
+    monkeypatch.setattr(loop, "suffix_drafts", lambda *args, **kwargs: False)  # the draft drafts every step
+    monkeypatch.setattr(loop, "branch_length", lambda probs, *args, **kwargs: len(probs))  # the whole proposal
+    with BatchEngine(eagle_engine, BatchConfig(max_batch=1, kv_block_size=1, kv_blocks=4096)) as batch:
+        got = batch.generate(PROMPTS, params, mode="hybrid")
+    assert [c.token_ids for c in got] == [c.token_ids for c in expected]
+    assert any(s.beside is not None and "suffix" in (s.source, s.beside.source) for c in got for s in c.record.steps)
+
+
 def test_one_draft_forward_for_several_requests_equals_each_alone(eagle_engine):
     """`Eagle3Draft.extend_many`: requests at different depths, a catch-up of several slots (target features
     to project) beside one-slot steps (the draft's own hidden states): each request's hidden state, logits
