@@ -60,8 +60,10 @@ class DemoConfig:
     max_batch: int = 4
     """The served traffic is queued at once and decoded by the batch engine this many requests at a time,
     as `draftwheel serve` serves that many concurrent clients (1 = one request at a time). At 4 rows the
-    hybrid still drafts most steps (at 16 its governor turns most of them plain, and the logs would say
-    little about the draft); the before/after table measures one request at a time either way."""
+    hybrid drafted most steps on an AMX Xeon (at 16 its governor turns most of them plain, and the logs
+    would say little about the draft); where drafting does not pay at that load, as for the quick v0 on
+    chat on an AVX-512 EPYC, the governor keeps the rows plain and the logs say so (`source: load`). The
+    before/after table measures one request at a time either way."""
     dtype: str = "auto"
     """Serving precision (draftwheel.serving.engine.precision): auto = bfloat16 on CPUs with AMX-BF16 or AVX-512 BF16, else float32. The flywheel's
     shadow replay uses configs/shadow.yaml's own `dtype` (also auto)."""
