@@ -51,12 +51,20 @@ def resolve_device(name: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def cpu_has_bf16_matmul() -> bool:
-    """Does this CPU multiply bfloat16 matrices in hardware (AMX-BF16 tiles or AVX-512 BF16 dot products)?"""
+def _cpu_has(feature: str) -> bool:
     import torch
 
-    caps = torch._C._cpu._get_cpu_capability()  # what torch itself dispatches on
-    return bool(caps.get("amx_bf16") or caps.get("avx512_bf16"))
+    return bool(torch._C._cpu._get_cpu_capability().get(feature))  # what torch itself dispatches on
+
+
+def cpu_has_amx_bf16() -> bool:
+    """Does this CPU have AMX-BF16 tiles (an Intel Xeon of the Sapphire Rapids kind and later)?"""
+    return _cpu_has("amx_bf16")
+
+
+def cpu_has_bf16_matmul() -> bool:
+    """Does this CPU multiply bfloat16 matrices in hardware (AMX-BF16 tiles or AVX-512 BF16 dot products)?"""
+    return cpu_has_amx_bf16() or _cpu_has("avx512_bf16")
 
 
 def cpu_serves_bf16() -> bool:

@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from draftwheel.serving.engine.precision import cpu_has_amx_bf16
+
 log = logging.getLogger(__name__)
 
 MIN_PACKED_WEIGHT = 1 << 17  # float32 weights (in_features * out_features) below which the stock op is faster
@@ -81,9 +83,7 @@ def one_row_reduces_apart(dtype: torch.dtype) -> bool:
     verify forward would then not be the one-token steps it stands for, and greedy speculative output
     drifts from plain decoding (3 of 8 held-out chat prompts identical), so such single rows are
     computed as two (`PackedLinear`). With AMX, and in float32, rows agree at every count."""
-    if dtype != torch.bfloat16:
-        return False
-    return not torch._C._cpu._get_cpu_capability().get("amx_bf16", False)
+    return dtype == torch.bfloat16 and not cpu_has_amx_bf16()
 
 
 class PackedLinear(nn.Module):

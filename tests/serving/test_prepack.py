@@ -129,7 +129,6 @@ def test_engine_prepack_can_be_turned_off(tokenizer):
     assert type(target.lm_head) is nn.Linear
 
 
-
 @pytest.mark.ci_may_skip(reason="an AVX2-only CPU has no oneDNN bfloat16 path to pack with")
 @pytest.mark.parametrize("as_two", [True, False])
 def test_a_single_bfloat16_row_is_bitwise_its_row_among_others(as_two, monkeypatch):
