@@ -85,14 +85,13 @@ def _run_ahead(drafter: EagleDrafter, hidden: torch.Tensor, logits: torch.Tensor
     losslessly)."""
     draft = drafter.model
     to_target = draft.draft_to_target  # [Vd]
-    temperature = draft.c.confidence_temperature
     tokens, probs = [], []
     path_prob = 1.0
     for i in range(k):
         if req.params.greedy:
             index = greedy(logits)
             if min_path_prob:
-                path_prob *= float(torch.softmax(logits / temperature, -1)[index])
+                path_prob *= float(confidence_probs(draft, logits)[index])
         else:
             q_draft = warp(logits, req.params)  # [Vd]
             index = sample(q_draft, req.generator)
