@@ -88,13 +88,34 @@ class KVPool:
 
 
 @dataclass
+class TreeRead:
+    """The keys a tree verify's nodes read: node i sees the cache and its ancestors. The same in every
+    layer, so built once per forward (`of`), not in each layer's attention."""
+    mask: torch.Tensor  # [1, 1, n, past + n] bool: in a batch, one call with this mask
+    gathers: list[torch.Tensor | None]  # alone, per node: the key positions its call reads; None on the chain (a prefix)
+
+    @classmethod
+    def of(cls, tree: Tree, past: int, device: torch.device | str = "cpu") -> "TreeRead":
+        visible = tree.visible()
+        n = len(visible)
+        mask = torch.zeros(n, past + n, dtype=torch.bool, device=device)
+        mask[:, :past] = True
+        gathers: list[torch.Tensor | None] = []
+        for i, seen in enumerate(visible):
+            own = past + torch.tensor(seen, device=device)
+            mask[i, own] = True
+            gathers.append(None if seen == list(range(i + 1)) else torch.cat([torch.arange(past, device=device), own]))
+        return cls(mask.view(1, 1, n, past + n), gathers)
+
+
+@dataclass
 class RowView:
     """One row of a batched forward, as the attention sees it."""
     start: int  # offset of its new tokens in the packed sequence
     n: int  # its new tokens
     past: int  # positions already cached before them
     read: torch.Tensor | tuple[int, int]  # [past + n] slots of all its positions in order, or their span
-    visible: list[list[int]] | None = None  # a tree's rows: the new rows each sees (`Tree.visible`); None = a chain
+    tree: TreeRead | None = None  # a tree verify's reads; None = a chain
 
 
 @dataclass
@@ -105,35 +126,29 @@ class PagedBatch:
     write: torch.Tensor  # [T] slot of every new token, packed order
 
 
-def _tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past: int,
-                    visible: list[list[int]], alone: bool, scaling: float | None) -> torch.Tensor:
-    """A tree verify's attention: node i sees the cache and the new rows `visible[i]` (its ancestors and
-    itself). Alone, one call per node over exactly those keys, as `row_invariant` computes a tree: bitwise
-    the decoding step the node stands for. In a batch, one call with the tree's mask."""
-    if alone:
-        outs = []
-        for i, seen in enumerate(visible):
-            if seen == list(range(i + 1)):  # on the chain: the rows before it, as a verify reads them
-                k, v = key[:, :, :past + i + 1], value[:, :, :past + i + 1]
-            else:  # off the chain (a runner-up, the index's branch): the cache and its own ancestors
-                keep = torch.cat([torch.arange(past), past + torch.tensor(seen)])
-                k, v = key.index_select(2, keep), value.index_select(2, keep)
-            outs.append(sdpa_call(query[:, :, i:i + 1], k, v, None, scaling))
-        return torch.cat(outs, dim=1)
-    n = len(visible)
-    mask = torch.zeros(n, past + n, dtype=torch.bool, device=query.device)
-    mask[:, :past] = True
-    for i, seen in enumerate(visible):
-        mask[i, past + torch.tensor(seen)] = True
-    return sdpa_call(query, key, value, mask.view(1, 1, n, past + n), scaling)
+def _tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past: int, tree: TreeRead,
+                    alone: bool, scaling: float | None) -> torch.Tensor:
+    """A tree verify's attention: node i sees the cache, its ancestors and itself. Alone, one call per node
+    over exactly those keys, as `row_invariant` computes a tree: bitwise the decoding step the node
+    stands for. In a batch, one call with the tree's mask."""
+    if not alone:
+        return sdpa_call(query, key, value, tree.mask, scaling)
+    outs = []
+    for i, keep in enumerate(tree.gathers):
+        if keep is None:  # on the chain: the rows before it, as a verify reads them
+            k, v = key[:, :, :past + i + 1], value[:, :, :past + i + 1]
+        else:  # off the chain (a runner-up, the index's branch): the cache and its own ancestors
+            k, v = key.index_select(2, keep), value.index_select(2, keep)
+        outs.append(sdpa_call(query[:, :, i:i + 1], k, v, None, scaling))
+    return torch.cat(outs, dim=1)
 
 
 def _row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                   past: int, alone: bool, visible: list[list[int]] | None = None, **kwargs) -> torch.Tensor:
+                   past: int, alone: bool, tree: TreeRead | None = None, **kwargs) -> torch.Tensor:
     """query[1, H, n, D] over key/value[1, KVH, past + n, D] -> out[1, n, H, D]: the calls one request makes."""
     n, scaling = query.shape[2], kwargs.get("scaling")
-    if visible is not None:
-        return _tree_attention(query, key, value, past, visible, alone, scaling)
+    if tree is not None:
+        return _tree_attention(query, key, value, past, tree, alone, scaling)
     if past == 0:  # a first prefill chunk: causal, no mask
         return sdpa_attention_forward(module, query, key, value, None, **kwargs)[0]
     if n == 1:  # a decoding step: the call a request alone makes (row_invariant)
@@ -164,7 +179,7 @@ def paged_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
             row_keys = keys.index_select(1, row.read).unsqueeze(0)  # [1, KVH, past + n, D]
             row_values = values.index_select(1, row.read).unsqueeze(0)
         outs.append(_row_attention(module, query[:, :, row.start:row.start + row.n], row_keys, row_values,
-                                   row.past, len(paged.rows) == 1, row.visible, **kwargs))
+                                   row.past, len(paged.rows) == 1, row.tree, **kwargs))
     return torch.cat(outs, dim=1), None
 
 
@@ -216,7 +231,7 @@ class PagedRunner:
                 raise ValueError(f"a tree of {len(call.tree)} nodes fed {n} tokens: a tree verify is never split")
             span = self.pool.span(call.table, call.past + n)
             rows.append(RowView(start, n, call.past, span or self.pool.slots(call.table, call.past + n),
-                                call.tree.visible() if call.tree is not None else None))
+                                TreeRead.of(call.tree, call.past, self.device) if call.tree is not None else None))
             writes.append(torch.arange(span[0] + call.past, span[1]) if span else rows[-1].read[call.past:])
             depths = torch.tensor(call.tree.depths) if call.tree is not None else torch.arange(n)
             positions.append(call.past + depths)
