@@ -13,9 +13,9 @@ Thinking Machines' "Defeating Nondeterminism in LLM Inference").
 after at least one cached position, batch 1, no padding) as one `sdpa` call per query row over exactly
 the keys that row may see, which is the very call a 1-token decoding step makes at that position, so
 the result is bitwise the same by construction. Those calls (`sdpa_call`) skip transformers' copies of
-the keys and values per query head. Prefills (no cache: the same call in every mode) and calls over
-MAX_ROWS go to transformers' `sdpa` unchanged. The price is a few small calls per layer per verify (~5%
-of a verify forward here).
+the keys and values per query head, and in bfloat16 on a CPU they compute in float32 (`work_dtype`).
+Prefills (no cache: the same call in every mode) and calls over MAX_ROWS go to transformers' `sdpa`
+unchanged. The price is a few small calls per layer per verify.
 """
 
 from __future__ import annotations
@@ -67,15 +67,36 @@ def tree_layout(visible: list[list[int]]) -> Iterator[None]:
         _TREE.reset(token)
 
 
+def work_dtype(query: torch.Tensor) -> torch.dtype:
+    """The dtype short attention calls compute in: float32 for bfloat16 on a CPU, else the query's own.
+
+    PyTorch's bfloat16 CPU attention kernel has a large fixed cost per call and grows steeply with the
+    keys: one query over 150 cached positions of the reference target took ~92 µs against ~16 µs in
+    float32, and a layer's 9 verify rows at 600 positions 3.2 ms against 0.54 ms with the upcasts
+    (2-core AMD EPYC, AVX-512 BF16). Verify rows are one call each (module docstring), so in bfloat16
+    that kernel made every extra verify row cost ~10 % of a decoding step. The upcasts are exact and the
+    result is rounded back to bfloat16; a decoding step and a verify row still make the same call."""
+    return torch.float32 if query.dtype == torch.bfloat16 and query.device.type == "cpu" else query.dtype
+
+
 def sdpa_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None = None,
-              scaling: float | None = None) -> torch.Tensor:
-    """`sdpa_attention_forward`'s call for a query after a cache, without its copies of the keys and values
-    per query head: grouped-query heads go to sdpa as they are (`enable_gqa`). The result is bitwise
-    the same (the same CPU kernel), and a decoding step's or a verify's short calls take 60 µs less per
-    layer each (a third to a half of such a call on the reference target). query[B, H, n, D] -> out[B, n, H, D]."""
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
+              scaling: float | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`sdpa_attention_forward`'s call for a query after a cache, in `work_dtype`, without its copies of the
+    keys and values per query head: grouped-query heads go to sdpa as they are (`enable_gqa`), which
+    saves 60 µs per layer of a short call. query[B, H, n, D] -> out[B, n, H, D] in `out_dtype` (default
+    the query's: pass the original dtype when the inputs were upcast once for several calls)."""
+    out_dtype = out_dtype or query.dtype
+    work = work_dtype(query)
+    out = torch.nn.functional.scaled_dot_product_attention(query.to(work), key.to(work), value.to(work),
+                                                           attn_mask=mask, scale=scaling,
                                                            enable_gqa=key.shape[1] != query.shape[1])
-    return out.transpose(1, 2).contiguous()
+    return out.transpose(1, 2).to(out_dtype).contiguous()
+
+
+def upcast(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The three in `work_dtype`, converted once for a verify's per-row calls."""
+    work = work_dtype(query)
+    return query.to(work), key.to(work), value.to(work)
 
 
 def row_invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -94,7 +115,8 @@ def row_invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.T
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     # Batch 1 has no padding, so row i sees exactly the first past+i+1 keys: no mask needed; a decoding
     # step (one row) makes the very call.
-    scaling = kwargs.get("scaling")
+    scaling, out_dtype = kwargs.get("scaling"), query.dtype
+    query, key, value = upcast(query, key, value)
     branches, layout = tree if tree is not None else ([], [None] * rows)
     # a tree's branches: the cache, then the rows of the branch, gathered once per layer
     gathered = [(torch.cat([key[:, :, :past], key[:, :, past + b]], 2),
@@ -106,7 +128,7 @@ def row_invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.T
         else:
             branch, seen = place
             k, v = gathered[branch][0][:, :, :past + seen], gathered[branch][1][:, :, :past + seen]
-        outs.append(sdpa_call(query[:, :, i:i + 1], k, v, None, scaling))
+        outs.append(sdpa_call(query[:, :, i:i + 1], k, v, None, scaling, out_dtype))
     return torch.cat(outs, dim=1), None
 
 

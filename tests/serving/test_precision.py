@@ -66,6 +66,30 @@ def test_verify_rows_are_bitwise_the_one_token_steps(tokenizer, dtype, monkeypat
     assert model.config._attn_implementation == "sdpa"
 
 
+def test_short_bfloat16_attention_computes_in_float32_on_cpu():
+    """A decoding step's and a verify row's attention in bfloat16 is the float32 call on the exactly
+    upcast inputs, rounded back (PyTorch's bfloat16 CPU kernel made each verify row cost ~10 % of a
+    step); float32 inputs take the very call they took before."""
+    import torch.nn.functional as F
+
+    from draftwheel.serving.engine.row_invariant import sdpa_call, upcast, work_dtype
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 4, 1, 16, generator=gen), torch.randn(1, 2, 30, 16, generator=gen),
+               torch.randn(1, 2, 30, 16, generator=gen))
+    expected = F.scaled_dot_product_attention(q, k, v, enable_gqa=True).transpose(1, 2)
+    assert torch.equal(sdpa_call(q, k, v), expected)  # float32: unchanged
+    q16, k16, v16 = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    assert work_dtype(q16) == torch.float32 and work_dtype(q) == torch.float32
+    out = sdpa_call(q16, k16, v16)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, F.scaled_dot_product_attention(q16.float(), k16.float(), v16.float(),
+                                                           enable_gqa=True).transpose(1, 2).bfloat16())
+    # upcast once for a verify's rows: each row's call gives what the row's own call gives
+    uq, uk, uv = upcast(q16, k16, v16)
+    assert uq.dtype == torch.float32 and torch.equal(sdpa_call(uq, uk, uv, out_dtype=torch.bfloat16), out)
+
+
 def test_prefill_and_long_calls_match_stock_sdpa(tokenizer):
     stock = gqa_llama(tokenizer).to(torch.bfloat16)
     invariant = gqa_llama(tokenizer).to(torch.bfloat16)
