@@ -123,7 +123,9 @@ def _hf_methods(engine: Engine, assistant: Any, lookup: int) -> dict[str, tuple[
         assistant = engine.draft.model
         methods["hf_assisted_same_kernels"] = (engine.target.model, assistant, 0)
     if assistant is not None:
-        methods["hf_assisted"] = (hf_target, unpacked_copy(assistant), 0)
+        hf_assistant = unpacked_copy(assistant)
+        use_stock_attention(hf_assistant)
+        methods["hf_assisted"] = (hf_target, hf_assistant, 0)
     if engine.dtype != torch.float32:  # the target alone as most users run it: float32, stock HF
         methods["hf_plain_float32"] = (copy.deepcopy(hf_target).float(), None, 0)
     return methods

@@ -92,9 +92,11 @@ def autoregressive(target: CachedLM, req: Request) -> Iterator[None]:
 
 
 def _draft_tokens(draft: CachedLM, pending: torch.Tensor, k: int, req: Request):
-    """Run the draft k times from `pending`[n]; return tokens[k] and, when sampling, probs[k, V].
+    """Run the draft up to k times from `pending`[n]; return tokens[k'] and, when sampling, probs[k', V].
+    The chain stops at a drafted EOS (k' <= k): whether the target accepts it (the request ends) or not,
+    every token drafted after it would be thrown away.
 
-    The draft cache ends holding pending + the first k-1 drafted tokens (the k-th is never fed).
+    The draft cache ends holding pending + the first k'-1 drafted tokens (the last is never fed).
     """
     tokens, probs = [], []
     step_input = pending
@@ -107,29 +109,38 @@ def _draft_tokens(draft: CachedLM, pending: torch.Tensor, k: int, req: Request):
             token = sample(q, req.generator).view(1)  # [1]
             probs.append(q)
         tokens.append(token)
+        if int(token) in req.out.eos_ids:
+            break
         step_input = token
     return torch.cat(tokens), (torch.stack(probs) if probs else None)
 
 
 def speculative(target: CachedLM, draft: CachedLM, req: Request, controller: AdaptiveK | None) -> Iterator[None]:
-    """Draft-model speculative decoding. The first step drafts straight from the prompt and the target
-    reads prompt + drafts in one forward, so there is no separate target prefill (as in HF)."""
+    """Draft-model speculative decoding. The first step is the prompt alone, as in plain decoding (a step
+    of k = 0): a prefill that also verifies drafts computes their rows with the prefill's kernels, which in
+    bfloat16 round unlike the decoding steps they stand for, so greedy output drifted from plain
+    decoding's. Every later verify runs on a cache, where its rows are the decoding steps bitwise
+    (draftwheel.serving.engine.row_invariant). The draft takes in the prompt alone in that step too, so a
+    draft computing the target's function drafts what the target then computes, bitwise."""
     params = req.params
     target_new = draft_new = req.prompt_ids  # tokens not yet in each cache
     while not req.out.finished:
         k = controller.next_k() if controller else params.k
-        k = min(k, req.draft_room)
+        k = min(k, req.draft_room) if target.length else 0
         if k <= 0:
             token = choose((yield from target.step(target_new, keep=1))[-1], params, req.generator)
             req.steps.append(Step(k=0, accepted=0, draft_token_ids=[], target_token_id=token))
             req.emit([token])
+            if not draft.length:  # the prompt's step: the draft takes it in alone too, as the target did
+                draft.forward(draft_new, keep=1)
+                draft_new = torch.empty(0, dtype=torch.long)
             # the draft has seen neither its pending tokens nor this one (k = 0 mid-request: req.regime)
             target_new, draft_new = torch.tensor([token]), torch.cat([draft_new, torch.tensor([token])])
             yield
             continue
         start = time.perf_counter()
         drafted, q = _draft_tokens(draft, draft_new, k, req)  # [k], [k, V] | None
-        draft_s = time.perf_counter() - start
+        draft_s, k = time.perf_counter() - start, len(drafted)  # a drafted EOS ends the chain early
         logits = yield from target.step(torch.cat([target_new, drafted]), keep=k + 1)  # [k+1, V]
         if params.greedy:
             emitted, accepted = verify_greedy(drafted, logits)

@@ -136,7 +136,6 @@ class Engine:
         self.dtype = next(target.model.parameters()).dtype
         self.prepack = prepack
         self._adopt(target)
-        use_row_invariant_attention(target.model)  # verify rows == decoding steps, bitwise (draftwheel.serving.engine.row_invariant)
         if draft is not None:
             self._adopt(draft)
             check_compatible(target, draft)
@@ -156,10 +155,14 @@ class Engine:
         self.paces = PaceMemory()  # mode hybrid: per (slice, draft), whether drafting pays (draftwheel.serving.engine.adaptive)
 
     def _adopt(self, loaded: LoadedModel) -> None:
-        """Cast a model to the engine's dtype (before packing: a packed weight is tied to its dtype), pack it."""
+        """Cast a model to the engine's dtype (before packing: a packed weight is tied to its dtype), pack it,
+        and give a transformers model row-invariant attention: the target's verify rows are then its decoding
+        steps bitwise (draftwheel.serving.engine.row_invariant), and a draft LM's short calls take the same
+        path as the target's (a draft that computes the target's function drafts exactly its tokens)."""
         loaded.model.to(self.dtype)
         if self.prepack:
             prepack_linears(loaded.model)
+        use_row_invariant_attention(loaded.model)
 
     @property
     def draft(self) -> LoadedModel | None:

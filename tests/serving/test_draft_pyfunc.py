@@ -90,7 +90,8 @@ def engine_steps(engine: Engine, prompt: str, mode: str) -> list[tuple[list[int]
     prompt and every token emitted before the step (none when the target ends the request at once)."""
     completion, = engine.generate([prompt], SamplingParams(max_new_tokens=16, k=K), mode=mode)
     emitted = completion.token_ids
-    done = 0 if mode == "draft" and engine.draft.kind == "lm" else 1  # eagle3, medusa: the prefill emits one
+    # the prefill emits the first token: an lm draft's loop records it as a step of k = 0, the others do not
+    done = 0 if mode == "draft" and engine.draft.kind == "lm" else 1
     steps = []
     for step in completion.record.steps:
         if step.k == K:
@@ -140,8 +141,6 @@ def test_champion_loads_as_pyfunc_and_proposes_what_the_engine_drafts(world, kin
     by_prompt = model.predict([{"prompt": p, "k": K} for p in PROMPTS[:2]])
     by_ids = model.predict([{"token_ids": ids, "k": K} for ids in prompt_ids])
     assert [list(t) for t in by_prompt["token_ids"]] == [list(t) for t in by_ids["token_ids"]]
-    if kind == "lm":  # an lm draft's first step drafts straight after the prompt
-        assert list(by_prompt["token_ids"][0]) == engine_steps(engine, PROMPTS[0], "draft")[0][1]
 
 
 def test_medusa_heads_load_as_pyfunc_and_propose_what_the_engine_drafts(world):

@@ -7,10 +7,9 @@ copy of the target as a separate draft LM), `eagle3` without and with the chain 
 (eagle3 + the suffix index).
 
 The law test. Each run samples `max_new_tokens=4` tokens of PROMPT with its own seed; the outcome is the
-window of generated tokens 2..4. In every mode but `lm` the first token comes from the target's prefill,
+window of generated tokens 2..4. In every mode the first token comes from the target's prefill alone,
 so the window is what the next step produces when it drafts 2 tokens (k is clamped to `remaining - 1`
-= 2): two drafted positions and the bonus position; after a rejection a 1-token step follows. An `lm`
-draft starts from the prompt, so its first step drafts 3 tokens (tokens 1..3, bonus 4). The expected law
+= 2): two drafted positions and the bonus position; after a rejection a 1-token step follows. The expected law
 of the window comes from `tests.serving.law.window_law`: full target forwards through transformers' own
 warpers, chained over the positions and summed over token 1. Pearson's X^2 = sum (obs - exp)^2 / exp
 over the window's cells (those expecting < 5 of the N samples pooled into one bin with every cell
@@ -163,7 +162,7 @@ def window_steps(completion) -> list:
 @pytest.mark.parametrize("mode", MODES)
 def test_window_follows_target_law(models, mode, params):
     """Tokens 2..4 follow the target's exact law (module docstring), and the window was produced by steps
-    that drafted 2 (3 for `lm`) tokens, with both full acceptances (the bonus path) and rejections."""
+    that drafted 2 tokens, with both full acceptances (the bonus path) and rejections."""
     engine, engine_mode = make_engine(models, mode)
     completions = sample(engine, engine_mode, params, N)
     result = law_test(models, completions, params)
@@ -174,7 +173,7 @@ def test_window_follows_target_law(models, mode, params):
           f"sources {dict(sources)} {result}")
     assert result.outside_support == 0
     assert result.pvalue > 1e-3, result
-    widest = 3 if mode == "lm" else 2
+    widest = 2
     assert drafted[widest] > N // 4, drafted
     assert any(s.accepted == s.k == widest for s in steps), "no fully accepted chain: the bonus path is untested"
     assert any(s.accepted < s.k for s in steps if s.k == widest), "no rejection inside a chain"
