@@ -98,7 +98,7 @@ def test_record_totals_consistent_with_steps(engine):
     assert record.drafted_tokens == sum(s.k for s in record.steps)
     assert record.accepted_tokens == sum(s.accepted for s in record.steps)
     assert record.verify_steps == len(record.steps)
-    # Every step emits accepted + 1 tokens (the first step verifies drafts made from the prompt).
+    # Every step emits accepted + 1 tokens (the first, the prompt's prefill, is a step of k = 0).
     assert sum(s.accepted + 1 for s in record.steps) >= len(record.output_token_ids)
     assert completion.stats.mean_accepted_length == pytest.approx(
         (record.accepted_tokens + record.verify_steps) / record.verify_steps)
