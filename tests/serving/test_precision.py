@@ -81,6 +81,10 @@ def test_short_bfloat16_attention_computes_in_float32_on_cpu():
     assert torch.equal(sdpa_call(q, k, v), expected)  # float32: unchanged
     q16, k16, v16 = q.bfloat16(), k.bfloat16(), v.bfloat16()
     assert work_dtype(q16) == torch.float32 and work_dtype(q) == torch.float32
+    from draftwheel.serving.engine.row_invariant import MAX_ROWS
+
+    long_call = torch.zeros(1, 4, MAX_ROWS + 1, 16, dtype=torch.bfloat16)  # a batched prompt chunk
+    assert work_dtype(long_call) == torch.bfloat16
     out = sdpa_call(q16, k16, v16)
     assert out.dtype == torch.bfloat16
     assert torch.equal(out, F.scaled_dot_product_attention(q16.float(), k16.float(), v16.float(),
