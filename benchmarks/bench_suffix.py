@@ -41,6 +41,7 @@ import torch
 from bench_io import add_output_arguments, save
 from bench_serving import PROMPTS as CHAT_PROMPTS  # benchmarks/ is on sys.path when run as a script
 from bench_serving import first_layers_draft
+from draftwheel.evaluation.bench import stock_copy
 from draftwheel.home import apply_offline_defaults, models_dir
 from draftwheel.mining.workloads import templated_prompts
 from draftwheel.serving.engine.engine import Engine
@@ -48,7 +49,6 @@ from draftwheel.serving.engine.models import from_objects
 from draftwheel.serving.loading import load_model
 from draftwheel.serving.engine.params import SamplingParams
 from draftwheel.serving.engine.precision import CHOICES, dtype_name, resolve_dtype
-from draftwheel.serving.engine.prepack import unpacked_copy
 from draftwheel.serving.engine.reference import DEFAULT_DRAFT_URI, ensure_reference_target
 from draftwheel.serving.engine.router import ARMS, Router, features
 from draftwheel.serving.engine.sink import JsonlSink
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     wall = time.time()
     target, draft = load_pair(args)
     engine = Engine(target, draft, dtype=resolve_dtype(args.dtype), min_path_prob=args.min_path_prob)
-    hf_target = unpacked_copy(engine.target.model)  # HF as users run it (stock kernels), like draftwheel.evaluation.bench
+    hf_target = stock_copy(engine.target.model)  # HF as users run it (stock kernels and attention)
     result: dict[str, Any] = {"target": target.model_id.name, "draft": draft.model_id.name, "draft_kind": draft.kind,
                               "dtype": dtype_name(engine.dtype), "k": args.k, "min_path_prob": args.min_path_prob,
                               "max_new_tokens": args.max_new_tokens, "torch_threads": torch.get_num_threads()}

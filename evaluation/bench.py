@@ -113,19 +113,23 @@ def _kind(engine: Engine) -> str:
     return engine.draft.kind if engine.draft is not None else "medusa"
 
 
+def stock_copy(model: Any) -> Any:
+    """A copy of an engine model as HF runs it: unpacked linear layers, transformers' own attention."""
+    copy_ = unpacked_copy(model)
+    use_stock_attention(copy_)
+    return copy_
+
+
 def _hf_methods(engine: Engine, assistant: Any, lookup: int) -> dict[str, tuple[Any, Any, int]]:
-    """HF baselines: name -> (model, assistant, prompt-lookup tokens). HF runs stock (unpacked) copies;
+    """HF baselines: name -> (model, assistant, prompt-lookup tokens). HF runs stock copies (`stock_copy`);
     with an `lm` draft it also runs on the engine's own packed models ("same kernels")."""
-    hf_target = unpacked_copy(engine.target.model)
-    use_stock_attention(hf_target)
+    hf_target = stock_copy(engine.target.model)
     methods = {"hf_plain": (hf_target, None, 0), "hf_prompt_lookup": (hf_target, None, lookup)}
     if engine.draft is not None and engine.draft.kind == "lm":
         assistant = engine.draft.model
         methods["hf_assisted_same_kernels"] = (engine.target.model, assistant, 0)
     if assistant is not None:
-        hf_assistant = unpacked_copy(assistant)
-        use_stock_attention(hf_assistant)
-        methods["hf_assisted"] = (hf_target, hf_assistant, 0)
+        methods["hf_assisted"] = (hf_target, stock_copy(assistant), 0)
     if engine.dtype != torch.float32:  # the target alone as most users run it: float32, stock HF
         methods["hf_plain_float32"] = (copy.deepcopy(hf_target).float(), None, 0)
     return methods
