@@ -82,7 +82,8 @@ def _run_ahead(drafter: EagleDrafter, hidden: torch.Tensor, logits: torch.Tensor
     probabilities at its `confidence_temperature`, which training fits so that they match how often the
     target agrees (a round's fine-tuning can leave a draft overconfident, and its chains too long). The
     cut reads only the draft's side, so verification stays exact (any chain length is verified
-    losslessly)."""
+    losslessly). The chain also stops at a drafted EOS: whether the target accepts it (the request ends)
+    or not, what follows it is never emitted."""
     draft = drafter.model
     to_target = draft.draft_to_target  # [Vd]
     tokens, probs = [], []
@@ -101,7 +102,8 @@ def _run_ahead(drafter: EagleDrafter, hidden: torch.Tensor, logits: torch.Tensor
             probs.append(q)
         token = to_target[index].view(1)  # [1]
         tokens.append(token)
-        if i == k - 1 or path_prob < min_path_prob:  # the last token is verified, never fed
+        # the last token is verified, never fed; after a drafted EOS every token would be thrown away
+        if i == k - 1 or path_prob < min_path_prob or int(token) in req.out.eos_ids:
             break
         hidden, logits = yield from drafter.forward(DraftCall(token, hidden.view(1, -1), kv))  # [H], [Vd]
     return torch.cat(tokens), (torch.stack(probs) if probs else None)

@@ -106,6 +106,30 @@ def test_chain_cut_by_draft_confidence_stays_lossless(pair):
         Engine(from_objects(target, tokenizer, "target"), min_path_prob=1.0)
 
 
+def test_a_chain_stops_at_a_drafted_eos(pair):
+    """Past a drafted EOS nothing is ever emitted: the chain ends there (the EOS itself is verified)."""
+    from draftwheel.serving.engine.decoding import Request
+    from draftwheel.serving.engine.eagle import DraftCall, DraftKV
+    from draftwheel.serving.engine.eagle_decoding import EagleDrafter, _run_ahead, run_serial
+    from draftwheel.serving.engine.sampling import make_generator
+    from draftwheel.serving.engine.stopping import OutputState
+
+    tokenizer, target, draft = pair
+    ids = torch.tensor(tokenizer(PROMPTS[0])["input_ids"])
+    _, features = CachedLM(target).forward(ids[:-1], keep=1, aux=draft.c.aux_layer_ids)  # [P-1, 3H]
+
+    def chain(eos_ids: set[int]) -> list[int]:
+        kv = DraftKV()
+        (hidden, logits), = draft.extend_many([DraftCall(ids[1:], features, kv, project=True)])
+        req = Request(prompt_ids=ids, params=SamplingParams(max_new_tokens=6, k=5),
+                      out=OutputState(None, eos_ids, [], 6), generator=make_generator(None))
+        return run_serial(_run_ahead(EagleDrafter(draft), hidden, logits, 5, kv, req))[0].tolist()
+
+    free = chain(set())
+    assert len(free) == 5
+    assert chain({free[1]}) == free[:2]
+
+
 def test_the_drafts_confidence_temperature_moves_where_chains_stop_and_nothing_else(pair):
     """The chain cut reads softmax(logits / confidence_temperature): a draft told it is overconfident
     (a high temperature) stops its chains sooner, drafting fewer tokens; greedy output is unchanged."""
