@@ -38,7 +38,7 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
-from draftwheel.serving.engine.row_invariant import MAX_ROWS, row_invariant_attention, sdpa_call, upcast
+from draftwheel.serving.engine.row_invariant import MAX_ROWS, per_row_attention, row_invariant_attention, sdpa_call
 from draftwheel.serving.engine.tree import Tree
 
 NAME = "draftwheel_paged"
@@ -133,16 +133,13 @@ def _tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     stands for. In a batch, one call with the tree's mask."""
     if not alone:
         return sdpa_call(query, key, value, tree.mask, scaling)
-    out_dtype = query.dtype
-    query, key, value = upcast(query, key, value)
-    outs = []
-    for i, keep in enumerate(tree.gathers):
-        if keep is None:  # on the chain: the rows before it, as a verify reads them
-            k, v = key[:, :, :past + i + 1], value[:, :, :past + i + 1]
-        else:  # off the chain (a runner-up, the index's branch): the cache and its own ancestors
-            k, v = key.index_select(2, keep), value.index_select(2, keep)
-        outs.append(sdpa_call(query[:, :, i:i + 1], k, v, None, scaling, out_dtype))
-    return torch.cat(outs, dim=1)
+
+    def reads(i: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        keep = tree.gathers[i]  # None on the chain: the rows before it, as a verify reads them; else (a
+        # runner-up, the index's branch) the cache and its own ancestors
+        return None if keep is None else (key.index_select(2, keep), value.index_select(2, keep))
+
+    return per_row_attention(query, key, value, past, scaling, reads)
 
 
 def _row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -156,9 +153,7 @@ def _row_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, va
     if n == 1:  # a decoding step: the call a request alone makes (row_invariant)
         return sdpa_call(query, key, value, None, scaling)
     if n <= MAX_ROWS and alone:  # a verify: one call per query row over exactly its keys (row_invariant)
-        q, k, v = upcast(query, key, value)
-        return torch.cat([sdpa_call(q[:, :, i:i + 1], k[:, :, :past + i + 1], v[:, :, :past + i + 1],
-                                    None, scaling, query.dtype) for i in range(n)], dim=1)
+        return per_row_attention(query, key, value, past, scaling)
     # a later prefill chunk, or a verify in a batch (whose rows are not bitwise a request alone's anyway:
     # the linear layers see every row's tokens): causal over its own positions, everything before visible
     mask = torch.ones(n, past + n, dtype=torch.bool, device=query.device).tril(past).view(1, 1, n, past + n)

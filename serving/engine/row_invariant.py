@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -103,6 +103,26 @@ def upcast(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple
     return query.to(work), key.to(work), value.to(work)
 
 
+Reads = Callable[[int, torch.Tensor, torch.Tensor], "tuple[torch.Tensor, torch.Tensor] | None"]
+
+
+def per_row_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past: int,
+                      scaling: float | None = None, reads: Reads | None = None) -> torch.Tensor:
+    """One `sdpa_call` per query row: query[1, H, n, D] over key/value[1, KVH, past + n, D] ->
+    out[1, n, H, D] in the query's dtype, the three converted to `work_dtype` once. Row i reads the first
+    past + i + 1 keys, the very call a one-token decoding step makes at its position, unless
+    `reads(i, key, value)` returns other keys and values (a tree node off the chain: the cache and its
+    own ancestors)."""
+    out_dtype = query.dtype
+    query, key, value = upcast(query, key, value)
+    outs = []
+    for i in range(query.shape[2]):
+        own = reads(i, key, value) if reads is not None else None
+        k, v = own if own is not None else (key[:, :, :past + i + 1], value[:, :, :past + i + 1])
+        outs.append(sdpa_call(query[:, :, i:i + 1], k, v, None, scaling, out_dtype))
+    return torch.cat(outs, dim=1)
+
+
 def row_invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             attention_mask: torch.Tensor | None, **kwargs) -> tuple[torch.Tensor, None]:
     """query[B, H, Q, D], key/value[B, KVH, past+Q, D] (the cache plus these Q positions) ->
@@ -119,21 +139,23 @@ def row_invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.T
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     # Batch 1 has no padding, so row i sees exactly the first past+i+1 keys: no mask needed; a decoding
     # step (one row) makes the very call.
-    scaling, out_dtype = kwargs.get("scaling"), query.dtype
-    query, key, value = upcast(query, key, value)
-    branches, layout = tree if tree is not None else ([], [None] * rows)
-    # a tree's branches: the cache, then the rows of the branch, gathered once per layer
-    gathered = [(torch.cat([key[:, :, :past], key[:, :, past + b]], 2),
-                 torch.cat([value[:, :, :past], value[:, :, past + b]], 2)) for b in branches]
-    outs = []
-    for i, place in enumerate(layout):
-        if place is None:
-            k, v = key[:, :, :past + i + 1], value[:, :, :past + i + 1]
-        else:
-            branch, seen = place
-            k, v = gathered[branch][0][:, :, :past + seen], gathered[branch][1][:, :, :past + seen]
-        outs.append(sdpa_call(query[:, :, i:i + 1], k, v, None, scaling, out_dtype))
-    return torch.cat(outs, dim=1), None
+    if tree is None:
+        return per_row_attention(query, key, value, past, kwargs.get("scaling")), None
+    branches, layout = tree
+    gathered: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per branch: the cache and its rows, once a layer
+
+    def reads(i: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if layout[i] is None:
+            return None
+        branch, seen = layout[i]
+        if branch not in gathered:
+            rows_of = past + branches[branch]
+            gathered[branch] = (torch.cat([key[:, :, :past], key[:, :, rows_of]], 2),
+                                torch.cat([value[:, :, :past], value[:, :, rows_of]], 2))
+        k, v = gathered[branch]
+        return k[:, :, :past + seen], v[:, :, :past + seen]
+
+    return per_row_attention(query, key, value, past, kwargs.get("scaling"), reads), None
 
 
 AttentionInterface.register(NAME, row_invariant_attention)
