@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from bench_io import add_output_arguments, save  # benchmarks/ is on sys.path when run as a script
@@ -52,10 +53,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 class _Greedy:
-    """What the draft's run-ahead reads of a request: greedy parameters, no generator."""
+    """What the draft's run-ahead reads of a request: greedy parameters, no generator, and the EOS ids
+    a chain stops at (`out.eos_ids`)."""
 
-    def __init__(self, params: Any):
+    def __init__(self, params: Any, eos_ids: set[int]):
         self.params, self.generator = params, None
+        self.out = SimpleNamespace(eos_ids=eos_ids)
 
 
 def index_column(index: Any, prompt_ids: list[int], output_ids: list[int]) -> list[int | None]:
@@ -77,9 +80,9 @@ def index_column(index: Any, prompt_ids: list[int], output_ids: list[int]) -> li
 
 
 def draft_column(target: Any, draft: Any, prompt_ids: list[int], output_ids: list[int], k: int,
-                 cut: float) -> list[int]:
-    """At the same positions: the eagle3 draft's chain's accepted length (k tokens at most, cut by `cut`,
-    on the target's own features)."""
+                 cut: float, eos_ids: set[int] = frozenset()) -> list[int]:
+    """At the same positions: the eagle3 draft's chain's accepted length (k tokens at most, cut by `cut`
+    and stopped at a drafted token of `eos_ids`, on the target's own features)."""
     import torch
 
     from draftwheel.serving.engine.acceptance import common_prefix
@@ -91,7 +94,7 @@ def draft_column(target: Any, draft: Any, prompt_ids: list[int], output_ids: lis
     sequence = list(prompt_ids) + list(output_ids)
     end = len(sequence)
     _, features = CachedLM(target).forward(torch.tensor(sequence), keep=1, aux=draft.c.aux_layer_ids)  # [L, 3H]
-    drafter, kv, request = EagleDrafter(draft), DraftKV(), _Greedy(SamplingParams(temperature=0.0, k=k))
+    drafter, kv, request = EagleDrafter(draft), DraftKV(), _Greedy(SamplingParams(temperature=0.0, k=k), set(eos_ids))
     slots, column = 0, []  # the draft cache holds slots 0..slots-1: feature of p with token p+1
     for p in range(len(prompt_ids) + 1, end):
         room = end - p - 1
@@ -143,7 +146,7 @@ def measure(target: Any, drafts: dict[str, Any], index: Any, rows: dict[str, lis
             by_index = index_column(index, done.prompt_token_ids, done.token_ids)  # the same for every draft
             for label, draft in drafts.items():
                 table = list(zip(by_index, draft_column(target.model, draft.model, done.prompt_token_ids,
-                                                        done.token_ids, params.k, cut)))
+                                                        done.token_ids, params.k, cut, plain.eos_ids)))
                 for policy in POLICIES:
                     steps[label][policy].append(walk(table, policy))
         result[name] = {}

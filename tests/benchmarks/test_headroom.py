@@ -61,7 +61,7 @@ def test_the_table_walks_as_the_engine_decodes(headroom, eagle_pair, cut):
         done = plain.generate([prompt], params, mode="autoregressive")[0]
         tables += [table := list(zip(headroom.index_column(index, done.prompt_token_ids, done.token_ids),
                                      headroom.draft_column(target, draft, done.prompt_token_ids, done.token_ids,
-                                                           params.k, cut)))]
+                                                           params.k, cut, plain.eos_ids)))]
         by_suffix = suffix.generate([prompt], params, mode="suffix")[0]
         by_draft = alone.generate([prompt], params, mode="draft")[0]
         assert by_suffix.token_ids == by_draft.token_ids == done.token_ids
