@@ -181,6 +181,8 @@ def eagle3(target: CachedLM, draft: Eagle3Draft | EagleDrafter, req: Request, co
         pace = paces.at(req.batch_rows) if paces else None
         if req.out.remaining <= 1:  # the last token: nothing to draft, and no feature needed after it
             last = choose((yield from target.step(torch.tensor([last]), keep=1))[-1], params, req.generator)
+            if pace:  # a 1-row forward: what the clock prices every verify against
+                pace.clock.observe(1, req.decision_times(0.0, target.last_forward_s, 1, 0)[1])
             req.steps.append(Step(k=0, accepted=0, draft_token_ids=[], target_token_id=last))
             req.emit([last])
             yield

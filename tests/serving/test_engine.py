@@ -544,6 +544,21 @@ def test_the_verify_clock_fits_the_cost_of_a_row():
     assert clock.slope == pytest.approx(0.1, rel=1e-6) and clock.cost(11) == pytest.approx(2.0)
 
 
+def test_the_verify_clock_prices_row_counts_it_has_measured_by_their_own_times():
+    """On a CPU the cost is not linear in the rows: here 1-5 rows take the same 40 ms and 17 rows 70 ms.
+    The line through them prices a 4-row verify above a step; once a 1-row forward and a 4-row one have
+    each been seen twice, their own mean times price it. Counts not measured yet keep the line."""
+    from draftwheel.serving.engine.adaptive import VerifyClock
+
+    clock = VerifyClock(prior_slope=0.05)
+    for rows in (4, 17, 4, 17, 1):
+        clock.observe(rows, 0.070 if rows == 17 else 0.040)
+    assert clock.cost(4) == pytest.approx(1.0 + clock.slope * 3) and clock.cost(4) > 1.05  # one 1-row step: the line
+    clock.observe(1, 0.040)
+    assert clock.cost(4) == pytest.approx(1.0) and clock.cost(17) == pytest.approx(1.75)
+    assert clock.cost(5) == pytest.approx(1.0 + clock.slope * 4)  # never seen: the line
+
+
 def test_a_load_met_first_starts_from_another_load_s_tokens_when_even_the_best_case_cannot_pay():
     """The load moves what drafting costs, never the tokens a draft step emits. A draft whose steps
     emit one token cannot pay at any load (1 token for a 5-row verify's 1.2 units, drafting free): a
