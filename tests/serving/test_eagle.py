@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from draftwheel.serving.engine.eagle import Eagle3Config, Eagle3Draft, Eagle3FormatError, load_eagle3, save_eagle3, vocab_from_counts
-from draftwheel.serving.engine.adaptive import LoadPaces, StepPace
+from draftwheel.serving.engine.adaptive import PRIOR_ROW_SLOPE, LoadPaces, StepPace, VerifyClock
 from draftwheel.serving.engine.engine import Engine
 from draftwheel.serving.engine.kv import CachedLM
 from draftwheel.serving.engine.models import IncompatibleModelsError, from_objects
@@ -247,6 +247,8 @@ def test_a_draft_that_clearly_loses_explores_only_where_the_index_has_nothing_be
     monkeypatch.setattr(StepPace, "draft_pays", lambda self: True)
     monkeypatch.setattr(StepPace, "clearly_loses", property(lambda self: loses))
     monkeypatch.setattr("draftwheel.serving.engine.adaptive.index_beats_draft", lambda *a, **k: False)
+    # the rule, not this machine's timings: a verify row costs what the prior says
+    monkeypatch.setattr(VerifyClock, "cost", lambda self, rows: 1.0 + PRIOR_ROW_SLOPE * (rows - 1))
     engine = hybrid_engine(pair, known)
     completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=30, k=3), mode="hybrid")
     for completion in completions:
