@@ -183,7 +183,7 @@ class VerifyClock:
     (an AMX Xeon in bfloat16 measures ~0.04, an AVX2 EPYC in float32 ~0.12).
 
     Why not the line alone: on a CPU the cost is not linear in the rows. On a 2-core EPYC (AVX-512 BF16,
-    bfloat16) forwards of 1 to 5 rows took the same time (a lone row even ~10 % more) and from 8 rows
+    bfloat16) forwards of 2 to 5 rows took the same time (a lone row 0-25 % more) and from 8 rows
     on each row added ~5 %; the line, fitted mostly on the index's 17-row proposals, priced a chain's
     4-row verify ~12 % above a step, so a draft that paid read as marginal. Pure Python."""
 
