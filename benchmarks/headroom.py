@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from bench_io import add_output_arguments, save  # benchmarks/ is on sys.path when run as a script
@@ -50,15 +49,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="the rounds benchmark's seed (the same held-out prompts)")
     add_output_arguments(parser, "headroom")
     return parser.parse_args(argv)
-
-
-class _Greedy:
-    """What the draft's run-ahead reads of a request: greedy parameters, no generator, and the EOS ids
-    a chain stops at (`out.eos_ids`)."""
-
-    def __init__(self, params: Any, eos_ids: set[int]):
-        self.params, self.generator = params, None
-        self.out = SimpleNamespace(eos_ids=eos_ids)
 
 
 def index_column(index: Any, prompt_ids: list[int], output_ids: list[int]) -> list[int | None]:
@@ -89,12 +79,12 @@ def draft_column(target: Any, draft: Any, prompt_ids: list[int], output_ids: lis
     from draftwheel.serving.engine.eagle import DraftCall, DraftKV
     from draftwheel.serving.engine.eagle_decoding import EagleDrafter, _run_ahead, run_serial
     from draftwheel.serving.engine.kv import CachedLM
-    from draftwheel.serving.engine.params import SamplingParams
+    from draftwheel.serving.engine.proposal import greedy_request
 
     sequence = list(prompt_ids) + list(output_ids)
     end = len(sequence)
     _, features = CachedLM(target).forward(torch.tensor(sequence), keep=1, aux=draft.c.aux_layer_ids)  # [L, 3H]
-    drafter, kv, request = EagleDrafter(draft), DraftKV(), _Greedy(SamplingParams(temperature=0.0, k=k), set(eos_ids))
+    drafter, kv, request = EagleDrafter(draft), DraftKV(), greedy_request(torch.tensor(sequence), k, eos_ids)
     slots, column = 0, []  # the draft cache holds slots 0..slots-1: feature of p with token p+1
     for p in range(len(prompt_ids) + 1, end):
         room = end - p - 1

@@ -10,7 +10,8 @@ whose every token is taken as confirmed:
 - Medusa heads read the target's last hidden state before the context's last token (k at most its heads).
 
 So on the context of a greedy request at one of its steps (the prompt and every token emitted before the
-step), the result is the `draft_token_ids` the step verified, when it drafted k tokens with no chain cut.
+step), the result is the `draft_token_ids` the step verified, when it drafted k tokens with no chain cut
+(a serving chain also stops at a drafted EOS; here the k tokens go on past one).
 No sampling, no verification, no I/O: `draftwheel.serving.draft_pyfunc` serves this as an MLflow model.
 """
 
@@ -30,10 +31,11 @@ from draftwheel.serving.engine.sampling import greedy, make_generator
 from draftwheel.serving.engine.stopping import OutputState
 
 
-def _greedy_request(ids: torch.Tensor, k: int) -> Request:
-    """The request state the drafting functions read (greedy: no generator draw, no output)."""
+def greedy_request(ids: torch.Tensor, k: int, eos_ids: set[int] = frozenset()) -> Request:
+    """The request state the drafting functions read, outside any request: greedy (no generator draw),
+    room for k drafts, and the EOS ids a chain stops at (none: always k tokens)."""
     params = SamplingParams(max_new_tokens=k + 1, temperature=0.0, k=k)
-    return Request(prompt_ids=ids, params=params, out=OutputState(None, set(), [], k + 1),
+    return Request(prompt_ids=ids, params=params, out=OutputState(None, set(eos_ids), [], k + 1),
                    generator=make_generator(None))
 
 
@@ -67,7 +69,7 @@ def propose(context_ids: list[int], k: int, draft: LoadedModel | None = None, ta
             return greedy(heads(hidden[-1].view(1, 1, -1))[:k, 0, 0]).tolist()  # [k]
     if draft is None:
         raise ValueError("draft: neither a draft nor Medusa heads given")
-    req = _greedy_request(ids, k)
+    req = greedy_request(ids, k)  # no EOS: always k tokens, where a serving chain stops at a drafted EOS
     if draft.kind == "eagle3":
         model = draft.model
         _, features = CachedLM(target.model).forward(ids[:-1], keep=1, aux=model.c.aux_layer_ids)  # [P-1, 3H]

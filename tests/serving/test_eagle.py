@@ -108,11 +108,9 @@ def test_chain_cut_by_draft_confidence_stays_lossless(pair):
 
 def test_a_chain_stops_at_a_drafted_eos(pair):
     """Past a drafted EOS nothing is ever emitted: the chain ends there (the EOS itself is verified)."""
-    from draftwheel.serving.engine.decoding import Request
     from draftwheel.serving.engine.eagle import DraftCall, DraftKV
     from draftwheel.serving.engine.eagle_decoding import EagleDrafter, _run_ahead, run_serial
-    from draftwheel.serving.engine.sampling import make_generator
-    from draftwheel.serving.engine.stopping import OutputState
+    from draftwheel.serving.engine.proposal import greedy_request
 
     tokenizer, target, draft = pair
     ids = torch.tensor(tokenizer(PROMPTS[0])["input_ids"])
@@ -121,8 +119,7 @@ def test_a_chain_stops_at_a_drafted_eos(pair):
     def chain(eos_ids: set[int]) -> list[int]:
         kv = DraftKV()
         (hidden, logits), = draft.extend_many([DraftCall(ids[1:], features, kv, project=True)])
-        req = Request(prompt_ids=ids, params=SamplingParams(max_new_tokens=6, k=5),
-                      out=OutputState(None, eos_ids, [], 6), generator=make_generator(None))
+        req = greedy_request(ids, 5, eos_ids)
         return run_serial(_run_ahead(EagleDrafter(draft), hidden, logits, 5, kv, req))[0].tolist()
 
     free = chain(set())
