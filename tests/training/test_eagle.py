@@ -507,7 +507,8 @@ def test_lengthen_continues_cut_outputs_with_the_targets_greedy_tokens(toy_model
     """Outputs cut by their request's max_new_tokens (12 in toy_data) grow to `continue_to` output tokens
     (or an EOS) with exactly the target's greedy continuation, and generation's hidden states come back as
     those sequences' features: the same as a teacher-forced forward over the grown sequence would give.
-    The second call reads the cache (and then has no hidden states to give)."""
+    The cache is per sequence: a second call reads every one (and then has no hidden states to give), a
+    set with one sequence changed generates that one alone."""
     from draftwheel.serving.engine.engine import eos_token_ids
     from tests.serving.test_engine import hf_greedy
     from draftwheel.training.eagle_features import compute_features
@@ -521,7 +522,7 @@ def test_lengthen_continues_cut_outputs_with_the_targets_greedy_tokens(toy_model
     before = [list(ids) for ids in seqs.ids]
     info, rows = lengthen(seqs, target, eos, config, tmp_path, aux)
     cut = [i for i, ids in enumerate(before) if ids[-1] not in eos]
-    assert info["continued_sequences"] == len(cut) > 0 and info["continuations_cache_hit"] is False
+    assert info["continued_sequences"] == len(cut) > 1 and info["continuations_cached"] == 0
     for i in cut:
         p = seqs.prompt_lens[i]
         grown = seqs.ids[i]
@@ -544,11 +545,20 @@ def test_lengthen_continues_cut_outputs_with_the_targets_greedy_tokens(toy_model
 
     again = load_sequences(toy_data["distill"], config.max_length)
     info, rows = lengthen(again, target, eos, config, tmp_path, aux)
-    assert info["continuations_cache_hit"] is True and rows == {}
+    assert info["continuations_cached"] == len(cut) and rows == {}
     assert again.ids == seqs.ids
+    changed = load_sequences(toy_data["distill"], config.max_length)
+    first = cut[0]
+    head = (changed.ids[first][0] + 1) % target.model.config.vocab_size
+    changed.ids[first] = logged = [head, *changed.ids[first][1:]]  # a new sequence: its first token differs
+    info, rows = lengthen(changed, target, eos, config, tmp_path, aux)
+    assert info["continuations_cached"] == len(cut) - 1 and set(rows) == {first}
+    grown = changed.ids[first]
+    assert grown[len(logged):] == hf_greedy(target.model, logged, len(grown) - len(logged)) != []
+    assert all(changed.ids[i] == seqs.ids[i] for i in cut[1:])
     alone = load_sequences(toy_data["distill"], config.max_length)  # continuations only: no states kept
     info, rows = lengthen(alone, target, eos, config, tmp_path / "alone", None)
-    assert info["continuations_cache_hit"] is False and rows == {} and alone.ids == seqs.ids
+    assert info["continuations_cached"] == 0 and rows == {} and alone.ids == seqs.ids
     with pytest.raises(ValueError, match="continue_to"):
         EagleConfig(continue_to=-1)
 
