@@ -101,13 +101,16 @@ def served_speedup(cost: StepCost, c: float) -> float:
 
 def modelled_time(row_costs: list[float], warm: Any) -> ModelledTime:
     """The step times a replay's choices read instead of the clock (draftwheel.serving.engine.adaptive.ModelledTime):
-    the least-squares slope of `row_costs` (cost(rows) = 1 + slope (rows - 1)), and the draft's c from
-    `warm`, a completion of that draft alone (mode draft) on the same engine kernels (`draft_c`)."""
+    `row_costs` itself (serving's clock learns each row count's own cost too), their least-squares slope
+    (cost(rows) = 1 + slope (rows - 1): past the table's end, and for the choices that weigh one more
+    row), and the draft's c from `warm`, a completion of that draft alone (mode draft) on the same
+    engine kernels (`draft_c`)."""
     extra_rows = range(len(row_costs))  # rows - 1 of each cost
     slope = sum(i * (cost - 1.0) for i, cost in zip(extra_rows, row_costs)) / max(sum(i * i for i in extra_rows), 1)
     cost = StepCost.of(warm.record.steps, row_costs, "draft")
     return ModelledTime(row_slope=max(slope, 0.0), draft_c=draft_c(warm.stats.draft_s, cost.model_drafted,
-                                                                    warm.stats.verify_s, cost.verify_cost))
+                                                                    warm.stats.verify_s, cost.verify_cost),
+                        row_costs=row_costs)
 
 
 def draft_c(draft_s: float, model_drafted: int, verify_s: float, verify_cost: float) -> float:

@@ -181,8 +181,8 @@ def _engines(models: dict[str, LoadedModel], config: ShadowConfig, requests: lis
 
 def modelled_times(models: dict[str, LoadedModel], config: ShadowConfig, request: ShadowRequest,
                    row_costs: list[float]) -> dict[str, ModelledTime]:
-    """Per draft, the modelled time its replay decides by (`ShadowConfig.modelled_time`): the row costs'
-    slope, and its c from one draft-alone request (the first replayed prompt), timed against that
+    """Per draft, the modelled time its replay decides by (`ShadowConfig.modelled_time`): the row costs
+    (and their slope), and its c from one draft-alone request (the first replayed prompt), timed against that
     request's own verify forwards (draftwheel.evaluation.served_cost.draft_c).
     Two drafts of the same shapes do the same work per token, so they share the mean of their two c's:
     one warm-up request's c moves by a quarter between runs, and it must not decide which arm drafts more."""
@@ -193,7 +193,7 @@ def modelled_times(models: dict[str, LoadedModel], config: ShadowConfig, request
     shapes = {arm: [tuple(p.shape) for p in models[arm].model.parameters()] for arm in ARMS}
     if shapes["champion"] == shapes["challenger"]:  # the same computation per token: one c, not two noisy ones
         c = sum(t.draft_c for t in timing.values()) / len(timing)
-        timing = {arm: ModelledTime(row_slope=t.row_slope, draft_c=c) for arm, t in timing.items()}
+        timing = {arm: ModelledTime(row_slope=t.row_slope, draft_c=c, row_costs=t.row_costs) for arm, t in timing.items()}
     return timing
 
 

@@ -136,19 +136,33 @@ class ModelledTime:
     """Step times from a fixed cost model instead of the clock, for measurements that compare settings:
     the hybrid's choices (`StepPace`, `VerifyClock`, the draft's c in `AdaptiveK`) read measured step
     times, so on a shared machine the same request decodes along other steps from one run to the next
-    (as-served MAL moves by ±10 % over 12 prompts). With this, a verify over n rows takes
-    1 + `row_slope` (n - 1) and drafting `draft_c` per model-drafted token, in units of a 1-row step
-    (the draft's prompt intake is not priced): the choices become a function of the prompts alone. The
-    wall clock still times what a user would see. Pure Python."""
+    (as-served MAL moves by ±10 % over 12 prompts). With this, drafting takes `draft_c` per
+    model-drafted token and a verify over n rows `row_costs[n - 1]` (the measured table,
+    draftwheel.evaluation.served_cost.measure_row_costs; past its end, its last entry plus `row_slope`
+    per further row), or without a table 1 + `row_slope` (n - 1), in units of a 1-row step (the
+    draft's prompt intake is not priced): the choices become a function of the prompts alone. The
+    table, not the line, is what serving's own `VerifyClock` learns, so a replay decides as serving
+    would where the cost is not linear in the rows (a chain's few rows cost a step on a CPU, the
+    index's long proposals more). The wall clock still times what a user would see. Pure Python."""
 
-    def __init__(self, row_slope: float, draft_c: float):
+    def __init__(self, row_slope: float, draft_c: float, row_costs: list[float] | None = None):
         if row_slope < 0 or draft_c < 0:
             raise ValueError(f"row_slope and draft_c: must be >= 0, got {row_slope!r} and {draft_c!r}")
+        if row_costs is not None and (not row_costs or min(row_costs) <= 0):
+            raise ValueError(f"row_costs: must be positive costs of 1, 2, ... rows, got {row_costs!r}")
         self.row_slope, self.draft_c = row_slope, draft_c
+        self.row_costs = list(row_costs) if row_costs is not None else None
+
+    def verify(self, rows: int) -> float:
+        """A verify forward over `rows` rows, in units of a 1-row step."""
+        if self.row_costs is None:
+            return 1.0 + self.row_slope * (rows - 1)
+        table = self.row_costs
+        return table[rows - 1] if rows <= len(table) else table[-1] + self.row_slope * (rows - len(table))
 
     def times(self, rows: int, model_drafted: int) -> tuple[float, float]:
         """(drafting, verify) of a step over `rows` verify rows with `model_drafted` model-drafted tokens."""
-        return self.draft_c * model_drafted, 1.0 + self.row_slope * (rows - 1)
+        return self.draft_c * model_drafted, self.verify(rows)
 
 
 class _DiscountedLine:

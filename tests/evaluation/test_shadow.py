@@ -284,6 +284,7 @@ def test_modelled_time_makes_the_as_served_replay_repeat_itself(toy_models, monk
     measured = run_shadow(models["bad"], models["good"], models["target"], holdout, config)
     timing = measured["cost_model"]["modelled_time"]
     assert set(timing) == {"champion", "challenger"} and all(t["row_slope"] >= 0.0 for t in timing.values())
+    assert all(t["row_costs"][0] == 1.0 and t["row_costs"] == sorted(t["row_costs"]) for t in timing.values())
     assert timing["challenger"]["draft_c"] > 0.0
     same_shapes = ([p.shape for p in models["bad"].model.parameters()]
                    == [p.shape for p in models["good"].model.parameters()])

@@ -63,3 +63,16 @@ def test_modelled_time_prices_rows_and_drafted_tokens():
     assert ModelledTime(row_slope=0.04, draft_c=0.05).times(rows=1, model_drafted=0) == (0.0, 1.0)
     with pytest.raises(ValueError, match="row_slope and draft_c"):
         ModelledTime(row_slope=-0.1, draft_c=0.05)
+
+
+def test_modelled_time_reads_a_measured_table_of_row_costs_and_its_slope_past_the_end():
+    """A CPU's verify cost is not linear in the rows (a few rows cost a step): with the measured table a
+    chain's verify is priced as measured, not by the line through the index's long proposals."""
+    table = [1.0, 1.0, 1.0, 1.0, 1.0, 1.1, 1.2]
+    modelled = ModelledTime(row_slope=0.04, draft_c=0.05, row_costs=table)
+    assert modelled.times(rows=5, model_drafted=4) == pytest.approx((0.2, 1.0))  # the line: 1.16
+    assert modelled.verify(7) == 1.2 and modelled.verify(1) == 1.0
+    assert modelled.verify(9) == pytest.approx(1.2 + 2 * 0.04)  # past the table: its last entry plus the slope
+    for bad in ([], [1.0, 0.0]):
+        with pytest.raises(ValueError, match="row_costs"):
+            ModelledTime(row_slope=0.04, draft_c=0.05, row_costs=bad)
