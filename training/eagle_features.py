@@ -3,9 +3,10 @@
 One batched, teacher-forced target forward per group of sequences gives, for every position: the
 inputs of the aux layers (what the draft reads, [3*H]), the final normed hidden state (the teacher's
 distribution over any draft vocabulary is `lm_head(hidden)` restricted to it, so the cache does not
-depend on the vocabulary) and the target's argmax (the greedy reference). Stored in half precision
-under a key of (sequences digest, target weights sha256, aux layer ids), so epochs and later runs on
-the same data reuse them. It does not train anything.
+depend on the vocabulary) and the target's argmax (the greedy reference). Stored in half precision,
+one file per sequence under a key of (its tokens, target weights sha256, aux layer ids, bf16), so
+epochs, later runs on the same data and later rounds whose retained corpus holds the same sequences
+reuse them. It does not train anything.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from draftwheel.serving.engine.sampling import greedy
 
-CACHE_FILE = "features.safetensors"
+ROWS_DIR = "rows"  # one safetensors file per sequence under the cache root
 TOKENS_PER_BATCH = 2048  # padded tokens per target forward
 
 
@@ -47,9 +48,9 @@ def join_features(parts: list[Features]) -> Features:
                     offsets=torch.cat([starts[:1]] + [p.offsets[1:] + s for p, s in zip(parts, starts)]))
 
 
-def cache_key(sequences: list[list[int]], target_sha256: str, aux_layer_ids: list[int], bf16: bool = False) -> str:
-    digest = hashlib.sha256(json.dumps([sequences, target_sha256, aux_layer_ids, bf16]).encode())
-    return digest.hexdigest()[:24]
+def row_key(sequence: list[int], target_sha256: str, aux_layer_ids: list[int], bf16: bool = False) -> str:
+    digest = hashlib.sha256(json.dumps([sequence, target_sha256, aux_layer_ids, bf16]).encode())
+    return digest.hexdigest()[:32]
 
 
 def feature_row(states: tuple[torch.Tensor, ...], aux_layer_ids: list[int],
@@ -129,15 +130,26 @@ def compute_features(target: Any, sequences: list[list[int]], aux_layer_ids: lis
 
 def cached_features(target: Any, sequences: list[list[int]], aux_layer_ids: list[int], target_sha256: str,
                     cache_root: Path, progress: bool = True, bf16: bool = False,
-                    known: dict[int, tuple] | None = None) -> tuple[Features, bool]:
-    """Features from `cache_root/<key>/` when there, else computed (less the `known` rows) and stored.
-    Returns (features, hit)."""
-    path = cache_root / cache_key(sequences, target_sha256, aux_layer_ids, bf16) / CACHE_FILE
-    if path.is_file():
-        return Features(**load_file(str(path))), True
-    features = compute_features(target, sequences, aux_layer_ids, progress, bf16, known)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    save_file({k: v.contiguous() for k, v in vars(features).items()}, str(tmp))
-    tmp.replace(path)  # a crash mid-write never leaves a truncated cache behind
-    return features, False
+                    known: dict[int, tuple] | None = None) -> tuple[Features, float]:
+    """Features, each sequence's row read from `cache_root/rows/` where stored, else taken from `known`
+    or computed, and stored. Per sequence, so a set that shares sequences with an earlier one (a round's
+    corpus rows, a rehearsal sample) runs the target over the new ones alone. Returns (features, the
+    share of sequences read from the cache)."""
+    folder = cache_root / ROWS_DIR
+    paths = [folder / f"{row_key(s, target_sha256, aux_layer_ids, bf16)}.safetensors" for s in sequences]
+    rows = dict(known or {})
+    read = 0
+    for i, path in enumerate(paths):
+        if i not in rows and path.is_file():
+            stored = load_file(str(path))
+            rows[i] = (stored["aux"], stored["hidden"], stored["argmax"])
+            read += 1
+    new = [i for i in range(len(sequences)) if i not in rows or i in (known or {})]
+    features = compute_features(target, sequences, aux_layer_ids, progress, bf16, rows)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in new:
+        aux, hidden, argmax = features.sequence(i)
+        tmp = paths[i].with_suffix(".tmp")
+        save_file({"aux": aux.clone(), "hidden": hidden.clone(), "argmax": argmax.clone()}, str(tmp))
+        tmp.replace(paths[i])  # a crash mid-write never leaves a truncated row behind
+    return features, read / len(sequences) if sequences else 1.0

@@ -482,7 +482,7 @@ def rehearsal_sample(config: EagleConfig, source: tuple[Path, int], seqs: Sequen
                      aux_layer_ids: list[int], cache_root: Path,
                      count: int) -> tuple[torch.utils.data.Dataset, dict[str, Any]]:
     """A fixed seeded sample of `count` of the source's sequences `seqs` (all, if fewer), with their
-    features (computed, and cached, for the whole source)."""
+    features (computed, and cached per sequence, for the whole source)."""
     path, max_length = source
     features, hit = cached_features(target.model, seqs.ids, aux_layer_ids, target.model_id.sha256, cache_root,
                                     bf16=config.target_bf16)

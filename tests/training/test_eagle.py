@@ -563,6 +563,34 @@ def test_lengthen_continues_cut_outputs_with_the_targets_greedy_tokens(toy_model
         EagleConfig(continue_to=-1)
 
 
+def test_features_are_cached_per_sequence_so_a_set_sharing_sequences_runs_only_the_new_ones(toy_models, toy_data,
+                                                                                            tmp_path, monkeypatch):
+    """A later round's set holds earlier rounds' sequences: their rows are read back, the target runs over
+    the new sequences alone, and the features equal a fresh computation of the whole set."""
+    from draftwheel.training import eagle_features
+    from draftwheel.training.eagle_features import cached_features, compute_features
+
+    target = load_model(toy_models["target"])
+    aux, sha = [0, 1, 1], target.model_id.sha256
+    seqs = load_sequences(toy_data["distill"], 64).ids
+    first, rest = seqs[: len(seqs) // 2], seqs[len(seqs) // 2:]
+    assert first and rest
+    _, share = cached_features(target.model, first, aux, sha, tmp_path, progress=False)
+    assert share == 0.0
+    fed: list[list[int]] = []
+    real_forward = eagle_features._forward
+    monkeypatch.setattr(eagle_features, "_forward",
+                        lambda model, batch, *args: (fed.extend(batch), real_forward(model, batch, *args))[1])
+    features, share = cached_features(target.model, seqs, aux, sha, tmp_path, progress=False)
+    assert sorted(fed) == sorted(rest) and share == len(first) / len(seqs)
+    whole = compute_features(target.model, seqs, aux, progress=False)
+    torch.testing.assert_close(features.aux.float(), whole.aux.float(), atol=2e-3, rtol=2e-3)
+    assert torch.equal(features.argmax, whole.argmax) and torch.equal(features.offsets, whole.offsets)
+    fed.clear()
+    assert cached_features(target.model, seqs, aux, sha, tmp_path, progress=False)[1] == 1.0 and fed == []
+    assert cached_features(target.model, seqs, [0, 0, 1], sha, tmp_path, progress=False)[1] == 0.0  # other layers
+
+
 def test_feature_rows_take_the_argmax_generation_chose_and_score_only_the_rest():
     """row_from_states runs the head only where generation chose no token: before `chosen_from` and
     after the chosen run (an EOS's position: nothing is chosen after it). The tokens it is given stand
