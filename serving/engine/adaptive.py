@@ -516,12 +516,17 @@ class LoadPaces:
     batched traffic turns to plain steps that one request alone would have drafted through. One pace over
     all loads carried that verdict to the next lone request (chat as served fell below the draft alone).
     A load met for the first time starts from the best-measured other load's evidence, priced for the
-    best case (`StepPace.seed_from`), when even that says drafting cannot pay; else it starts fresh and
-    measures (an optimistic seed would hold a marginal draft in for many steps, the fresh pace's warm-up
-    for three). `factory` builds each bucket's fresh pace."""
+    best case (`StepPace.seed_from`), when that evidence holds at least `min_seed_steps` draft steps and
+    says, beyond its standard error, that drafting cannot pay; else it starts fresh and measures (an
+    optimistic seed would hold a marginal draft in for many steps, the fresh pace's warm-up for three).
+    Why the floor: a pessimistic seed shuts the draft out until its weight ages away, about a hundred
+    steps, so it must stand on more than a warm-up's worth of steps. Chat served 4 at a time, whose
+    batches the governor kept on plain steps, left its 3-4-row pace 3 warm-up steps; seeded from them,
+    the next lone chat requests took 10 % plain steps (a fresh pace: 4 %, the draft paying 1.25 tokens
+    a unit). `factory` builds each bucket's fresh pace."""
 
-    def __init__(self, factory: Callable[[], StepPace] = StepPace):
-        self.factory = factory
+    def __init__(self, factory: Callable[[], StepPace] = StepPace, min_seed_steps: int = 10):
+        self.factory, self.min_seed_steps = factory, min_seed_steps
         self._paces: dict[int, StepPace] = {}
         # how often the eagle3 draft's runner-up first token is the target's, against its probability: it
         # depends on the slice (a quarter of rejected first tokens on chat, few on code), not on the load
@@ -532,11 +537,11 @@ class LoadPaces:
         bucket = SpecGovernor.bucket(max(rows, 1))
         if bucket not in self._paces:
             pace = self.factory()
-            measured = [other for other in self._paces.values() if other.draft_steps]
+            measured = [other for other in self._paces.values() if other.draft_steps >= self.min_seed_steps]
             if measured:
                 seeded = self.factory()
                 seeded.seed_from(max(measured, key=lambda other: other.evidence))
-                if seeded.ratio < 1.0:  # cannot pay even with drafting free: no warm-up needed to see it
+                if seeded.ratio + seeded.standard_error < 1.0:  # cannot pay even with drafting free
                     pace = seeded
             self._paces[bucket] = pace
         return self._paces[bucket]

@@ -582,3 +582,20 @@ def test_a_load_met_first_starts_from_another_load_s_tokens_when_even_the_best_c
     assert alone.ratio == pytest.approx(3 / 1.32, rel=0.02)
     assert priced_out.at(4).ratio == pytest.approx(3 / 4.8, rel=0.02)  # and the batched load keeps its own
     assert LoadPaces().at(1).draft_steps == 0  # nothing measured anywhere: a fresh pace
+
+
+def test_a_load_met_first_is_not_seeded_from_a_warm_up_s_worth_of_steps():
+    """A pessimistic seed keeps the draft out for about a hundred steps: three steps measured in a batch
+    (the governor kept that load on plain steps) are too few to stand on, so a lone request measures."""
+    from draftwheel.serving.engine.adaptive import LoadPaces
+
+    few = LoadPaces()
+    for _ in range(3):
+        few.at(4).drafted(1, 5, 0.3, 0.2)
+    alone = few.at(1)
+    assert (alone.draft_steps, alone.seed_steps) == (0, 0)
+    assert all(feed(alone, 30, lambda i: 3))  # alone the draft pays: it drafts through
+    enough = LoadPaces(min_seed_steps=3)
+    for _ in range(3):
+        enough.at(4).drafted(1, 5, 0.3, 0.2)
+    assert enough.at(1).seed_steps == 3  # with the floor at three, the same steps seed
