@@ -442,7 +442,7 @@ def probe_parts(config: EagleConfig, holdout: Sequences | None, source: tuple[Pa
 
 def probe_with_features(parts: list[Sequences], target: Any, aux_layer_ids: list[int], cache_root: Path,
                         bf16: bool) -> tuple[Sequences, Features]:
-    """The probe parts joined, with their features (each part cached on its own)."""
+    """The probe parts joined, with their features (cached per sequence)."""
     probe = Sequences([], [], [])
     for part in parts:
         probe.extend(part)

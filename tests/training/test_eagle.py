@@ -671,8 +671,8 @@ def test_lengthen_leaves_a_sequence_whose_last_token_was_never_fed_to_the_forwar
 
 def test_probe_features_cache_the_standing_part_apart_from_the_rounds_holdout(toy_models, toy_data, tmp_path,
                                                                             monkeypatch):
-    """The probe's two parts get their own feature caches: a later round with a new hold-out computes
-    features for the hold-out only, and the joined features are the ones a single pass would give."""
+    """The probe's features are cached per sequence: a later round with a new hold-out runs the target
+    over the hold-out only, and the joined features are the ones a single pass would give."""
     import draftwheel.training.eagle_features as eagle_features
     from draftwheel.training.eagle_features import compute_features
     from draftwheel.training.eagle_train import Sequences, probe_with_features
@@ -682,21 +682,21 @@ def test_probe_features_cache_the_standing_part_apart_from_the_rounds_holdout(to
     standing = Sequences(seqs.ids[:3], seqs.prompt_lens[:3], seqs.slices[:3])
     round_1 = Sequences(seqs.ids[3:5], seqs.prompt_lens[3:5], seqs.slices[3:5])
     round_2 = Sequences(seqs.ids[5:7], seqs.prompt_lens[5:7], seqs.slices[5:7])
-    computed: list[list[list[int]]] = []
-    compute = eagle_features.compute_features
-    monkeypatch.setattr(eagle_features, "compute_features",
-                        lambda target, sequences, *a, **k: computed.append(sequences) or compute(target, sequences, *a, **k))
+    fed: list[list[int]] = []  # the sequences the target ran over
+    forward = eagle_features._forward
+    monkeypatch.setattr(eagle_features, "_forward",
+                        lambda model, batch, *a: (fed.extend(batch), forward(model, batch, *a))[1])
     aux = [0, 1, 1]
     probe, features = probe_with_features([round_1, standing], target, aux, tmp_path, bf16=False)
     assert probe.ids == round_1.ids + standing.ids and probe.slices == round_1.slices + standing.slices
+    assert sorted(fed) == sorted(round_1.ids + standing.ids)
     single = compute_features(target.model, probe.ids, aux, progress=False)
     assert torch.equal(features.offsets, single.offsets) and torch.equal(features.argmax, single.argmax)
     torch.testing.assert_close(features.aux.float(), single.aux.float(), atol=2e-3, rtol=2e-3)
     torch.testing.assert_close(features.hidden.float(), single.hidden.float(), atol=2e-3, rtol=2e-3)
-    assert computed == [round_1.ids, standing.ids]
-    computed.clear()
+    fed.clear()
     probe, features = probe_with_features([round_2, standing], target, aux, tmp_path, bf16=False)
-    assert computed == [round_2.ids]  # the standing part came from its cache
+    assert sorted(fed) == sorted(round_2.ids)  # the standing part came from its cache
     assert [len(features.sequence(i)[2]) for i in range(len(probe.ids))] == [len(ids) for ids in probe.ids]
 
 
