@@ -138,18 +138,15 @@ def cached_features(target: Any, sequences: list[list[int]], aux_layer_ids: list
     folder = cache_root / ROWS_DIR
     paths = [folder / f"{row_key(s, target_sha256, aux_layer_ids, bf16)}.safetensors" for s in sequences]
     rows = dict(known or {})
-    read = 0
-    for i, path in enumerate(paths):
-        if i not in rows and path.is_file():
-            stored = load_file(str(path))
-            rows[i] = (stored["aux"], stored["hidden"], stored["argmax"])
-            read += 1
-    new = [i for i in range(len(sequences)) if i not in rows or i in (known or {})]
+    read = {i for i, path in enumerate(paths) if i not in rows and path.is_file()}
+    for i in read:
+        stored = load_file(str(paths[i]))
+        rows[i] = (stored["aux"], stored["hidden"], stored["argmax"])
     features = compute_features(target, sequences, aux_layer_ids, progress, bf16, rows)
     folder.mkdir(parents=True, exist_ok=True)
-    for i in new:
+    for i in (i for i in range(len(sequences)) if i not in read):  # computed here or given as `known`
         aux, hidden, argmax = features.sequence(i)
         tmp = paths[i].with_suffix(".tmp")
         save_file({"aux": aux.clone(), "hidden": hidden.clone(), "argmax": argmax.clone()}, str(tmp))
         tmp.replace(paths[i])  # a crash mid-write never leaves a truncated row behind
-    return features, read / len(sequences) if sequences else 1.0
+    return features, len(read) / len(sequences) if sequences else 1.0

@@ -263,14 +263,25 @@ def generation_model(target: Any, bf16: bool) -> Any:
     return model
 
 
+def _json_path(folder: Path, key: Any) -> Path:
+    """Where a JSON result keyed by `key` is stored under `folder`: the digest of the key."""
+    return folder / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:24]}.json"
+
+
+def _store_json(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value))
+    tmp.replace(path)  # a crash mid-write never leaves a truncated entry behind
+
+
 def cached_generation(folder: Path, key: Any, generate: Any) -> tuple[Any, bool]:
     """`generate()`'s JSON result, stored under `folder` by the digest of `key` and reused: (result, hit)."""
-    path = folder / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:24]}.json"
+    path = _json_path(folder, key)
     if path.is_file():
         return json.loads(path.read_text()), True
     result = generate()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result))
+    _store_json(path, result)
     return result, False
 
 
@@ -282,18 +293,13 @@ def cached_continuations(folder: Path, key: Any, sequences: list[list[int]], lim
     retained corpus holds earlier rounds' rows generates only its new ones (keyed by the whole set, a
     four-round stream's last round continued all 106 of its sequences again: 70 s of its training step).
     Returns (continuations, the indices generated)."""
-    paths = [folder / f"{hashlib.sha256(json.dumps([ids, limit, key]).encode()).hexdigest()[:24]}.json"
-             for ids, limit in zip(sequences, limits)]
+    paths = [_json_path(folder, [ids, limit, key]) for ids, limit in zip(sequences, limits)]
     result = [json.loads(path.read_text()) if path.is_file() else None for path in paths]
     missing = [i for i, known in enumerate(result) if known is None]
     if missing:
-        made = generate(missing)
-        folder.mkdir(parents=True, exist_ok=True)
-        for i, more in zip(missing, made):
+        for i, more in zip(missing, generate(missing)):
             result[i] = more
-            tmp = paths[i].with_suffix(".tmp")
-            tmp.write_text(json.dumps(more))
-            tmp.replace(paths[i])  # a crash mid-write never leaves a truncated entry behind
+            _store_json(paths[i], more)
     return result, missing
 
 
