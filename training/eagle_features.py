@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from draftwheel.serving.engine.sampling import greedy
+from draftwheel.training.cache_budget import touch
 
 ROWS_DIR = "rows"  # one safetensors file per sequence under the cache root
 TOKENS_PER_BATCH = 2048  # padded tokens per target forward
@@ -141,6 +142,7 @@ def cached_features(target: Any, sequences: list[list[int]], aux_layer_ids: list
     read = {i for i, path in enumerate(paths) if i not in rows and path.is_file()}
     for i in read:
         stored = load_file(str(paths[i]))
+        touch(paths[i])  # recently used: kept longest under the cache's budget
         rows[i] = (stored["aux"], stored["hidden"], stored["argmax"])
     features = compute_features(target, sequences, aux_layer_ids, progress, bf16, rows)
     folder.mkdir(parents=True, exist_ok=True)

@@ -52,7 +52,7 @@ from draftwheel.serving.engine.eagle import Eagle3Config, Eagle3Draft, default_a
 from draftwheel.serving.engine.precision import resolve_bf16, resolve_target_bf16
 from draftwheel.serving.engine.prepack import can_prepack, prepack_linears
 from draftwheel.serving.engine.reference import hub_id
-from draftwheel.training import common
+from draftwheel.training import cache_budget, common
 from draftwheel.training.confidence import describe, fit_temperature
 from draftwheel.training.data import join_and_truncate, load_dataset_dir
 from draftwheel.training.eagle_features import Features, cached_features, compute_features, join_features, row_from_states
@@ -86,6 +86,7 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
     residual_floor: float = 1.0  # weight of a mined answer token the served stack drafted and had accepted (draftwheel.mining.residual);
                                  # what it missed weighs 1. 1.0 = every position alike (uniform)
     feature_cache: str = ""      # "" = <state>/cache/eagle-features
+    cache_max_gb: float = 4.0    # the feature cache's budget, least recently used deleted first (draftwheel.training.cache_budget; 0 = none)
     continue_to: int = 0         # lengthen outputs cut at their length limit with the target's greedy continuation to this many tokens (0 = off)
     prompt_variants: int = 0     # also train on each multi-line mined prompt cut 1..N lines short, answered by the target (needs continue_to)
     prompt_renames: int = 0      # ...and on each renamed this many times (its names swapped for other requests' names)
@@ -124,6 +125,7 @@ class EagleConfig(common.TrainCommon, common.EpochSelectionFields):
                        f"must be in [0, 1), got {self.eval_min_path_prob}")
         common.require(self.acceptance_weight >= 0.0, "acceptance_weight",
                        f"must be >= 0, got {self.acceptance_weight}")
+        common.require(self.cache_max_gb >= 0.0, "cache_max_gb", f"must be >= 0, got {self.cache_max_gb}")
         common.require(self.continue_to >= 0, "continue_to", f"must be >= 0, got {self.continue_to}")
         common.require(0.0 <= self.residual_floor <= 1.0, "residual_floor",
                        f"must be in [0, 1], got {self.residual_floor}")
@@ -279,6 +281,7 @@ def cached_generation(folder: Path, key: Any, generate: Any) -> tuple[Any, bool]
     """`generate()`'s JSON result, stored under `folder` by the digest of `key` and reused: (result, hit)."""
     path = _json_path(folder, key)
     if path.is_file():
+        cache_budget.touch(path)
         return json.loads(path.read_text()), True
     result = generate()
     _store_json(path, result)
@@ -296,6 +299,9 @@ def cached_continuations(folder: Path, key: Any, sequences: list[list[int]], lim
     paths = [_json_path(folder, [ids, limit, key]) for ids, limit in zip(sequences, limits)]
     result = [json.loads(path.read_text()) if path.is_file() else None for path in paths]
     missing = [i for i, known in enumerate(result) if known is None]
+    for path, known in zip(paths, result):
+        if known is not None:
+            cache_budget.touch(path)
     if missing:
         for i, more in zip(missing, generate(missing)):
             result[i] = more
@@ -771,6 +777,7 @@ def prepare(config: EagleConfig) -> Prepared:
 
     dataset_dir = Path(config.dataset) if config.dataset else home.datasets_dir() / "distill"
     holdout_dir = Path(config.holdout) if config.holdout else dataset_dir.parent / "holdout"
+    began = time.time()
     target = load_model(resolve_target(config.target, config.student))
     target.model.requires_grad_(False)
     train_seqs = load_sequences(dataset_dir, config.max_length, residual_floor=config.residual_floor)
@@ -827,6 +834,8 @@ def prepare(config: EagleConfig) -> Prepared:
         probe_seqs, probe_features = probe_with_features(parts, target, draft.c.aux_layer_ids, cache_root,
                                                            config.target_bf16)
         probe = EagleDataset(probe_seqs, probe_features, prompt_loss=False)
+    pruned = cache_budget.prune(cache_root, int(config.cache_max_gb * 2**30), keep_since=began - 1.0)
+    info.update(cache_bytes=pruned.kept_bytes, cache_evicted_files=pruned.files)
     return Prepared(target, draft, train_set, train_tokens, probe, dataset_dir, info)
 
 
