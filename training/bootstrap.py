@@ -141,7 +141,8 @@ def _traffic(config: BootstrapConfig, target: Any, data_dir: Path, workload: lis
     # ~180 s for the 272 bootstrap prompts, measured).
     model = generation_model(target, config.bf16_eagle)
     rows = target_traffic(model, target.tokenizer, workload, config.max_new_tokens, config.gen_batch_size,
-                          top_k=0 if config.draft_kind == "eagle3" else config.top_k)
+                          top_k=0 if config.draft_kind == "eagle3" else config.top_k,
+                          **_feature_keeper(config, target))
     train, holdout = rows[: config.n_prompts], rows[config.n_prompts:]
     for i in range(config.sampled_completions if config.draft_kind == "eagle3" else 0):
         print(f"bootstrap: sampled completions {i + 1}/{config.sampled_completions} (temperature "
@@ -154,6 +155,32 @@ def _traffic(config: BootstrapConfig, target: Any, data_dir: Path, workload: lis
     save_traffic(train, holdout, tmp)
     tmp.rename(data_dir)  # all-or-nothing: an interrupted run never leaves half a dataset behind
     return {"distill": data_dir / "distill", "holdout": data_dir / "holdout"}
+
+
+def _feature_keeper(config: BootstrapConfig, target: Any) -> dict[str, Any]:
+    """For the eagle3 v0: `target_traffic`'s arguments that store generation's hidden states as the feature
+    rows its training reads (draftwheel.training.eagle_features, the same key), so the training's own
+    teacher-forced forward runs over the offline text alone, not again over every completion."""
+    if config.draft_kind != "eagle3":
+        return {}
+    from draftwheel.serving.engine.eagle import default_aux_layer_ids
+    from draftwheel.training.data import join_and_truncate
+    from draftwheel.training.eagle_features import row_from_states, row_path, store_row
+    from draftwheel.training.eagle_train import feature_cache_root
+
+    aux = default_aux_layer_ids(target.model.config.num_hidden_layers)  # a fresh v0 reads EAGLE-3's layers
+    root, sha = feature_cache_root(), target.model_id.sha256
+
+    def keep(prompt: list[int], generated: list[int], states: tuple[Any, ...]) -> None:
+        ids, kept = join_and_truncate(prompt, generated[: config.max_new_tokens], config.max_length)
+        if kept != len(prompt):
+            return  # a prompt cut from the left is another sequence: the training computes its features
+        # From the prompt's last position on, each position's argmax is the token generation chose next.
+        row = row_from_states(target.model, states, len(ids), list(range(len(aux))), chosen=generated,
+                              chosen_from=len(prompt) - 1)
+        store_row(row_path(root, ids, sha, aux, config.target_bf16), row)
+
+    return {"on_states": keep, "state_layers": [*aux, -1]}
 
 
 def text_rows(tokenizer: Any, n: int, seed: int, max_length: int) -> list[dict]:

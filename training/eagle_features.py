@@ -54,6 +54,21 @@ def row_key(sequence: list[int], target_sha256: str, aux_layer_ids: list[int], b
     return digest.hexdigest()[:32]
 
 
+def row_path(cache_root: Path, sequence: list[int], target_sha256: str, aux_layer_ids: list[int],
+             bf16: bool = False) -> Path:
+    """Where one sequence's feature row is cached (`row_key`)."""
+    return cache_root / ROWS_DIR / f"{row_key(sequence, target_sha256, aux_layer_ids, bf16)}.safetensors"
+
+
+def store_row(path: Path, row: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+    """Write one sequence's (aux, hidden, argmax) atomically: a crash mid-write never leaves a truncated row."""
+    aux, hidden, argmax = row
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file({"aux": aux.clone(), "hidden": hidden.clone(), "argmax": argmax.clone()}, str(tmp))
+    tmp.replace(path)
+
+
 def feature_row(states: tuple[torch.Tensor, ...], aux_layer_ids: list[int],
                 argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One sequence's (aux, hidden, argmax) from per-layer [n, H] hidden states: `aux_layer_ids` index
@@ -136,8 +151,7 @@ def cached_features(target: Any, sequences: list[list[int]], aux_layer_ids: list
     or computed, and stored. Per sequence, so a set that shares sequences with an earlier one (a round's
     corpus rows, a rehearsal sample) runs the target over the new ones alone. Returns (features, the
     share of sequences read from the cache)."""
-    folder = cache_root / ROWS_DIR
-    paths = [folder / f"{row_key(s, target_sha256, aux_layer_ids, bf16)}.safetensors" for s in sequences]
+    paths = [row_path(cache_root, s, target_sha256, aux_layer_ids, bf16) for s in sequences]
     rows = dict(known or {})
     read = {i for i, path in enumerate(paths) if i not in rows and path.is_file()}
     for i in read:
@@ -145,10 +159,6 @@ def cached_features(target: Any, sequences: list[list[int]], aux_layer_ids: list
         touch(paths[i])  # recently used: kept longest under the cache's budget
         rows[i] = (stored["aux"], stored["hidden"], stored["argmax"])
     features = compute_features(target, sequences, aux_layer_ids, progress, bf16, rows)
-    folder.mkdir(parents=True, exist_ok=True)
     for i in (i for i in range(len(sequences)) if i not in read):  # computed here or given as `known`
-        aux, hidden, argmax = features.sequence(i)
-        tmp = paths[i].with_suffix(".tmp")
-        save_file({"aux": aux.clone(), "hidden": hidden.clone(), "argmax": argmax.clone()}, str(tmp))
-        tmp.replace(paths[i])  # a crash mid-write never leaves a truncated row behind
+        store_row(paths[i], features.sequence(i))
     return features, len(read) / len(sequences) if sequences else 1.0

@@ -767,6 +767,11 @@ class Prepared:
     info: dict[str, Any]         # figures for the training info (vocabulary, caches, rehearsal, ...)
 
 
+def feature_cache_root(setting: str = "") -> Path:
+    """The cache of the target's features, continuations and canary answers: `feature_cache`, else under the state dir."""
+    return Path(setting) if setting else home.state_dir() / "cache" / "eagle-features"
+
+
 def prepare(config: EagleConfig) -> Prepared:
     """The target, the draft (warm start or fresh, its vocabulary), the training set with the target's
     features (continued, varied, rehearsed as configured) and the probe with theirs. Every product of the
@@ -781,7 +786,7 @@ def prepare(config: EagleConfig) -> Prepared:
     target = load_model(resolve_target(config.target, config.student))
     target.model.requires_grad_(False)
     train_seqs = load_sequences(dataset_dir, config.max_length, residual_floor=config.residual_floor)
-    cache_root = Path(config.feature_cache) if config.feature_cache else home.state_dir() / "cache" / "eagle-features"
+    cache_root = feature_cache_root(config.feature_cache)
     eos = eos_token_ids(target)
     warm, info = load_warm_start(config)
     aux_layer_ids = aux_layers(config, target, warm)

@@ -109,26 +109,38 @@ def _pad_and_eos(model: Any, tokenizer: Any) -> tuple[int, set[int]]:
 
 def target_traffic(model: Any, tokenizer: Any, workload: list[dict[str, str]], max_new_tokens: int,
                    batch_size: int = 8, top_k: int = 0, chat: bool = True, progress: bool = True,
-                   temperature: float = 0.0, seed: int = 0) -> list[dict]:
+                   temperature: float = 0.0, seed: int = 0,
+                   on_states: Callable[[list[int], list[int], tuple[torch.Tensor, ...]], None] | None = None,
+                   state_layers: list[int] | None = None) -> list[dict]:
     """Target completions of `workload` rows ({"prompt", "slice"}) as distill-style rows: greedy, or
-    sampled at `temperature` (seeded by `seed`: the same rows every run)."""
+    sampled at `temperature` (seeded by `seed`: the same rows every run).
+
+    With `on_states`, generation also keeps the hidden states of `state_layers` (as `greedy_continuations`)
+    and calls `on_states(prompt ids, generated tokens, states)` per row: it generates one token past
+    `max_new_tokens` (dropped from the row) so that the last kept token is fed too and has states."""
     from tqdm.auto import tqdm
 
     pad_id, eos_ids = _pad_and_eos(model, tokenizer)
     generator = torch.Generator().manual_seed(seed) if temperature > 0 else None
+    layers = None
+    if on_states is not None:
+        layers = state_layers if state_layers is not None else range(model.config.num_hidden_layers + 1)
+    limit = max_new_tokens + (on_states is not None)
     rows: list[dict] = []
     bar = tqdm(total=len(workload), desc="target traffic", disable=not progress)
     for start in range(0, len(workload), batch_size):
         batch = workload[start:start + batch_size]
         encoded = [encode_prompt(tokenizer, item["prompt"], chat) for item in batch]
-        decoded = _decode_batch(model, [ids for _, ids in encoded], pad_id, eos_ids, [max_new_tokens] * len(batch),
-                                logits=bool(top_k), temperature=temperature, generator=generator)
+        decoded = _decode_batch(model, [ids for _, ids in encoded], pad_id, eos_ids, [limit] * len(batch),
+                                logits=bool(top_k), temperature=temperature, generator=generator, layers=layers)
         for out, item, (text, ids) in zip(decoded, batch, encoded):
-            completion = out["tokens"]
+            completion = out["tokens"][:max_new_tokens]
+            if on_states is not None:
+                on_states(ids, out["tokens"], out["states"])
             record = {"prompt": text, "completion": tokenizer.decode(completion), "prompt_token_ids": ids,
                       "completion_token_ids": completion, "slice": item.get("slice", "default"), "weight": 1.0}
             if top_k:  # [S, V] logits -> top-k log-probs [S, k]
-                best = torch.log_softmax(out["logits"].float(), dim=-1).topk(top_k, dim=-1)
+                best = torch.log_softmax(out["logits"][:len(completion)].float(), dim=-1).topk(top_k, dim=-1)
                 record["teacher_topk_values"], record["teacher_topk_indices"] = best.values.tolist(), best.indices.tolist()
             rows.append(record)
         bar.update(len(batch))

@@ -77,11 +77,46 @@ def test_bootstrap_builds_an_eagle3_v0_by_default(tmp_path):
     assert config.draft_kind == "eagle3"
     result = bootstrap(config, workload=workload)
     assert result["built"] and get_version_tags(result["version"])["draft_kind"] == "eagle3"
+    # generation stored the completions' feature rows: the training computed only the 4 text sequences'
+    assert result["metrics"]["feature_cache_hit"] == pytest.approx(6 / (6 + 4))
     engine = Engine(load_model(target_dir), load_model(result["draft_dir"]))
     assert engine.draft.kind == "eagle3"
     params = SamplingParams(max_new_tokens=12, k=3)
     plain = engine.generate(PROMPTS[:3], params, mode="autoregressive")
     assert [c.token_ids for c in engine.generate(PROMPTS[:3], params)] == [c.token_ids for c in plain]
+
+
+def test_the_v0s_features_come_from_generation_as_a_forward_would_give_them(tmp_path):
+    """Bootstrap's generation keeps the hidden states of the layers an eagle3 v0 reads and stores them as
+    the feature rows of the sequences its training will load (the completions cut at max_new_tokens and
+    those ended by an EOS alike): what a teacher-forced forward over the same sequences gives."""
+    from draftwheel.serving.engine.eagle import default_aux_layer_ids
+    from draftwheel.serving.loading import load_model
+    from draftwheel.training.bootstrap import _traffic
+    from draftwheel.training.eagle_features import compute_features, row_path
+    from draftwheel.training.eagle_train import feature_cache_root, load_sequences
+    from safetensors.torch import load_file
+
+    tokenizer = toy.build_tokenizer()
+    target_dir = toy.save_model(toy.tiny_llama(tokenizer, n_layers=3, seed=0, tie_embeddings=False), tokenizer,
+                                tmp_path / "target")
+    target = load_model(target_dir)
+    config = BootstrapConfig(target=str(target_dir), n_prompts=4, holdout_prompts=2, max_new_tokens=8,
+                             tracking=False)
+    data = _traffic(config, target, tmp_path / "traffic", [{"prompt": p, "slice": "chat"} for p in PROMPTS[:6]])
+    aux = default_aux_layer_ids(3)
+    lengths = []
+    for part, column in (("distill", "completion_token_ids"), ("holdout", "output_token_ids")):
+        seqs = load_sequences(data[part], config.max_length, column)
+        forward = compute_features(target.model, seqs.ids, aux, progress=False)
+        for i, ids in enumerate(seqs.ids):
+            stored = load_file(str(row_path(feature_cache_root(), ids, target.model_id.sha256, aux, False)))
+            aux_fwd, hidden_fwd, argmax_fwd = forward.sequence(i)
+            torch.testing.assert_close(stored["aux"].float(), aux_fwd.float(), atol=2e-3, rtol=2e-3)
+            torch.testing.assert_close(stored["hidden"].float(), hidden_fwd.float(), atol=2e-3, rtol=2e-3)
+            assert torch.equal(stored["argmax"], argmax_fwd)
+        lengths += [len(ids) - p for ids, p in zip(seqs.ids, seqs.prompt_lens)]
+    assert max(lengths) == 8  # the token generated past the limit for its states is not in the row
 
 
 def test_sampled_completions_add_training_rows_only(tmp_path):
