@@ -107,6 +107,14 @@ def _pad_and_eos(model: Any, tokenizer: Any) -> tuple[int, set[int]]:
     return pad_id, set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}
 
 
+def _kept_layers(model: Any, on_states: Any, state_layers: list[int] | None) -> Sequence[int] | None:
+    """The hidden-state layers generation keeps for `on_states` (indices into HF's hidden_states,
+    embeddings = 0; default all), or None when nothing is kept."""
+    if on_states is None:
+        return None
+    return state_layers if state_layers is not None else range(model.config.num_hidden_layers + 1)
+
+
 def target_traffic(model: Any, tokenizer: Any, workload: list[dict[str, str]], max_new_tokens: int,
                    batch_size: int = 8, top_k: int = 0, chat: bool = True, progress: bool = True,
                    temperature: float = 0.0, seed: int = 0,
@@ -122,9 +130,7 @@ def target_traffic(model: Any, tokenizer: Any, workload: list[dict[str, str]], m
 
     pad_id, eos_ids = _pad_and_eos(model, tokenizer)
     generator = torch.Generator().manual_seed(seed) if temperature > 0 else None
-    layers = None
-    if on_states is not None:
-        layers = state_layers if state_layers is not None else range(model.config.num_hidden_layers + 1)
+    layers = _kept_layers(model, on_states, state_layers)
     limit = max_new_tokens + (on_states is not None)
     rows: list[dict] = []
     bar = tqdm(total=len(workload), desc="target traffic", disable=not progress)
@@ -165,9 +171,7 @@ def greedy_continuations(model: Any, tokenizer: Any, sequences: list[list[int]],
 
     pad_id, eos_ids = _pad_and_eos(model, tokenizer)
     limits = [max_new_tokens] * len(sequences) if isinstance(max_new_tokens, int) else list(max_new_tokens)
-    layers = None
-    if on_states is not None:
-        layers = state_layers if state_layers is not None else range(model.config.num_hidden_layers + 1)
+    layers = _kept_layers(model, on_states, state_layers)
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     result: list[list[int]] = [[] for _ in sequences]
     bar = tqdm(total=len(sequences), desc="target continuations", disable=not progress)
